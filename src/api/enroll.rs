@@ -1,0 +1,39 @@
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::extract::ApiJson;
+use super::ApiError;
+use crate::state::SharedState;
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Enroll {
+    robot_id: String,
+    enrollment_token: String,
+    public_key: Option<String>,
+    csr: Option<String>,
+}
+
+pub async fn enroll(
+    State(state): State<SharedState>,
+    ApiJson(body): ApiJson<Enroll>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let certificate = state
+        .identity
+        .enroll(
+            &body.robot_id,
+            &body.enrollment_token,
+            body.public_key.as_deref(),
+            body.csr.as_deref(),
+        )
+        .await?;
+    tracing::info!(robot = %body.robot_id, csr = certificate.is_some(), "robot enrolled");
+    let mut answer = json!({ "robotId": body.robot_id, "enrolled": true });
+    if let Some(chain) = certificate {
+        answer["certificate"] = Value::String(chain);
+    }
+    Ok((StatusCode::CREATED, Json(answer)))
+}

@@ -1,0 +1,67 @@
+//! Request extractors whose failures are JSON `ApiError`s, never axum's plain-text ones.
+
+use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
+use axum::extract::{FromRequest, FromRequestParts};
+use axum::http::request::Parts;
+use axum::http::{header, StatusCode};
+
+use super::ApiError;
+use crate::auth::{constant_time_eq, sha256_hex};
+use crate::state::SharedState;
+
+#[derive(FromRequest)]
+#[from_request(via(axum::Json), rejection(ApiError))]
+pub struct ApiJson<T>(pub T);
+
+#[derive(FromRequestParts)]
+#[from_request(via(axum::extract::Path), rejection(ApiError))]
+pub struct ApiPath<T>(pub T);
+
+#[derive(FromRequestParts)]
+#[from_request(via(axum::extract::Query), rejection(ApiError))]
+pub struct ApiQuery<T>(pub T);
+
+impl From<JsonRejection> for ApiError {
+    fn from(rejection: JsonRejection) -> Self {
+        let text = rejection.body_text();
+        match rejection.status() {
+            StatusCode::PAYLOAD_TOO_LARGE => ApiError::PayloadTooLarge(text),
+            StatusCode::UNPROCESSABLE_ENTITY => ApiError::Unprocessable(text),
+            _ => ApiError::BadRequest(text),
+        }
+    }
+}
+
+impl From<PathRejection> for ApiError {
+    fn from(rejection: PathRejection) -> Self {
+        ApiError::BadRequest(rejection.body_text())
+    }
+}
+
+impl From<QueryRejection> for ApiError {
+    fn from(rejection: QueryRejection) -> Self {
+        ApiError::BadRequest(rejection.body_text())
+    }
+}
+
+/// Proof that the request carries the admin bearer token.
+pub struct Admin;
+
+impl FromRequestParts<SharedState> for Admin {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &SharedState) -> Result<Self, ApiError> {
+        let token = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .ok_or_else(|| ApiError::Unauthorized("admin bearer token required".into()))?;
+        let presented = sha256_hex(token.trim().as_bytes());
+        if constant_time_eq(presented.as_bytes(), state.admin_token_hash.as_bytes()) {
+            Ok(Admin)
+        } else {
+            Err(ApiError::Unauthorized("invalid admin token".into()))
+        }
+    }
+}

@@ -1,0 +1,196 @@
+//! Command line and environment configuration (contract section 1).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "signalling-server",
+    version,
+    about = "Signalling and identity service for remotely operated robots"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub config: Config,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the server (the default).
+    Serve,
+    /// Development PKI: make a CA and robot certificates.
+    #[command(subcommand)]
+    Pki(PkiCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PkiCommand {
+    /// Create a development CA (certificate and key) in a folder.
+    InitCa {
+        #[arg(long, default_value = "certs")]
+        out: PathBuf,
+        #[arg(long, default_value = "Robot Fleet Development CA")]
+        common_name: String,
+        #[arg(long, default_value_t = 3650)]
+        days: u32,
+    },
+    /// Issue a key and certificate for a robot, signed by the CA in the folder.
+    Issue {
+        robot_id: String,
+        #[arg(long, default_value = "certs")]
+        out: PathBuf,
+        #[arg(long, default_value_t = 365)]
+        days: u32,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct Config {
+    /// Address to listen on.
+    #[arg(long, env = "SIGNALLING_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// sqlite://PATH or postgres://… (default: a SQLite file under ./data, created).
+    #[arg(long, env = "DATABASE_URL")]
+    pub database_url: Option<String>,
+    /// Bearer token of the admin API; unset: one is generated at first start and logged once.
+    #[arg(long, env = "SIGNALLING_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+
+    /// HS256 secret for client JWTs.
+    #[arg(long, env = "SIGNALLING_JWT_SECRET", hide_env_values = true)]
+    pub jwt_secret: Option<String>,
+    /// JWKS URL with RS256/ES256 keys for client JWTs.
+    #[arg(long, env = "SIGNALLING_JWKS_URL")]
+    pub jwks_url: Option<String>,
+    /// JWKS file with RS256/ES256 keys for client JWTs.
+    #[arg(long, env = "SIGNALLING_JWKS_FILE")]
+    pub jwks_file: Option<PathBuf>,
+    #[arg(long, env = "SIGNALLING_JWT_ISSUER")]
+    pub jwt_issuer: Option<String>,
+    #[arg(long, env = "SIGNALLING_JWT_AUDIENCE")]
+    pub jwt_audience: Option<String>,
+
+    /// PEM bundle of fleet CA certificates robots may chain to.
+    #[arg(long, env = "SIGNALLING_TRUST_ANCHORS")]
+    pub trust_anchors: Option<PathBuf>,
+    /// CA certificate (PEM) that signs enrollment CSRs.
+    #[arg(long, env = "SIGNALLING_CA_CERT", requires = "ca_key")]
+    pub ca_cert: Option<PathBuf>,
+    /// Private key (PEM) of --ca-cert.
+    #[arg(long, env = "SIGNALLING_CA_KEY", requires = "ca_cert")]
+    pub ca_key: Option<PathBuf>,
+    /// Robots whose certificate chains to a trust anchor need no prior record.
+    #[arg(long, env = "SIGNALLING_AUTO_REGISTER")]
+    pub auto_register: bool,
+    /// CRL (PEM or DER) whose serials are revoked; reloaded on change and on SIGHUP.
+    #[arg(long, env = "SIGNALLING_CRL")]
+    pub crl: Option<PathBuf>,
+    /// Lifetime of certificates issued at enrollment.
+    #[arg(long, env = "SIGNALLING_CERT_LIFETIME_DAYS", default_value_t = 365)]
+    pub cert_lifetime_days: u32,
+
+    /// Redis URL for sharing presence and relay between nodes.
+    #[arg(long, env = "REDIS_URL")]
+    pub redis_url: Option<String>,
+    /// This node's name (default: random per start).
+    #[arg(long, env = "SIGNALLING_NODE_ID")]
+    pub node_id: Option<String>,
+
+    /// STUN URLs for `iceServers`, comma separated.
+    #[arg(long, env = "SIGNALLING_STUN_URLS", value_delimiter = ',')]
+    pub stun_urls: Vec<String>,
+    /// TURN URLs for `iceServers`, comma separated.
+    #[arg(long, env = "SIGNALLING_TURN_URLS", value_delimiter = ',')]
+    pub turn_urls: Vec<String>,
+    /// Shared secret of the TURN server (coturn `use-auth-secret`).
+    #[arg(long, env = "SIGNALLING_TURN_SECRET", hide_env_values = true)]
+    pub turn_secret: Option<String>,
+    /// Lifetime of TURN credentials in seconds.
+    #[arg(long, env = "SIGNALLING_TURN_TTL", default_value_t = 86_400)]
+    pub turn_ttl: u64,
+
+    #[arg(long, env = "SIGNALLING_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    #[arg(long, env = "SIGNALLING_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+
+    #[arg(
+        long,
+        env = "SIGNALLING_LOG_FORMAT",
+        value_enum,
+        default_value = "text"
+    )]
+    pub log_format: LogFormat,
+
+    /// Largest WebSocket frame accepted, in bytes.
+    #[arg(long, env = "SIGNALLING_MAX_FRAME_BYTES", default_value_t = 64 * 1024)]
+    pub max_frame_bytes: usize,
+    /// Sustained messages per second one connection may send.
+    #[arg(long, env = "SIGNALLING_RATE_LIMIT", default_value_t = 50)]
+    pub rate_limit: u32,
+    /// Burst allowance above the sustained rate.
+    #[arg(long, env = "SIGNALLING_RATE_BURST", default_value_t = 200)]
+    pub rate_burst: u32,
+    /// Seconds between WebSocket pings to each connection.
+    #[arg(long, env = "SIGNALLING_PING_INTERVAL", default_value_t = 20)]
+    pub ping_interval_secs: u64,
+    /// A connection silent for this many seconds is dropped (keep it above the ping interval).
+    #[arg(long, env = "SIGNALLING_IDLE_TIMEOUT", default_value_t = 60)]
+    pub idle_timeout_secs: u64,
+    /// Seconds a robot has to answer its PKI challenge.
+    #[arg(long, env = "SIGNALLING_CHALLENGE_TTL", default_value_t = 30)]
+    pub challenge_ttl_secs: u64,
+    /// Seconds an unauthenticated connection has to register and prove itself.
+    #[arg(long, env = "SIGNALLING_LOGIN_TIMEOUT", default_value_t = 60)]
+    pub login_timeout_secs: u64,
+    /// Lifetime of enrollment tokens in seconds.
+    #[arg(
+        long,
+        env = "SIGNALLING_ENROLLMENT_TOKEN_TTL",
+        default_value_t = 86_400
+    )]
+    pub enrollment_token_ttl_secs: u64,
+    /// Messages queued per connection before it counts as too slow and is closed.
+    #[arg(long, env = "SIGNALLING_SEND_QUEUE", default_value_t = 512)]
+    pub send_queue: usize,
+    /// Seconds graceful shutdown waits for connections to close.
+    #[arg(long, env = "SIGNALLING_SHUTDOWN_GRACE", default_value_t = 5)]
+    pub shutdown_grace_secs: u64,
+}
+
+impl Config {
+    /// Defaults as if started with no flags (environment variables still apply).
+    pub fn from_args<I, T>(args: I) -> Result<Config, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        #[derive(Parser)]
+        struct Only {
+            #[command(flatten)]
+            config: Config,
+        }
+        Only::try_parse_from(args).map(|o| o.config)
+    }
+
+    pub fn database_url(&self) -> &str {
+        self.database_url
+            .as_deref()
+            .unwrap_or(crate::store::DEFAULT_DATABASE_URL)
+    }
+
+    pub fn challenge_ttl(&self) -> Duration {
+        Duration::from_secs(self.challenge_ttl_secs)
+    }
+}

@@ -1,0 +1,35 @@
+//! signalling-server: robots register and prove who they are, browser clients are checked
+//! against per-robot grants, and WebRTC offers, answers and ICE candidates are relayed
+//! between the two ends of each session.
+//!
+//! Layout, one job per module:
+//! - [`config`]: flags and environment.
+//! - [`server`]: startup, listening (plain or TLS) and graceful shutdown.
+//! - [`api`]: the HTTP API (admin, enrollment, health, metrics).
+//! - [`ws`]: the `/ws` endpoint: socket loop and the signalling protocol.
+//! - [`relay`]: presence, sessions and message delivery between sockets.
+//! - [`identity`]: robot login (PKI challenges) and enrollment rules.
+//! - [`pki`]: keys, signatures, X.509 chains, our CA and CRLs.
+//! - [`auth`]: admin and client tokens, JWTs.
+//! - [`store`]: the database.
+//! - [`messages`]: messages the server originates.
+//! - [`dev_pki`]: the `pki` subcommand (development CA and robot certificates).
+//! - [`ice`], [`metrics`].
+
+pub mod api;
+pub mod auth;
+pub mod config;
+pub mod dev_pki;
+pub mod ice;
+pub mod identity;
+pub mod messages;
+pub mod metrics;
+pub mod pki;
+pub mod relay;
+pub mod server;
+pub mod state;
+pub mod store;
+pub mod ws;
+
+pub use config::Config;
+pub use server::{Server, StartError};

@@ -1,0 +1,93 @@
+//! Messages the server itself originates, built from the protocol crate's typed payloads so
+//! they always match the spec schemas.
+
+use serde_json::{json, Map, Value};
+use signalling_protocol::{
+    CapabilitiesPayload, DisconnectReason, DisconnectedPayload, Envelope, ErrorCode, ErrorPayload,
+    IceServer, PkiChallengePayload, PkiVerifiedPayload, Signalling, WelcomePayload,
+    PROTOCOL_VERSION, SUPPORTED_VERSIONS,
+};
+
+fn envelope(message: Signalling) -> Envelope {
+    Envelope::from_body(message, PROTOCOL_VERSION)
+}
+
+pub fn welcome(connection_id: &str, ice_servers: Vec<IceServer>) -> String {
+    envelope(Signalling::Welcome(WelcomePayload {
+        connection_id: connection_id.to_string(),
+        ice_servers: Some(ice_servers),
+    }))
+    .to_json()
+}
+
+/// `signalling.disconnected` with reason `closed`; `cause` says why the server ended it.
+pub fn disconnected(session_id: &str, cause: Option<&str>) -> String {
+    let details = cause.map(|c| {
+        let mut details = Map::new();
+        details.insert("reason".into(), Value::String(c.to_string()));
+        details
+    });
+    envelope(Signalling::Disconnected(DisconnectedPayload {
+        connection_id: session_id.to_string(),
+        reason: DisconnectReason::Closed,
+        ice_connection_state: None,
+        details,
+    }))
+    .to_json()
+}
+
+pub fn pki_challenge(challenge_b64: String) -> Envelope {
+    envelope(Signalling::PkiChallenge(PkiChallengePayload {
+        challenge: challenge_b64,
+    }))
+}
+
+pub fn pki_verified(agent_id: &str, response_id: &str) -> String {
+    envelope(Signalling::PkiVerified(PkiVerifiedPayload {
+        agent_id: agent_id.to_string(),
+    }))
+    .with_correlation(response_id)
+    .to_json()
+}
+
+pub fn pong(ping_id: &str) -> String {
+    envelope(Signalling::Pong)
+        .with_correlation(ping_id)
+        .to_json()
+}
+
+pub fn capabilities(request_id: &str) -> String {
+    envelope(Signalling::Capabilities(CapabilitiesPayload {
+        versions: SUPPORTED_VERSIONS.iter().map(|v| v.to_string()).collect(),
+    }))
+    .with_correlation(request_id)
+    .to_json()
+}
+
+pub fn error(
+    code: ErrorCode,
+    message: &str,
+    details: Option<Map<String, Value>>,
+    correlation_id: Option<&str>,
+) -> String {
+    let mut envelope = envelope(Signalling::Error(ErrorPayload {
+        code,
+        message: message.to_string(),
+        details,
+    }));
+    if let Some(id) = correlation_id {
+        envelope = envelope.with_correlation(id);
+    }
+    envelope.to_json()
+}
+
+/// `meta` the server puts on everything it forwards to a robot: who is on the other end.
+/// Whatever `meta` the sender wrote is dropped, so a client cannot claim another role.
+pub fn session_meta(subject: &str, role: &str) -> Map<String, Value> {
+    let mut meta = Map::new();
+    meta.insert(
+        "session".into(),
+        json!({ "subject": subject, "role": role }),
+    );
+    meta
+}

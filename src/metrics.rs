@@ -1,0 +1,111 @@
+//! Prometheus metrics, one registry per server instance (so tests in one process don't mix).
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
+
+#[derive(Clone)]
+pub struct Metrics {
+    registry: Registry,
+    /// Open WebSocket connections by role: pending (not yet a robot or client), robot, client.
+    pub connections: IntGaugeVec,
+    pub robots_online: IntGauge,
+    pub sessions_active: IntGauge,
+    pub messages_relayed: IntCounterVec,
+    /// Seconds from reading a frame to queueing it on the receiving socket.
+    pub relay_latency: HistogramVec,
+    /// PKI proofs by result (verified, or the failure reason).
+    pub pki_results: IntCounterVec,
+    /// `signalling.error` messages sent, by spec code.
+    pub errors: IntCounterVec,
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let registry = Registry::new();
+        let connections = IntGaugeVec::new(
+            Opts::new(
+                "signalling_connections",
+                "Open WebSocket connections by role",
+            ),
+            &["role"],
+        )
+        .expect("valid metric");
+        let robots_online = IntGauge::new("signalling_robots_online", "Verified robots online")
+            .expect("valid metric");
+        let sessions_active = IntGauge::new("signalling_sessions_active", "Sessions in progress")
+            .expect("valid metric");
+        let messages_relayed = IntCounterVec::new(
+            Opts::new(
+                "signalling_messages_relayed_total",
+                "Messages relayed by type",
+            ),
+            &["type"],
+        )
+        .expect("valid metric");
+        let relay_latency = HistogramVec::new(
+            HistogramOpts::new(
+                "signalling_relay_latency_seconds",
+                "Time from reading a message to queueing it for its receiver",
+            )
+            .buckets(vec![
+                0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005,
+                0.01, 0.025, 0.05, 0.1,
+            ]),
+            &["type"],
+        )
+        .expect("valid metric");
+        let pki_results = IntCounterVec::new(
+            Opts::new(
+                "signalling_pki_results_total",
+                "Robot identity proofs by result",
+            ),
+            &["result"],
+        )
+        .expect("valid metric");
+        let errors = IntCounterVec::new(
+            Opts::new(
+                "signalling_errors_total",
+                "signalling.error messages sent by code",
+            ),
+            &["code"],
+        )
+        .expect("valid metric");
+        for collector in [
+            Box::new(connections.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(robots_online.clone()),
+            Box::new(sessions_active.clone()),
+            Box::new(messages_relayed.clone()),
+            Box::new(relay_latency.clone()),
+            Box::new(pki_results.clone()),
+            Box::new(errors.clone()),
+        ] {
+            registry.register(collector).expect("unique metric names");
+        }
+        Metrics {
+            registry,
+            connections,
+            robots_online,
+            sessions_active,
+            messages_relayed,
+            relay_latency,
+            pki_results,
+            errors,
+        }
+    }
+
+    pub fn render(&self) -> String {
+        let mut buffer = Vec::new();
+        let encoder = TextEncoder::new();
+        // Encoding into a Vec cannot fail for well-formed metric families.
+        let _ = encoder.encode(&self.registry.gather(), &mut buffer);
+        String::from_utf8(buffer).unwrap_or_default()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}

@@ -1,0 +1,667 @@
+//! Robot public keys: parsing (enrollment, SPKI, storage form) and challenge
+//! signature verification with ring.
+
+use base64::alphabet;
+use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
+use base64::Engine as _;
+use ring::signature::{self, UnparsedPublicKey, VerificationAlgorithm};
+use x509_parser::oid_registry::{
+    OID_EC_P256, OID_KEY_TYPE_EC_PUBLIC_KEY, OID_NIST_EC_P384, OID_PKCS1_RSAENCRYPTION,
+    OID_SIG_ED25519,
+};
+use x509_parser::prelude::FromDer;
+use x509_parser::public_key::RSAPublicKey;
+use x509_parser::x509::SubjectPublicKeyInfo;
+
+/// Upper bound on any textual key or signature input; real ones are far
+/// smaller, and the cap keeps hostile input from costing memory/CPU.
+const MAX_TEXT_INPUT: usize = 16 * 1024;
+const MIN_RSA_BITS: usize = 2048;
+/// ring refuses larger moduli anyway; refusing early gives a clearer error.
+const MAX_RSA_BITS: usize = 8192;
+
+/// Why a key or signature was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeyError {
+    #[error("malformed key or signature: {0}")]
+    Malformed(String),
+    #[error("unsupported key algorithm: {0}")]
+    UnsupportedAlgorithm(String),
+    #[error("key too weak (RSA keys must be at least 2048 bits)")]
+    WeakKey,
+    #[error("signature verification failed")]
+    BadSignature,
+}
+
+impl KeyError {
+    /// Stable machine-readable code.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            KeyError::Malformed(_) => "malformed",
+            KeyError::UnsupportedAlgorithm(_) => "unsupported_algorithm",
+            KeyError::WeakKey => "weak_key",
+            KeyError::BadSignature => "bad_signature",
+        }
+    }
+}
+
+/// A robot public key in the form ring consumes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum PublicKey {
+    /// Raw 32-byte Ed25519 key.
+    Ed25519([u8; 32]),
+    /// Uncompressed SEC1 point (65 bytes).
+    EcdsaP256(Vec<u8>),
+    /// Uncompressed SEC1 point (97 bytes).
+    EcdsaP384(Vec<u8>),
+    /// PKCS#1 RSAPublicKey DER, at least 2048 bits.
+    Rsa(Vec<u8>),
+}
+
+// Accept padded and unpadded input; trailing bits must still be zero so each
+// value has exactly one accepted encoding per alphabet.
+const LENIENT: GeneralPurposeConfig =
+    GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent);
+const B64_STANDARD: GeneralPurpose = GeneralPurpose::new(&alphabet::STANDARD, LENIENT);
+const B64_URL_SAFE: GeneralPurpose = GeneralPurpose::new(&alphabet::URL_SAFE, LENIENT);
+
+/// Decode base64 in the standard or URL-safe alphabet, padded or not, with
+/// surrounding whitespace ignored.
+fn decode_b64(input: &str) -> Result<Vec<u8>, KeyError> {
+    let s = input.trim();
+    if s.is_empty() {
+        return Err(KeyError::Malformed("empty base64 input".into()));
+    }
+    if s.len() > MAX_TEXT_INPUT {
+        return Err(KeyError::Malformed("base64 input too long".into()));
+    }
+    let engine = if s.contains(['-', '_']) {
+        &B64_URL_SAFE
+    } else {
+        &B64_STANDARD
+    };
+    engine
+        .decode(s)
+        .map_err(|e| KeyError::Malformed(format!("invalid base64: {e}")))
+}
+
+/// Decode a base64 signature (standard or URL-safe, padded or not).
+pub fn decode_signature(b64: &str) -> Result<Vec<u8>, KeyError> {
+    decode_b64(b64)
+}
+
+impl PublicKey {
+    /// Parse a key submitted at enrollment: a raw 32-byte Ed25519 key in
+    /// base64, or a PEM "PUBLIC KEY" (SubjectPublicKeyInfo).
+    pub fn parse_enrollment(input: &str) -> Result<PublicKey, KeyError> {
+        let s = input.trim();
+        if s.len() > MAX_TEXT_INPUT {
+            return Err(KeyError::Malformed("key input too long".into()));
+        }
+        if s.starts_with("-----BEGIN") {
+            let blocks =
+                pem::parse_many(s).map_err(|e| KeyError::Malformed(format!("invalid PEM: {e}")))?;
+            let [block] = blocks.as_slice() else {
+                return Err(KeyError::Malformed("expected exactly one PEM block".into()));
+            };
+            if block.tag() != "PUBLIC KEY" {
+                return Err(KeyError::Malformed(format!(
+                    "expected a PUBLIC KEY PEM block, got {:?}",
+                    block.tag()
+                )));
+            }
+            return Self::from_spki_der(block.contents());
+        }
+        let raw = decode_b64(s)?;
+        let key: [u8; 32] = raw.as_slice().try_into().map_err(|_| {
+            KeyError::Malformed(format!(
+                "raw Ed25519 key must be 32 bytes, got {}",
+                raw.len()
+            ))
+        })?;
+        Ok(PublicKey::Ed25519(key))
+    }
+
+    /// Parse a DER SubjectPublicKeyInfo.
+    pub fn from_spki_der(der: &[u8]) -> Result<PublicKey, KeyError> {
+        let (rest, spki) = SubjectPublicKeyInfo::from_der(der)
+            .map_err(|_| KeyError::Malformed("invalid SubjectPublicKeyInfo".into()))?;
+        if !rest.is_empty() {
+            return Err(KeyError::Malformed(
+                "trailing data after SubjectPublicKeyInfo".into(),
+            ));
+        }
+        Self::from_spki(&spki)
+    }
+
+    /// Convert an already parsed SPKI (certificates, CSRs).
+    pub(super) fn from_spki(spki: &SubjectPublicKeyInfo<'_>) -> Result<PublicKey, KeyError> {
+        if spki.subject_public_key.unused_bits != 0 {
+            return Err(KeyError::Malformed(
+                "public key bit string not byte aligned".into(),
+            ));
+        }
+        let data: &[u8] = &spki.subject_public_key.data;
+        let alg = &spki.algorithm;
+        if alg.algorithm == OID_SIG_ED25519 {
+            // RFC 8410: parameters MUST be absent.
+            if alg.parameters.is_some() {
+                return Err(KeyError::Malformed("Ed25519 key with parameters".into()));
+            }
+            let key: [u8; 32] = data
+                .try_into()
+                .map_err(|_| KeyError::Malformed("Ed25519 key must be 32 bytes".into()))?;
+            Ok(PublicKey::Ed25519(key))
+        } else if alg.algorithm == OID_KEY_TYPE_EC_PUBLIC_KEY {
+            let curve = alg
+                .parameters
+                .as_ref()
+                .and_then(|p| p.as_oid().ok())
+                .ok_or_else(|| KeyError::Malformed("EC key without named curve".into()))?;
+            if curve == OID_EC_P256 {
+                Ok(PublicKey::EcdsaP256(validate_ec_point(
+                    EcCurve::P256,
+                    data,
+                )?))
+            } else if curve == OID_NIST_EC_P384 {
+                Ok(PublicKey::EcdsaP384(validate_ec_point(
+                    EcCurve::P384,
+                    data,
+                )?))
+            } else {
+                Err(KeyError::UnsupportedAlgorithm(format!("EC curve {curve}")))
+            }
+        } else if alg.algorithm == OID_PKCS1_RSAENCRYPTION {
+            // RFC 3279 says NULL parameters; tolerate absent, refuse anything else.
+            if let Some(p) = &alg.parameters {
+                if p.tag() != x509_parser::asn1_rs::Tag::Null {
+                    return Err(KeyError::Malformed(
+                        "RSA key with non-NULL parameters".into(),
+                    ));
+                }
+            }
+            Ok(PublicKey::Rsa(validate_rsa_pkcs1(data)?))
+        } else {
+            Err(KeyError::UnsupportedAlgorithm(format!(
+                "public key algorithm {}",
+                alg.algorithm
+            )))
+        }
+    }
+
+    /// Short algorithm name, also the prefix of the stored form.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            PublicKey::Ed25519(_) => "ed25519",
+            PublicKey::EcdsaP256(_) => "ecdsa-p256",
+            PublicKey::EcdsaP384(_) => "ecdsa-p384",
+            PublicKey::Rsa(_) => "rsa",
+        }
+    }
+
+    /// The key bytes as held in the variant (what ring verifies with).
+    pub(super) fn bytes(&self) -> &[u8] {
+        match self {
+            PublicKey::Ed25519(k) => k,
+            PublicKey::EcdsaP256(k) | PublicKey::EcdsaP384(k) | PublicKey::Rsa(k) => k,
+        }
+    }
+
+    /// Compact text form for storage: `KIND:BASE64` (standard, padded).
+    pub fn to_stored(&self) -> String {
+        format!(
+            "{}:{}",
+            self.kind(),
+            base64::engine::general_purpose::STANDARD.encode(self.bytes())
+        )
+    }
+
+    /// Inverse of [`PublicKey::to_stored`]; re-validates the key so a
+    /// tampered database row cannot smuggle in an invalid or weak key.
+    pub fn from_stored(stored: &str) -> Result<PublicKey, KeyError> {
+        let (kind, b64) = stored
+            .trim()
+            .split_once(':')
+            .ok_or_else(|| KeyError::Malformed("stored key lacks KIND: prefix".into()))?;
+        let raw = decode_b64(b64)?;
+        match kind {
+            "ed25519" => {
+                let key: [u8; 32] = raw
+                    .as_slice()
+                    .try_into()
+                    .map_err(|_| KeyError::Malformed("Ed25519 key must be 32 bytes".into()))?;
+                Ok(PublicKey::Ed25519(key))
+            }
+            "ecdsa-p256" => Ok(PublicKey::EcdsaP256(validate_ec_point(
+                EcCurve::P256,
+                &raw,
+            )?)),
+            "ecdsa-p384" => Ok(PublicKey::EcdsaP384(validate_ec_point(
+                EcCurve::P384,
+                &raw,
+            )?)),
+            "rsa" => Ok(PublicKey::Rsa(validate_rsa_pkcs1(&raw)?)),
+            other => Err(KeyError::UnsupportedAlgorithm(format!(
+                "stored key kind {other:?}"
+            ))),
+        }
+    }
+
+    /// Lowercase hex SHA-256 of the key bytes (raw Ed25519 key, SEC1 point or
+    /// PKCS#1 DER), stable across storage round trips.
+    pub fn fingerprint(&self) -> String {
+        hex_lower(ring::digest::digest(&ring::digest::SHA256, self.bytes()).as_ref())
+    }
+
+    /// Verify `signature` over `message`.
+    ///
+    /// Ed25519; ECDSA P-256/SHA-256 and P-384/SHA-384 as ASN.1 DER or fixed
+    /// r||s; RSA PKCS#1 v1.5 or PSS with SHA-256 (≥ 2048 bits).
+    pub fn verify(&self, message: &[u8], signature: &[u8]) -> Result<(), KeyError> {
+        let candidates: &[(&'static dyn VerificationAlgorithm, Option<usize>)] = match self {
+            PublicKey::Ed25519(_) => &[(&signature::ED25519, None)],
+            PublicKey::EcdsaP256(_) => &[
+                (&signature::ECDSA_P256_SHA256_ASN1, None),
+                (&signature::ECDSA_P256_SHA256_FIXED, Some(64)),
+            ],
+            PublicKey::EcdsaP384(_) => &[
+                (&signature::ECDSA_P384_SHA384_ASN1, None),
+                (&signature::ECDSA_P384_SHA384_FIXED, Some(96)),
+            ],
+            PublicKey::Rsa(_) => &[
+                (&signature::RSA_PKCS1_2048_8192_SHA256, None),
+                (&signature::RSA_PSS_2048_8192_SHA256, None),
+            ],
+        };
+        let ok = candidates.iter().any(|(alg, fixed_len)| {
+            // Only try a fixed-size encoding when the length fits it.
+            fixed_len.is_none_or(|n| n == signature.len())
+                && UnparsedPublicKey::new(*alg, self.bytes())
+                    .verify(message, signature)
+                    .is_ok()
+        });
+        if ok {
+            Ok(())
+        } else {
+            Err(KeyError::BadSignature)
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+enum EcCurve {
+    P256,
+    P384,
+}
+
+/// Check an uncompressed SEC1 point is on the curve. ring has no direct
+/// point check, but ECDH with an ephemeral key validates the peer point.
+fn validate_ec_point(curve: EcCurve, point: &[u8]) -> Result<Vec<u8>, KeyError> {
+    let (alg, len) = match curve {
+        EcCurve::P256 => (&ring::agreement::ECDH_P256, 65),
+        EcCurve::P384 => (&ring::agreement::ECDH_P384, 97),
+    };
+    if point.len() != len || point.first() != Some(&0x04) {
+        return Err(KeyError::Malformed(
+            "EC key must be an uncompressed point".into(),
+        ));
+    }
+    let rng = ring::rand::SystemRandom::new();
+    let ephemeral = ring::agreement::EphemeralPrivateKey::generate(alg, &rng)
+        .map_err(|_| KeyError::Malformed("cannot check EC point".into()))?;
+    ring::agreement::agree_ephemeral(
+        ephemeral,
+        &ring::agreement::UnparsedPublicKey::new(alg, point),
+        |_| (),
+    )
+    .map_err(|_| KeyError::Malformed("EC point is not on the curve".into()))?;
+    Ok(point.to_vec())
+}
+
+/// Check a PKCS#1 RSAPublicKey: exact DER, positive modulus of 2048..=8192
+/// bits, odd exponent ≥ 3.
+fn validate_rsa_pkcs1(der: &[u8]) -> Result<Vec<u8>, KeyError> {
+    let (rest, key) = RSAPublicKey::from_der(der)
+        .map_err(|_| KeyError::Malformed("invalid RSAPublicKey".into()))?;
+    if !rest.is_empty() {
+        return Err(KeyError::Malformed(
+            "trailing data after RSAPublicKey".into(),
+        ));
+    }
+    if key.modulus.first().is_none_or(|b| b & 0x80 != 0) {
+        return Err(KeyError::Malformed("RSA modulus not positive".into()));
+    }
+    let modulus = strip_leading_zeros(key.modulus);
+    let bits = match modulus.first() {
+        Some(first) => modulus.len() * 8 - first.leading_zeros() as usize,
+        None => 0,
+    };
+    if bits < MIN_RSA_BITS {
+        return Err(KeyError::WeakKey);
+    }
+    if bits > MAX_RSA_BITS {
+        return Err(KeyError::UnsupportedAlgorithm(format!(
+            "RSA key of {bits} bits (max {MAX_RSA_BITS})"
+        )));
+    }
+    let e = key
+        .try_exponent()
+        .map_err(|_| KeyError::Malformed("invalid RSA exponent".into()))?;
+    if e < 3 || e % 2 == 0 {
+        return Err(KeyError::Malformed("invalid RSA exponent".into()));
+    }
+    Ok(der.to_vec())
+}
+
+fn strip_leading_zeros(b: &[u8]) -> &[u8] {
+    let start = b.iter().position(|&x| x != 0).unwrap_or(b.len());
+    &b[start..]
+}
+
+pub(super) fn hex_lower(bytes: &[u8]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push(char::from(HEX[usize::from(b >> 4)]));
+        s.push(char::from(HEX[usize::from(b & 0x0f)]));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+    use rcgen::PublicKeyData as _;
+    use ring::rand::SystemRandom;
+    use ring::signature::{EcdsaKeyPair, Ed25519KeyPair, KeyPair as _, RsaKeyPair};
+
+    use super::super::test_support::{RSA_1024_SPKI_PEM, RSA_2048_PKCS8_PEM};
+
+    const MSG: &[u8] = b"challenge:robot-7:nonce-123";
+
+    fn ed25519() -> Ed25519KeyPair {
+        let rng = SystemRandom::new();
+        let doc = Ed25519KeyPair::generate_pkcs8(&rng).expect("keygen");
+        Ed25519KeyPair::from_pkcs8(doc.as_ref()).expect("parse")
+    }
+
+    fn ecdsa(alg: &'static signature::EcdsaSigningAlgorithm) -> EcdsaKeyPair {
+        let rng = SystemRandom::new();
+        let doc = EcdsaKeyPair::generate_pkcs8(alg, &rng).expect("keygen");
+        EcdsaKeyPair::from_pkcs8(alg, doc.as_ref(), &rng).expect("parse")
+    }
+
+    fn rsa() -> RsaKeyPair {
+        let der = pem::parse(RSA_2048_PKCS8_PEM).expect("pem");
+        RsaKeyPair::from_pkcs8(der.contents()).expect("rsa")
+    }
+
+    /// SPKI PEM for a key, produced by rcgen from the same PKCS#8 document.
+    fn spki_pem_from_pkcs8(pkcs8: &[u8]) -> String {
+        let kp = rcgen::KeyPair::try_from(pkcs8).expect("rcgen key");
+        kp.public_key_pem()
+    }
+
+    #[test]
+    fn ed25519_raw_base64_variants_and_signature() {
+        let kp = ed25519();
+        let raw = kp.public_key().as_ref().to_vec();
+        for text in [
+            STANDARD.encode(&raw),
+            URL_SAFE_NO_PAD.encode(&raw),
+            format!("  \n{}\t ", STANDARD.encode(&raw)),
+            STANDARD.encode(&raw).trim_end_matches('=').to_string(),
+        ] {
+            let key = PublicKey::parse_enrollment(&text).expect("parse");
+            assert_eq!(key.kind(), "ed25519");
+            let sig = kp.sign(MSG);
+            key.verify(MSG, sig.as_ref()).expect("verify");
+            let err = key.verify(b"other message", sig.as_ref()).unwrap_err();
+            assert_eq!(err.reason(), "bad_signature");
+        }
+    }
+
+    #[test]
+    fn ed25519_spki_pem() {
+        let rng = SystemRandom::new();
+        let doc = Ed25519KeyPair::generate_pkcs8(&rng).expect("keygen");
+        let kp = Ed25519KeyPair::from_pkcs8(doc.as_ref()).expect("parse");
+        let key = PublicKey::parse_enrollment(&spki_pem_from_pkcs8(doc.as_ref())).expect("pem");
+        assert_eq!(
+            key,
+            PublicKey::Ed25519(kp.public_key().as_ref().try_into().unwrap())
+        );
+        key.verify(MSG, kp.sign(MSG).as_ref()).expect("verify");
+    }
+
+    fn check_ecdsa(
+        asn1: &'static signature::EcdsaSigningAlgorithm,
+        fixed: &'static signature::EcdsaSigningAlgorithm,
+        kind: &str,
+        raw_len: usize,
+    ) {
+        let rng = SystemRandom::new();
+        let doc = EcdsaKeyPair::generate_pkcs8(asn1, &rng).expect("keygen");
+        let kp_asn1 = EcdsaKeyPair::from_pkcs8(asn1, doc.as_ref(), &rng).expect("parse");
+        let kp_fixed = EcdsaKeyPair::from_pkcs8(fixed, doc.as_ref(), &rng).expect("parse");
+        let key = PublicKey::parse_enrollment(&spki_pem_from_pkcs8(doc.as_ref())).expect("pem");
+        assert_eq!(key.kind(), kind);
+
+        let der_sig = kp_asn1.sign(&rng, MSG).expect("sign");
+        key.verify(MSG, der_sig.as_ref()).expect("DER signature");
+        let raw_sig = kp_fixed.sign(&rng, MSG).expect("sign");
+        assert_eq!(raw_sig.as_ref().len(), raw_len);
+        key.verify(MSG, raw_sig.as_ref())
+            .expect("raw r||s signature");
+
+        // Base64 transport of the signature, both alphabets.
+        let sig = decode_signature(&URL_SAFE_NO_PAD.encode(raw_sig.as_ref())).expect("b64");
+        key.verify(MSG, &sig).expect("decoded");
+
+        assert_eq!(
+            key.verify(b"tampered", der_sig.as_ref())
+                .unwrap_err()
+                .reason(),
+            "bad_signature"
+        );
+        assert_eq!(
+            key.verify(b"tampered", raw_sig.as_ref())
+                .unwrap_err()
+                .reason(),
+            "bad_signature"
+        );
+        let mut truncated = raw_sig.as_ref().to_vec();
+        truncated.pop();
+        assert_eq!(
+            key.verify(MSG, &truncated).unwrap_err(),
+            KeyError::BadSignature
+        );
+    }
+
+    #[test]
+    fn ecdsa_p256_der_and_raw() {
+        check_ecdsa(
+            &signature::ECDSA_P256_SHA256_ASN1_SIGNING,
+            &signature::ECDSA_P256_SHA256_FIXED_SIGNING,
+            "ecdsa-p256",
+            64,
+        );
+    }
+
+    #[test]
+    fn ecdsa_p384_der_and_raw() {
+        check_ecdsa(
+            &signature::ECDSA_P384_SHA384_ASN1_SIGNING,
+            &signature::ECDSA_P384_SHA384_FIXED_SIGNING,
+            "ecdsa-p384",
+            96,
+        );
+    }
+
+    #[test]
+    fn ecdsa_other_key_refused() {
+        let a = ecdsa(&signature::ECDSA_P256_SHA256_ASN1_SIGNING);
+        let b = ecdsa(&signature::ECDSA_P256_SHA256_ASN1_SIGNING);
+        let key = PublicKey::EcdsaP256(a.public_key().as_ref().to_vec());
+        let sig = b.sign(&SystemRandom::new(), MSG).expect("sign");
+        assert_eq!(
+            key.verify(MSG, sig.as_ref()).unwrap_err().reason(),
+            "bad_signature"
+        );
+    }
+
+    #[test]
+    fn rsa_pkcs1_and_pss() {
+        let kp = rsa();
+        let der = pem::parse(RSA_2048_PKCS8_PEM).expect("pem");
+        let key = PublicKey::parse_enrollment(&spki_pem_from_pkcs8(der.contents())).expect("pem");
+        assert_eq!(key.kind(), "rsa");
+        assert_eq!(key, PublicKey::Rsa(kp.public().as_ref().to_vec()));
+        let rng = SystemRandom::new();
+        for enc in [
+            &signature::RSA_PKCS1_SHA256 as &dyn signature::RsaEncoding,
+            &signature::RSA_PSS_SHA256,
+        ] {
+            let mut sig = vec![0u8; kp.public().modulus_len()];
+            kp.sign(enc, &rng, MSG, &mut sig).expect("sign");
+            key.verify(MSG, &sig).expect("verify");
+            assert_eq!(
+                key.verify(b"x", &sig).unwrap_err().reason(),
+                "bad_signature"
+            );
+        }
+        // SHA-512 PKCS#1 is not an accepted challenge format.
+        let mut sig = vec![0u8; kp.public().modulus_len()];
+        kp.sign(&signature::RSA_PKCS1_SHA512, &rng, MSG, &mut sig)
+            .expect("sign");
+        assert_eq!(key.verify(MSG, &sig).unwrap_err().reason(), "bad_signature");
+    }
+
+    #[test]
+    fn rsa_1024_is_weak() {
+        let err = PublicKey::parse_enrollment(RSA_1024_SPKI_PEM).unwrap_err();
+        assert_eq!(err, KeyError::WeakKey);
+        assert_eq!(err.reason(), "weak_key");
+    }
+
+    #[test]
+    fn stored_form_round_trip_and_fingerprint() {
+        let p256 = ecdsa(&signature::ECDSA_P256_SHA256_ASN1_SIGNING);
+        let p384 = ecdsa(&signature::ECDSA_P384_SHA384_ASN1_SIGNING);
+        let keys = [
+            PublicKey::Ed25519(ed25519().public_key().as_ref().try_into().unwrap()),
+            PublicKey::EcdsaP256(p256.public_key().as_ref().to_vec()),
+            PublicKey::EcdsaP384(p384.public_key().as_ref().to_vec()),
+            PublicKey::Rsa(rsa().public().as_ref().to_vec()),
+        ];
+        for key in keys {
+            let stored = key.to_stored();
+            assert!(stored.starts_with(&format!("{}:", key.kind())));
+            let back = PublicKey::from_stored(&stored).expect("round trip");
+            assert_eq!(back, key);
+            let fp = key.fingerprint();
+            assert_eq!(fp.len(), 64);
+            assert!(fp
+                .bytes()
+                .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c)));
+            assert_eq!(fp, back.fingerprint());
+        }
+        // Known vector: SHA-256 of 32 zero bytes.
+        assert_eq!(
+            PublicKey::Ed25519([0; 32]).fingerprint(),
+            "66687aadf862bd776c8fc18b8e9f8e20089714856ee233b3902a591d0d5f2925"
+        );
+    }
+
+    #[test]
+    fn stored_form_rejects_tampering() {
+        for bad in [
+            "",
+            "ed25519",
+            "ed25519:AAAA",
+            "dsa:AAAA",
+            "ecdsa-p256:BAAA",
+            "rsa:MAA=",
+            "ecdsa-p256:!!!",
+        ] {
+            let err = PublicKey::from_stored(bad).unwrap_err();
+            assert!(
+                matches!(err.reason(), "malformed" | "unsupported_algorithm"),
+                "{bad}: {err}"
+            );
+        }
+        // Point not on the curve (valid length and prefix).
+        let mut point = vec![4u8; 65];
+        point[1] = 1;
+        let err = PublicKey::from_stored(&format!("ecdsa-p256:{}", STANDARD.encode(&point)));
+        assert_eq!(err.unwrap_err().reason(), "malformed");
+    }
+
+    #[test]
+    fn enrollment_rejects_garbage() {
+        let cases = [
+            "",
+            "   ",
+            "not base64 at all!",
+            "AAAA",                      // 3 bytes
+            &STANDARD.encode([7u8; 33]), // wrong length
+            "-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n",
+            "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
+            "-----BEGIN PUBLIC KEY-----\nAAAA",
+        ];
+        for c in cases {
+            let err = PublicKey::parse_enrollment(c).unwrap_err();
+            assert_eq!(err.reason(), "malformed", "{c:?}: {err}");
+        }
+        // Mixed alphabets are refused rather than guessed.
+        let mixed = format!("{}-_", &STANDARD.encode([1u8; 30])[..38]);
+        assert_eq!(
+            PublicKey::parse_enrollment(&mixed).unwrap_err().reason(),
+            "malformed"
+        );
+    }
+
+    #[test]
+    fn enrollment_rejects_unsupported_curve() {
+        // A P-256 SPKI relabelled as prime239v3 (1.2.840.10045.3.1.6).
+        let kp = rcgen::KeyPair::generate().expect("keygen");
+        let mut der = kp.subject_public_key_info();
+        let p256 = [0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07];
+        let at = der
+            .windows(p256.len())
+            .position(|w| w == p256)
+            .expect("curve OID");
+        der[at + 7] = 0x06;
+        let err = PublicKey::from_spki_der(&der).unwrap_err();
+        assert_eq!(err.reason(), "unsupported_algorithm");
+        // Trailing garbage after a valid SPKI.
+        let mut der = kp.subject_public_key_info();
+        der.push(0);
+        assert_eq!(
+            PublicKey::from_spki_der(&der).unwrap_err().reason(),
+            "malformed"
+        );
+    }
+
+    #[test]
+    fn decode_signature_variants() {
+        let bytes: Vec<u8> = (0u8..=255).collect();
+        for text in [
+            STANDARD.encode(&bytes),
+            STANDARD.encode(&bytes).trim_end_matches('=').to_string(),
+            base64::engine::general_purpose::URL_SAFE.encode(&bytes),
+            URL_SAFE_NO_PAD.encode(&bytes),
+            format!(" {} \n", STANDARD.encode(&bytes)),
+        ] {
+            assert_eq!(decode_signature(&text).expect("decode"), bytes);
+        }
+        for bad in ["", "@@@@", "AB+_", "A"] {
+            assert_eq!(
+                decode_signature(bad).unwrap_err().reason(),
+                "malformed",
+                "{bad}"
+            );
+        }
+    }
+}

@@ -1,0 +1,561 @@
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::bus::{Bus, ConnId, DeliveryError, Kick, Mailbox, Outbound};
+use crate::messages;
+use crate::metrics::Metrics;
+use crate::store::Role;
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RelayError {
+    #[error("connectionId {0} belongs to another connection")]
+    ConnectionIdInUse(String),
+    #[error("session {0} is bound to another robot")]
+    SessionRobotMismatch(String),
+    #[error("robot {0} is offline")]
+    RobotOffline(String),
+    #[error("robot {robot_id} is controlled by another session")]
+    RobotBusy { robot_id: String, locked_by: String },
+    #[error("not a member of session {0}")]
+    NotInSession(String),
+}
+
+/// What a socket is, once known.
+#[derive(Debug, Clone)]
+enum ConnKind {
+    Pending,
+    /// A verified robot and the revocation entries of the credential it proved.
+    Robot {
+        robot_id: String,
+        credentials: Vec<String>,
+    },
+    Client {
+        token_id: Option<String>,
+    },
+}
+
+struct ConnEntry {
+    kind: ConnKind,
+    sessions: HashSet<String>,
+}
+
+#[derive(Debug, Clone)]
+struct Session {
+    record_id: String,
+    robot_id: String,
+    robot_conn: ConnId,
+    client_conn: ConnId,
+    subject: String,
+    role: Role,
+}
+
+#[derive(Default)]
+struct State {
+    conns: HashMap<ConnId, ConnEntry>,
+    robots: HashMap<String, ConnId>,
+    sessions: HashMap<String, Session>,
+    /// Session ids (connectionIds) and the socket that owns each: the first that used it.
+    claims: HashMap<String, ConnId>,
+}
+
+pub struct OpenSession<'a> {
+    pub session_id: &'a str,
+    pub robot_id: &'a str,
+    pub subject: &'a str,
+    pub role: Role,
+}
+
+#[derive(Debug)]
+pub enum SessionOpened {
+    /// A new session: its record must be written, then the offer forwarded.
+    New {
+        record_id: String,
+        robot_conn: ConnId,
+    },
+    /// A renegotiation offer within an existing session of this client.
+    Existing { robot_conn: ConnId },
+}
+
+/// Where a session message goes.
+#[derive(Debug, Clone)]
+pub struct Route {
+    pub target: ConnId,
+    pub record_id: String,
+    /// The sender is the robot end of the session.
+    pub from_robot: bool,
+    pub subject: String,
+    pub role: Role,
+}
+
+/// A session that ended: its record must be closed, then `notices` delivered with
+/// [`Hub::notify`] (in that order, so whoever hears of the end finds the record ended).
+#[derive(Debug, Clone)]
+pub struct EndedSession {
+    pub session_id: String,
+    pub record_id: String,
+    notices: Vec<(ConnId, String)>,
+}
+
+pub struct Hub {
+    state: Mutex<State>,
+    bus: Arc<dyn Bus>,
+    metrics: Metrics,
+}
+
+impl Hub {
+    pub fn new(bus: Arc<dyn Bus>, metrics: Metrics) -> Hub {
+        Hub {
+            state: Mutex::new(State::default()),
+            bus,
+            metrics,
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave the maps half-updated in a way that
+        // is worse than losing them, so keep serving with the data as it is.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Registers a new socket; its own connection id is claimed for it from the start, so
+    /// nobody else can open a session under it.
+    pub fn attach(&self, conn: ConnId, mailbox: Mailbox) {
+        self.bus.attach(conn.clone(), mailbox);
+        let mut state = self.state();
+        state.claims.insert(conn.to_string(), conn.clone());
+        state.conns.insert(
+            conn,
+            ConnEntry {
+                kind: ConnKind::Pending,
+                sessions: HashSet::new(),
+            },
+        );
+    }
+
+    pub fn set_client(&self, conn: &ConnId, token_id: Option<String>) {
+        if let Some(entry) = self.state().conns.get_mut(conn) {
+            entry.kind = ConnKind::Client { token_id };
+        }
+    }
+
+    /// Marks the socket as the verified connection of `robot_id`; an older connection of the
+    /// same robot is closed.
+    pub fn robot_verified(&self, conn: &ConnId, robot_id: &str, credentials: Vec<String>) {
+        let replaced = {
+            let mut state = self.state();
+            if let Some(entry) = state.conns.get_mut(conn) {
+                entry.kind = ConnKind::Robot {
+                    robot_id: robot_id.to_string(),
+                    credentials,
+                };
+            }
+            state.robots.insert(robot_id.to_string(), conn.clone())
+        };
+        match replaced {
+            Some(old) if &old != conn => self.bus.kick(&old, Kick::Replaced),
+            Some(_) => {}
+            None => self.metrics.robots_online.inc(),
+        }
+    }
+
+    pub fn is_online(&self, robot_id: &str) -> bool {
+        self.state().robots.contains_key(robot_id)
+    }
+
+    pub fn robots_online(&self) -> usize {
+        self.state().robots.len()
+    }
+
+    /// Checks the session rules and reserves the session before its record is written.
+    pub fn open_session(
+        &self,
+        client_conn: &ConnId,
+        request: OpenSession<'_>,
+    ) -> Result<SessionOpened, RelayError> {
+        let mut state = self.state();
+        match state.claims.get(request.session_id) {
+            Some(owner) if owner != client_conn => {
+                return Err(RelayError::ConnectionIdInUse(
+                    request.session_id.to_string(),
+                ))
+            }
+            _ => {}
+        }
+        if let Some(existing) = state.sessions.get(request.session_id) {
+            if existing.robot_id != request.robot_id {
+                return Err(RelayError::SessionRobotMismatch(
+                    request.session_id.to_string(),
+                ));
+            }
+            return Ok(SessionOpened::Existing {
+                robot_conn: existing.robot_conn.clone(),
+            });
+        }
+        let robot_conn = state
+            .robots
+            .get(request.robot_id)
+            .cloned()
+            .ok_or_else(|| RelayError::RobotOffline(request.robot_id.to_string()))?;
+        if request.role.controls() {
+            let holder = state.conns.get(&robot_conn).and_then(|entry| {
+                entry
+                    .sessions
+                    .iter()
+                    .filter_map(|id| state.sessions.get(id))
+                    .find(|s| s.role.controls())
+            });
+            if let Some(holder) = holder {
+                return Err(RelayError::RobotBusy {
+                    robot_id: request.robot_id.to_string(),
+                    locked_by: holder.subject.clone(),
+                });
+            }
+        }
+        let record_id = uuid::Uuid::new_v4().to_string();
+        let session_id = request.session_id.to_string();
+        state.claims.insert(session_id.clone(), client_conn.clone());
+        for conn in [client_conn, &robot_conn] {
+            if let Some(entry) = state.conns.get_mut(conn) {
+                entry.sessions.insert(session_id.clone());
+            }
+        }
+        state.sessions.insert(
+            session_id,
+            Session {
+                record_id: record_id.clone(),
+                robot_id: request.robot_id.to_string(),
+                robot_conn: robot_conn.clone(),
+                client_conn: client_conn.clone(),
+                subject: request.subject.to_string(),
+                role: request.role,
+            },
+        );
+        self.metrics.sessions_active.inc();
+        Ok(SessionOpened::New {
+            record_id,
+            robot_conn,
+        })
+    }
+
+    /// Where a message about `session_id` from `sender` goes; only the two ends may talk.
+    pub fn route(&self, sender: &ConnId, session_id: &str) -> Result<Route, RelayError> {
+        let state = self.state();
+        let session = state
+            .sessions
+            .get(session_id)
+            .ok_or_else(|| RelayError::NotInSession(session_id.to_string()))?;
+        let (target, from_robot) = if &session.client_conn == sender {
+            (session.robot_conn.clone(), false)
+        } else if &session.robot_conn == sender {
+            (session.client_conn.clone(), true)
+        } else {
+            return Err(RelayError::NotInSession(session_id.to_string()));
+        };
+        Ok(Route {
+            target,
+            record_id: session.record_id.clone(),
+            from_robot,
+            subject: session.subject.clone(),
+            role: session.role,
+        })
+    }
+
+    /// Ends a session without notices (both ends already know, or it never started).
+    pub fn end_session(&self, session_id: &str) -> Option<EndedSession> {
+        let mut state = self.state();
+        remove_session(&mut state, session_id).map(|session| {
+            self.metrics.sessions_active.dec();
+            EndedSession {
+                session_id: session_id.to_string(),
+                record_id: session.record_id,
+                notices: Vec::new(),
+            }
+        })
+    }
+
+    /// Removes a socket: its sessions end; the other end of each is to be told.
+    pub fn detach(&self, conn: &ConnId) -> Vec<EndedSession> {
+        self.bus.detach(conn);
+        let ended = {
+            let mut state = self.state();
+            let Some(entry) = state.conns.remove(conn) else {
+                return Vec::new();
+            };
+            state.claims.retain(|_, owner| owner != conn);
+            if let ConnKind::Robot { robot_id, .. } = &entry.kind {
+                if state.robots.get(robot_id) == Some(conn) {
+                    state.robots.remove(robot_id);
+                    self.metrics.robots_online.dec();
+                }
+            }
+            let mut ended = Vec::new();
+            for session_id in entry.sessions {
+                if let Some(session) = remove_session(&mut state, &session_id) {
+                    let other = if &session.client_conn == conn {
+                        session.robot_conn.clone()
+                    } else {
+                        session.client_conn.clone()
+                    };
+                    let notice = messages::disconnected(&session_id, None);
+                    ended.push(EndedSession {
+                        session_id,
+                        record_id: session.record_id,
+                        notices: vec![(other, notice)],
+                    });
+                }
+            }
+            ended
+        };
+        self.metrics.sessions_active.sub(ended.len() as i64);
+        ended
+    }
+
+    /// Tells the remaining ends of ended sessions.
+    pub fn notify(&self, ended: &[EndedSession]) {
+        for (to, text) in ended.iter().flat_map(|e| &e.notices) {
+            self.deliver(to, Outbound::Text(text.clone()));
+        }
+    }
+
+    /// Queues a frame; a receiver whose queue is full is closed instead of growing memory.
+    pub fn deliver(&self, to: &ConnId, message: Outbound) -> bool {
+        match self.bus.deliver(to, message) {
+            Ok(()) => true,
+            Err(DeliveryError::Full) => {
+                self.bus.kick(to, Kick::SlowConsumer);
+                false
+            }
+            Err(DeliveryError::Gone) => false,
+        }
+    }
+
+    pub fn kick(&self, conn: &ConnId, reason: Kick) {
+        self.bus.kick(conn, reason);
+    }
+
+    /// Closes the robot's live connection, if any.
+    pub fn kick_robot(&self, robot_id: &str, reason: Kick) -> bool {
+        let conn = self.state().robots.get(robot_id).cloned();
+        match conn {
+            Some(conn) => {
+                self.bus.kick(&conn, reason);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Closes robots whose credential is among `revoked` (e.g. serials a new CRL lists).
+    pub fn kick_robots_with_credentials(&self, revoked: &[String], reason: Kick) -> usize {
+        let conns: Vec<ConnId> = self
+            .state()
+            .conns
+            .iter()
+            .filter(|(_, entry)| {
+                matches!(&entry.kind, ConnKind::Robot { credentials, .. }
+                    if credentials.iter().any(|c| revoked.contains(c)))
+            })
+            .map(|(conn, _)| conn.clone())
+            .collect();
+        for conn in &conns {
+            self.bus.kick(conn, reason);
+        }
+        conns.len()
+    }
+
+    /// Closes every connection that logged in with this opaque token.
+    pub fn kick_token(&self, token_id: &str) -> usize {
+        let conns: Vec<ConnId> = self
+            .state()
+            .conns
+            .iter()
+            .filter(|(_, entry)| {
+                matches!(&entry.kind, ConnKind::Client { token_id: Some(t) } if t == token_id)
+            })
+            .map(|(conn, _)| conn.clone())
+            .collect();
+        for conn in &conns {
+            self.bus.kick(conn, Kick::TokenRevoked);
+        }
+        conns.len()
+    }
+
+    /// Ends the sessions `subject` has with `robot_id` (its grant was withdrawn); both ends
+    /// are to be told.
+    pub fn end_sessions_of(&self, robot_id: &str, subject: &str) -> Vec<EndedSession> {
+        let ended: Vec<EndedSession> = {
+            let mut state = self.state();
+            let ids: Vec<String> = state
+                .sessions
+                .iter()
+                .filter(|(_, s)| s.robot_id == robot_id && s.subject == subject)
+                .map(|(id, _)| id.clone())
+                .collect();
+            ids.into_iter()
+                .filter_map(|id| {
+                    let session = remove_session(&mut state, &id)?;
+                    let text = messages::disconnected(&id, Some("grant_revoked"));
+                    Some(EndedSession {
+                        session_id: id,
+                        record_id: session.record_id,
+                        notices: vec![
+                            (session.client_conn, text.clone()),
+                            (session.robot_conn, text),
+                        ],
+                    })
+                })
+                .collect()
+        };
+        self.metrics.sessions_active.sub(ended.len() as i64);
+        ended
+    }
+
+    /// Ends every session, telling both ends, then closes every socket. The caller ends the
+    /// session records.
+    pub fn shutdown(&self) -> usize {
+        let (notices, conns) = {
+            let mut state = self.state();
+            let mut notices = Vec::new();
+            let ids: Vec<String> = state.sessions.keys().cloned().collect();
+            for id in ids {
+                if let Some(session) = remove_session(&mut state, &id) {
+                    let text = messages::disconnected(&id, Some("server_shutdown"));
+                    notices.push((session.client_conn, text.clone()));
+                    notices.push((session.robot_conn, text));
+                }
+            }
+            self.metrics.sessions_active.set(0);
+            (notices, state.conns.keys().cloned().collect::<Vec<_>>())
+        };
+        for (to, text) in notices {
+            self.deliver(&to, Outbound::Text(text));
+        }
+        for conn in &conns {
+            self.bus.kick(conn, Kick::Shutdown);
+        }
+        conns.len()
+    }
+
+    pub fn connection_count(&self) -> usize {
+        self.state().conns.len()
+    }
+}
+
+fn remove_session(state: &mut State, session_id: &str) -> Option<Session> {
+    let session = state.sessions.remove(session_id)?;
+    for conn in [&session.client_conn, &session.robot_conn] {
+        if let Some(entry) = state.conns.get_mut(conn) {
+            entry.sessions.remove(session_id);
+        }
+    }
+    Some(session)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::relay::{LocalBus, MailboxReceiver};
+
+    fn hub() -> Hub {
+        Hub::new(Arc::new(LocalBus::default()), Metrics::new())
+    }
+
+    fn connect(hub: &Hub, id: &str) -> (ConnId, MailboxReceiver) {
+        let conn: ConnId = Arc::from(id);
+        let (mailbox, rx) = Mailbox::new(8);
+        hub.attach(conn.clone(), mailbox);
+        (conn, rx)
+    }
+
+    fn open<'a>(session_id: &'a str, role: Role) -> OpenSession<'a> {
+        OpenSession {
+            session_id,
+            robot_id: "r1",
+            subject: "alice",
+            role,
+        }
+    }
+
+    #[test]
+    fn sessions_follow_the_rules() {
+        let hub = hub();
+        let (robot, mut robot_rx) = connect(&hub, "robot");
+        let (alice, _alice_rx) = connect(&hub, "alice");
+        let (bob, mut bob_rx) = connect(&hub, "bob");
+        assert_eq!(
+            hub.open_session(&alice, open("s1", Role::Operator))
+                .unwrap_err(),
+            RelayError::RobotOffline("r1".into())
+        );
+        hub.robot_verified(&robot, "r1", vec!["serial:01".into()]);
+        assert!(matches!(
+            hub.open_session(&alice, open("s1", Role::Operator)),
+            Ok(SessionOpened::New { .. })
+        ));
+        // Renegotiation by the owner, theft by another socket.
+        assert!(matches!(
+            hub.open_session(&alice, open("s1", Role::Operator)),
+            Ok(SessionOpened::Existing { .. })
+        ));
+        assert_eq!(
+            hub.open_session(&bob, open("s1", Role::Operator))
+                .unwrap_err(),
+            RelayError::ConnectionIdInUse("s1".into())
+        );
+        // A socket's own id is claimed from the start.
+        assert_eq!(
+            hub.open_session(&bob, open("alice", Role::Viewer))
+                .unwrap_err(),
+            RelayError::ConnectionIdInUse("alice".into())
+        );
+        let busy = OpenSession {
+            subject: "bob",
+            ..open("s2", Role::Owner)
+        };
+        assert!(matches!(
+            hub.open_session(&bob, busy),
+            Err(RelayError::RobotBusy { locked_by, .. }) if locked_by == "alice"
+        ));
+        assert!(hub.open_session(&bob, open("s3", Role::Viewer)).is_ok());
+        assert!(hub.route(&bob, "s1").is_err());
+        let route = hub.route(&robot, "s1").unwrap();
+        assert!(route.from_robot);
+        assert_eq!(route.target, alice);
+        assert_eq!(
+            hub.kick_robots_with_credentials(&["serial:02".into()], Kick::Revoked),
+            0
+        );
+        assert_eq!(
+            hub.kick_robots_with_credentials(&["serial:01".into()], Kick::Revoked),
+            1
+        );
+        assert_eq!(*robot_rx.kick.borrow(), Some(Kick::Revoked));
+        // The robot leaves: both clients hear about their sessions.
+        let ended = hub.detach(&robot);
+        assert_eq!(ended.len(), 2);
+        hub.notify(&ended);
+        assert!(!hub.is_online("r1"));
+        let notice = match bob_rx.queue.try_recv() {
+            Ok(Outbound::Text(t)) => t,
+            other => panic!("expected a notice, got {other:?}"),
+        };
+        assert!(notice.contains("signalling.disconnected") && notice.contains("s3"));
+        assert!(robot_rx.queue.try_recv().is_err());
+    }
+
+    #[test]
+    fn a_new_robot_connection_replaces_the_old_one() {
+        let hub = hub();
+        let (old, old_rx) = connect(&hub, "old");
+        let (new, _new_rx) = connect(&hub, "new");
+        hub.robot_verified(&old, "r1", Vec::new());
+        hub.robot_verified(&new, "r1", Vec::new());
+        assert_eq!(*old_rx.kick.borrow(), Some(Kick::Replaced));
+        // The old socket leaving must not take the new one offline.
+        hub.detach(&old);
+        assert!(hub.is_online("r1"));
+        assert_eq!(hub.robots_online(), 1);
+    }
+}

@@ -1,0 +1,274 @@
+//! Startup (database, admin token, identity), serving plain or TLS, and graceful shutdown.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+
+use crate::auth::{random_token, sha256_hex, ClientAuthenticator, JwtConfig, JwtVerifier};
+use crate::config::Config;
+use crate::ice::IceConfig;
+use crate::identity::{Identity, IdentityConfig};
+use crate::metrics::Metrics;
+use crate::pki::{CertificateAuthority, TrustStore};
+use crate::relay::{Hub, LocalBus};
+use crate::state::{AppState, SharedState};
+use crate::store::{Store, StoreError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("database: {0}")]
+    Store(#[from] StoreError),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("JWT configuration: {0}")]
+    Jwt(#[from] crate::auth::JwtError),
+    #[error("{path}: {message}")]
+    File { path: String, message: String },
+    #[error("TLS: {0}")]
+    Tls(String),
+    #[error("--redis-url: the multi-node Redis bus is not available in this release; run one node without it")]
+    RedisUnsupported,
+    #[error("server: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+const ADMIN_TOKEN_SETTING: &str = "admin_token_sha256";
+
+pub struct Server {
+    state: SharedState,
+    listener: TcpListener,
+}
+
+fn read_file(path: &Path) -> Result<Vec<u8>, StartError> {
+    std::fs::read(path).map_err(|e| StartError::File {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    })
+}
+
+fn file_error(path: &Path, e: impl std::fmt::Display) -> StartError {
+    StartError::File {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    }
+}
+
+impl Server {
+    /// Connects to the database, prepares every component and binds the listener.
+    pub async fn bind(config: Config) -> Result<Server, StartError> {
+        if config.redis_url.is_some() {
+            return Err(StartError::RedisUnsupported);
+        }
+        let store = Store::connect(config.database_url()).await?;
+        let node_id = config
+            .node_id
+            .clone()
+            .unwrap_or_else(|| format!("node-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]));
+        let admin_token_hash = admin_token_hash(&config, &store).await?;
+
+        let jwt_config = JwtConfig {
+            secret: config.jwt_secret.clone(),
+            jwks_url: config.jwks_url.clone(),
+            jwks_file: config.jwks_file.clone(),
+            issuer: config.jwt_issuer.clone(),
+            audience: config.jwt_audience.clone(),
+        };
+        let jwt = if jwt_config.enabled() {
+            Some(Arc::new(JwtVerifier::new(jwt_config).await?))
+        } else {
+            None
+        };
+        if let Some(verifier) = jwt.clone().filter(|v| v.has_jwks_url()) {
+            tokio::spawn(refresh_jwks(verifier));
+        }
+
+        let trust = match &config.trust_anchors {
+            Some(path) => {
+                Some(TrustStore::from_pem(&read_file(path)?).map_err(|e| file_error(path, e))?)
+            }
+            None => None,
+        };
+        let ca = match (&config.ca_cert, &config.ca_key) {
+            (Some(cert), Some(key)) => {
+                let cert_pem =
+                    String::from_utf8(read_file(cert)?).map_err(|e| file_error(cert, e))?;
+                let key_pem = String::from_utf8(read_file(key)?).map_err(|e| file_error(key, e))?;
+                Some(
+                    CertificateAuthority::from_pem(&cert_pem, &key_pem)
+                        .map_err(|e| file_error(cert, e))?,
+                )
+            }
+            _ => None,
+        };
+        let identity = Identity::new(
+            store.clone(),
+            IdentityConfig {
+                challenge_ttl: config.challenge_ttl(),
+                trust,
+                ca,
+                auto_register: config.auto_register,
+                cert_lifetime: Duration::from_secs(u64::from(config.cert_lifetime_days) * 86_400),
+            },
+        )
+        .map_err(|e| StartError::File {
+            path: "--ca-cert".into(),
+            message: e.to_string(),
+        })?;
+
+        let metrics = Metrics::new();
+        let hub = Hub::new(Arc::new(LocalBus::default()), metrics.clone());
+        let ice = IceConfig {
+            stun_urls: config.stun_urls.clone(),
+            turn_urls: config.turn_urls.clone(),
+            turn_secret: config.turn_secret.clone(),
+            turn_ttl_secs: config.turn_ttl,
+        };
+        let clients = ClientAuthenticator::new(store.clone(), jwt);
+
+        let ended = store.end_open_sessions(&node_id, "server_restart").await?;
+        if ended > 0 {
+            tracing::warn!(
+                ended,
+                "ended session records left open by an earlier run of this node"
+            );
+        }
+
+        let listener =
+            TcpListener::bind(config.listen)
+                .await
+                .map_err(|source| StartError::Bind {
+                    addr: config.listen,
+                    source,
+                })?;
+        let state = Arc::new(AppState::new(
+            config,
+            node_id,
+            store,
+            hub,
+            metrics,
+            clients,
+            identity,
+            ice,
+            admin_token_hash,
+        ));
+        crate::identity::crl_reload::start(&state)?;
+        Ok(Server { state, listener })
+    }
+
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    pub fn state(&self) -> SharedState {
+        self.state.clone()
+    }
+
+    /// Serves until `shutdown` completes, then closes every socket (telling session peers),
+    /// ends open session records and returns.
+    pub async fn run(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), StartError> {
+        let state = self.state.clone();
+        let app = crate::api::router(state.clone());
+        let addr = self.local_addr()?;
+        let (stopped_tx, stopped_rx) = tokio::sync::oneshot::channel::<()>();
+        let drain_state = state.clone();
+        let drain = async move {
+            shutdown.await;
+            drain(&drain_state).await;
+            let _ = stopped_tx.send(());
+        };
+
+        match (&state.config.tls_cert, &state.config.tls_key) {
+            (Some(cert), Some(key)) => {
+                let tls = axum_server::tls_rustls::RustlsConfig::from_pem_file(cert, key)
+                    .await
+                    .map_err(|e| StartError::Tls(e.to_string()))?;
+                let handle = axum_server::Handle::new();
+                let stopper = handle.clone();
+                tokio::spawn(async move {
+                    drain.await;
+                    stopper.graceful_shutdown(Some(Duration::from_secs(1)));
+                });
+                tracing::info!(%addr, node = %state.node_id, "listening (TLS)");
+                let std_listener = self.listener.into_std()?;
+                axum_server::from_tcp_rustls(std_listener, tls)
+                    .handle(handle)
+                    .serve(app.into_make_service())
+                    .await?;
+            }
+            _ => {
+                tracing::info!(%addr, node = %state.node_id, "listening");
+                tokio::spawn(drain);
+                axum::serve(self.listener, app)
+                    .with_graceful_shutdown(async move {
+                        let _ = stopped_rx.await;
+                    })
+                    .await?;
+            }
+        }
+        state.store.close().await;
+        Ok(())
+    }
+}
+
+async fn drain(state: &SharedState) {
+    state.begin_shutdown();
+    let sockets = state.hub.shutdown();
+    tracing::info!(sockets, "shutting down: closing sockets");
+    let grace = Duration::from_secs(state.config.shutdown_grace_secs);
+    if tokio::time::timeout(grace, state.sockets_drained())
+        .await
+        .is_err()
+    {
+        tracing::warn!("some sockets did not close within the grace period");
+    }
+    match state
+        .store
+        .end_open_sessions(&state.node_id, "server_shutdown")
+        .await
+    {
+        Ok(n) if n > 0 => tracing::info!(ended = n, "ended session records"),
+        Ok(_) => {}
+        Err(e) => tracing::error!(error = %e, "cannot end session records"),
+    }
+}
+
+async fn admin_token_hash(config: &Config, store: &Store) -> Result<String, StartError> {
+    if let Some(token) = &config.admin_token {
+        return Ok(sha256_hex(token.as_bytes()));
+    }
+    if let Some(hash) = store.setting(ADMIN_TOKEN_SETTING).await? {
+        tracing::info!(
+            "admin token: using the one generated at first start (set --admin-token to choose one)"
+        );
+        return Ok(hash);
+    }
+    let token = random_token("sat_");
+    let stored = store
+        .setting_insert_once(ADMIN_TOKEN_SETTING, &sha256_hex(token.as_bytes()))
+        .await?;
+    if stored == sha256_hex(token.as_bytes()) {
+        tracing::warn!(admin_token = %token, "generated the admin token; it is shown only this once");
+    }
+    Ok(stored)
+}
+
+async fn refresh_jwks(verifier: Arc<JwtVerifier>) {
+    let mut every = tokio::time::interval(crate::auth::jwt::JWKS_REFRESH);
+    every.tick().await;
+    loop {
+        every.tick().await;
+        if let Err(e) = verifier.fetch_jwks().await {
+            tracing::warn!(error = %e, "JWKS refresh failed; keeping the previous keys");
+        }
+    }
+}

@@ -1,0 +1,101 @@
+//! What every request handler and socket shares.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use tokio::sync::Notify;
+
+use crate::auth::ClientAuthenticator;
+use crate::config::Config;
+use crate::ice::IceConfig;
+use crate::identity::Identity;
+use crate::metrics::Metrics;
+use crate::relay::Hub;
+use crate::store::Store;
+
+pub struct AppState {
+    pub config: Config,
+    pub node_id: String,
+    pub store: Store,
+    pub hub: Hub,
+    pub metrics: Metrics,
+    pub clients: ClientAuthenticator,
+    pub identity: Identity,
+    pub ice: IceConfig,
+    /// SHA-256 (hex) of the admin bearer token.
+    pub admin_token_hash: String,
+    shutting_down: AtomicBool,
+    open_sockets: AtomicUsize,
+    sockets_closed: Notify,
+}
+
+pub type SharedState = Arc<AppState>;
+
+impl AppState {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        config: Config,
+        node_id: String,
+        store: Store,
+        hub: Hub,
+        metrics: Metrics,
+        clients: ClientAuthenticator,
+        identity: Identity,
+        ice: IceConfig,
+        admin_token_hash: String,
+    ) -> AppState {
+        AppState {
+            config,
+            node_id,
+            store,
+            hub,
+            metrics,
+            clients,
+            identity,
+            ice,
+            admin_token_hash,
+            shutting_down: AtomicBool::new(false),
+            open_sockets: AtomicUsize::new(0),
+            sockets_closed: Notify::new(),
+        }
+    }
+
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::SeqCst)
+    }
+
+    pub fn begin_shutdown(&self) {
+        self.shutting_down.store(true, Ordering::SeqCst);
+    }
+
+    /// Counts a socket task until the guard drops, so shutdown can wait for all of them.
+    pub fn socket_guard(self: &Arc<Self>) -> SocketGuard {
+        self.open_sockets.fetch_add(1, Ordering::SeqCst);
+        SocketGuard {
+            state: Arc::clone(self),
+        }
+    }
+
+    /// Waits until every socket task has finished its cleanup.
+    pub async fn sockets_drained(&self) {
+        loop {
+            let notified = self.sockets_closed.notified();
+            if self.open_sockets.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+pub struct SocketGuard {
+    state: SharedState,
+}
+
+impl Drop for SocketGuard {
+    fn drop(&mut self) {
+        if self.state.open_sockets.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.state.sockets_closed.notify_waiters();
+        }
+    }
+}

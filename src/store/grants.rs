@@ -1,0 +1,117 @@
+use serde::{Deserialize, Serialize};
+
+use super::{now_ms, Store, StoreError};
+
+/// What a subject may do with a robot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Viewer,
+    Operator,
+    Owner,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Viewer => "viewer",
+            Role::Operator => "operator",
+            Role::Owner => "owner",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Role> {
+        match text {
+            "viewer" => Some(Role::Viewer),
+            "operator" => Some(Role::Operator),
+            "owner" => Some(Role::Owner),
+            _ => None,
+        }
+    }
+
+    /// Roles that drive the robot and so hold its single control lock.
+    pub fn controls(self) -> bool {
+        matches!(self, Role::Operator | Role::Owner)
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Grant {
+    pub robot_id: String,
+    pub subject: String,
+    pub role: Role,
+    pub created_at: i64,
+}
+
+#[derive(sqlx::FromRow)]
+struct GrantRow {
+    robot_id: String,
+    subject: String,
+    role: String,
+    created_at: i64,
+}
+
+impl TryFrom<GrantRow> for Grant {
+    type Error = StoreError;
+    fn try_from(row: GrantRow) -> Result<Grant, StoreError> {
+        Ok(Grant {
+            role: Role::parse(&row.role).ok_or(StoreError::Corrupt("grants.role"))?,
+            robot_id: row.robot_id,
+            subject: row.subject,
+            created_at: row.created_at,
+        })
+    }
+}
+
+impl Store {
+    pub async fn put_grant(
+        &self,
+        robot_id: &str,
+        subject: &str,
+        role: Role,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO grants (robot_id, subject, role, created_at) VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (robot_id, subject) DO UPDATE SET role = excluded.role",
+        )
+        .bind(robot_id)
+        .bind(subject)
+        .bind(role.as_str())
+        .bind(now_ms())
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    pub async fn grant(&self, robot_id: &str, subject: &str) -> Result<Option<Role>, StoreError> {
+        let role: Option<(String,)> =
+            sqlx::query_as("SELECT role FROM grants WHERE robot_id = $1 AND subject = $2")
+                .bind(robot_id)
+                .bind(subject)
+                .fetch_optional(&self.pool)
+                .await?;
+        role.map(|(r,)| Role::parse(&r).ok_or(StoreError::Corrupt("grants.role")))
+            .transpose()
+    }
+
+    pub async fn grants(&self, robot_id: &str) -> Result<Vec<Grant>, StoreError> {
+        let rows: Vec<GrantRow> = sqlx::query_as(
+            "SELECT robot_id, subject, role, created_at FROM grants WHERE robot_id = $1 \
+             ORDER BY subject",
+        )
+        .bind(robot_id)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter().map(Grant::try_from).collect()
+    }
+
+    pub async fn delete_grant(&self, robot_id: &str, subject: &str) -> Result<bool, StoreError> {
+        let result = sqlx::query("DELETE FROM grants WHERE robot_id = $1 AND subject = $2")
+            .bind(robot_id)
+            .bind(subject)
+            .execute(&self.pool)
+            .await?;
+        Ok(result.rows_affected() == 1)
+    }
+}

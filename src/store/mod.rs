@@ -1,0 +1,158 @@
+//! Persistence: robots, client tokens, grants, session records, revocations, settings.
+//!
+//! One schema for SQLite and PostgreSQL through sqlx's `Any` driver, so every query here is
+//! written once in the common dialect (`$N` placeholders, TEXT/BIGINT columns, times in unix
+//! milliseconds).
+
+mod grants;
+mod revocations;
+mod robots;
+mod sessions;
+mod settings;
+mod tokens;
+
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
+use sqlx::{AnyPool, Executor};
+
+pub use grants::{Grant, Role};
+pub use robots::{Credential, NewRobot, RobotRecord};
+pub use sessions::{SessionFilter, SessionRecord};
+pub use tokens::ClientToken;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("cannot create database directory {path}: {source}")]
+    CreateDir {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("corrupt stored value in {0}")]
+    Corrupt(&'static str),
+}
+
+#[derive(Clone)]
+pub struct Store {
+    pool: AnyPool,
+    is_sqlite: bool,
+}
+
+/// The default database: a SQLite file under ./data, created on first start.
+pub const DEFAULT_DATABASE_URL: &str = "sqlite://data/signalling.db";
+
+impl Store {
+    /// Connects (creating a missing SQLite file and its folder) and runs the migrations.
+    pub async fn connect(url: &str) -> Result<Store, StoreError> {
+        sqlx::any::install_default_drivers();
+        let is_sqlite = url.starts_with("sqlite:");
+        let url = if is_sqlite {
+            prepare_sqlite_url(url)?
+        } else {
+            url.to_string()
+        };
+        let options = AnyConnectOptions::from_str(&url)?;
+        let pool = AnyPoolOptions::new()
+            .max_connections(if is_sqlite { 8 } else { 16 })
+            .acquire_timeout(Duration::from_secs(10))
+            .after_connect(move |conn, _meta| {
+                Box::pin(async move {
+                    if is_sqlite {
+                        // WAL lets readers run beside the single writer; busy_timeout makes
+                        // concurrent writers wait instead of failing with SQLITE_BUSY.
+                        conn.execute("PRAGMA journal_mode = WAL").await?;
+                        conn.execute("PRAGMA busy_timeout = 5000").await?;
+                        conn.execute("PRAGMA synchronous = NORMAL").await?;
+                    }
+                    Ok(())
+                })
+            })
+            .connect_with(options)
+            .await?;
+        sqlx::migrate!("./migrations").run(&pool).await?;
+        Ok(Store { pool, is_sqlite })
+    }
+
+    pub fn backend(&self) -> &'static str {
+        if self.is_sqlite {
+            "sqlite"
+        } else {
+            "postgres"
+        }
+    }
+
+    /// A cheap round trip for readiness checks.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+}
+
+/// Adds `mode=rwc` (create if missing) and makes sure the parent folder exists.
+fn prepare_sqlite_url(url: &str) -> Result<String, StoreError> {
+    let rest = url
+        .trim_start_matches("sqlite://")
+        .trim_start_matches("sqlite:");
+    let (path, query) = match rest.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (rest, None),
+    };
+    let in_memory = path == ":memory:" || query.is_some_and(|q| q.contains("mode=memory"));
+    if in_memory {
+        return Ok(url.to_string());
+    }
+    {
+        if let Some(parent) = Path::new(path).parent() {
+            if !parent.as_os_str().is_empty() {
+                std::fs::create_dir_all(parent).map_err(|source| StoreError::CreateDir {
+                    path: parent.display().to_string(),
+                    source,
+                })?;
+            }
+        }
+    }
+    Ok(match query {
+        Some(q) if q.contains("mode=") => url.to_string(),
+        Some(_) => format!("{url}&mode=rwc"),
+        None => format!("{url}?mode=rwc"),
+    })
+}
+
+pub(crate) fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prepare_sqlite_url;
+
+    #[test]
+    fn sqlite_urls_get_create_mode() {
+        let dir = std::env::temp_dir().join(format!("store-url-{}", uuid::Uuid::new_v4()));
+        let url = format!("sqlite://{}/x.db", dir.display());
+        assert_eq!(prepare_sqlite_url(&url).unwrap(), format!("{url}?mode=rwc"));
+        assert!(dir.is_dir());
+        assert_eq!(
+            prepare_sqlite_url("sqlite::memory:").unwrap(),
+            "sqlite::memory:"
+        );
+        assert_eq!(
+            prepare_sqlite_url("sqlite://a.db?mode=ro").unwrap(),
+            "sqlite://a.db?mode=ro"
+        );
+        std::fs::remove_dir_all(dir).ok();
+    }
+}

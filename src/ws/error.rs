@@ -1,0 +1,112 @@
+use serde_json::{json, Map, Value};
+use signalling_protocol::{ErrorCode, ProtocolError};
+
+use crate::identity::IdentityError;
+use crate::relay::RelayError;
+use crate::store::StoreError;
+
+/// Everything that can go wrong with one message on a socket; mapped to the wire once, in
+/// `code`, `details` and `close`.
+#[derive(Debug, thiserror::Error)]
+pub enum WsError {
+    #[error(transparent)]
+    Protocol(#[from] ProtocolError),
+    #[error("{0}")]
+    Identity(#[from] IdentityError),
+    #[error("{0}")]
+    Relay(#[from] RelayError),
+    #[error("no grant for robot {0}")]
+    NoGrant(String),
+    #[error("{message}")]
+    Forbidden {
+        reason: &'static str,
+        message: &'static str,
+    },
+    #[error("{message}")]
+    Unauthorized {
+        reason: &'static str,
+        message: &'static str,
+    },
+    #[error("too many messages; slow down")]
+    RateLimited,
+    #[error("too many messages over the rate limit")]
+    Flooding,
+    #[error("frame larger than {limit} bytes")]
+    TooLarge { limit: usize },
+    #[error("binary frames are not part of the protocol; send JSON text")]
+    Binary,
+    #[error("login not completed in time")]
+    LoginTimeout,
+    #[error("token expired")]
+    TokenExpired,
+    #[error("internal error")]
+    Store(#[from] StoreError),
+}
+
+impl WsError {
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            WsError::Protocol(e) => e.code(),
+            WsError::Identity(e) if e.is_internal() => ErrorCode::InternalError,
+            WsError::Identity(_) | WsError::Unauthorized { .. } | WsError::TokenExpired => {
+                ErrorCode::Unauthorized
+            }
+            WsError::Relay(RelayError::RobotOffline(_)) => ErrorCode::ConnectionFailed,
+            WsError::Relay(_)
+            | WsError::NoGrant(_)
+            | WsError::Forbidden { .. }
+            | WsError::RateLimited
+            | WsError::Flooding => ErrorCode::Forbidden,
+            WsError::TooLarge { .. } | WsError::Binary => ErrorCode::InvalidMessage,
+            WsError::LoginTimeout => ErrorCode::Timeout,
+            WsError::Store(_) => ErrorCode::InternalError,
+        }
+    }
+
+    pub fn details(&self) -> Option<Map<String, Value>> {
+        let value = match self {
+            WsError::Identity(e) => json!({ "reason": e.reason() }),
+            WsError::Relay(RelayError::RobotOffline(robot)) => {
+                json!({ "reason": "robot_offline", "robotId": robot })
+            }
+            WsError::Relay(RelayError::RobotBusy {
+                robot_id,
+                locked_by,
+            }) => json!({ "reason": "robot_busy", "robotId": robot_id, "lockedBy": locked_by }),
+            WsError::Relay(RelayError::ConnectionIdInUse(id)) => {
+                json!({ "reason": "connection_id_in_use", "connectionId": id })
+            }
+            WsError::Relay(RelayError::SessionRobotMismatch(id)) => {
+                json!({ "reason": "session_robot_mismatch", "connectionId": id })
+            }
+            WsError::Relay(RelayError::NotInSession(id)) => {
+                json!({ "reason": "not_in_session", "connectionId": id })
+            }
+            WsError::NoGrant(robot) => json!({ "reason": "no_grant", "robotId": robot }),
+            WsError::Forbidden { reason, .. } | WsError::Unauthorized { reason, .. } => {
+                json!({ "reason": reason })
+            }
+            WsError::RateLimited | WsError::Flooding => json!({ "reason": "rate_limited" }),
+            WsError::TooLarge { limit } => json!({ "reason": "frame_too_large", "limit": limit }),
+            WsError::TokenExpired => json!({ "reason": "token_expired" }),
+            _ => return None,
+        };
+        match value {
+            Value::Object(map) => Some(map),
+            _ => None,
+        }
+    }
+
+    /// The close frame to send after the error, for errors that end the connection.
+    pub fn close(&self) -> Option<(u16, &'static str)> {
+        match self {
+            WsError::Identity(e) if e.is_internal() => Some((1011, "internal error")),
+            WsError::Identity(_) => Some((1008, "identity not proven")),
+            WsError::LoginTimeout => Some((1008, "login timeout")),
+            WsError::TokenExpired => Some((1008, "token expired")),
+            WsError::Flooding => Some((1008, "rate limit exceeded")),
+            WsError::TooLarge { .. } => Some((1009, "frame too large")),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,89 @@
+//! The `/ws` endpoint: authentication at upgrade, the per-socket loop, and the signalling
+//! protocol spoken on it.
+
+mod connection;
+mod error;
+mod protocol;
+mod rate_limit;
+
+use axum::extract::ws::WebSocketUpgrade;
+use axum::extract::{Query, State};
+use axum::http::{header, HeaderMap};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+
+use crate::api::ApiError;
+use crate::state::SharedState;
+
+pub use error::WsError;
+
+#[derive(Debug, Deserialize)]
+pub struct WsQuery {
+    token: Option<String>,
+}
+
+/// Prefix of the subprotocol that carries a bearer token (browsers cannot set headers).
+const BEARER_PROTOCOL: &str = "bearer.";
+
+/// Where the client put its token, if anywhere.
+fn find_token(query: &WsQuery, headers: &HeaderMap) -> (Option<String>, Option<String>) {
+    if let Some(token) = query.token.as_deref().filter(|t| !t.is_empty()) {
+        return (Some(token.to_string()), None);
+    }
+    if let Some(token) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+    {
+        return (Some(token.trim().to_string()), None);
+    }
+    let protocol = headers
+        .get_all(header::SEC_WEBSOCKET_PROTOCOL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .find(|p| p.starts_with(BEARER_PROTOCOL));
+    match protocol {
+        Some(p) => (
+            Some(p[BEARER_PROTOCOL.len()..].to_string()),
+            Some(p.to_string()),
+        ),
+        None => (None, None),
+    }
+}
+
+pub async fn upgrade(
+    State(state): State<SharedState>,
+    Query(query): Query<WsQuery>,
+    headers: HeaderMap,
+    ws: WebSocketUpgrade,
+) -> Response {
+    if state.is_shutting_down() {
+        return ApiError::Unavailable("server is shutting down".into()).into_response();
+    }
+    let (token, protocol) = find_token(&query, &headers);
+    let client = match token {
+        Some(token) => match state
+            .clients
+            .authenticate(&token, crate::store::now_ms())
+            .await
+        {
+            Ok(identity) => Some(identity),
+            Err(e) => {
+                tracing::info!(error = %e, "client login refused");
+                return ApiError::from(e).into_response();
+            }
+        },
+        None => None,
+    };
+    // The protocol limit is checked on whole messages in the socket loop, so an oversized
+    // message is read completely and refused with a clean close. The transport limit above
+    // it only stops abuse: past it the frame is not even read.
+    let hard_limit = state.config.max_frame_bytes.saturating_mul(4);
+    let mut ws = ws.max_message_size(hard_limit).max_frame_size(hard_limit);
+    if let Some(protocol) = protocol {
+        ws = ws.protocols([protocol]);
+    }
+    ws.on_upgrade(move |socket| connection::run(state, socket, client))
+}

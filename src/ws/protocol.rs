@@ -1,0 +1,436 @@
+//! The signalling protocol on one socket: what each message means for the sender's role.
+
+use std::time::Instant;
+
+use signalling_protocol::{
+    is_legacy_ready, Body, ConnectedPayload, DisconnectReason, DisconnectedPayload, Envelope,
+    OfferPayload, PkiResponsePayload, ProtocolError, RegisterPayload, Signalling,
+};
+
+use super::error::WsError;
+use crate::auth::ClientIdentity;
+use crate::identity::Challenge;
+use crate::messages;
+use crate::relay::{ConnId, OpenSession, Outbound, SessionOpened};
+use crate::state::SharedState;
+
+/// What a relayed session message means for the session.
+enum Relay {
+    Plain,
+    /// Answers come from the robot end only.
+    FromRobot,
+    Connected,
+    Ends(DisconnectReason),
+}
+
+/// What the socket is, as far as the server knows.
+pub enum Peer {
+    /// No token: may only become a robot.
+    Unverified {
+        challenge: Option<Challenge>,
+    },
+    Robot {
+        robot_id: String,
+    },
+    Client(ClientIdentity),
+}
+
+pub struct Protocol {
+    pub state: SharedState,
+    pub conn: ConnId,
+    pub peer: Peer,
+    /// Replies for this socket itself, written by the socket loop in order.
+    pub replies: Vec<String>,
+}
+
+impl Protocol {
+    pub fn new(state: SharedState, conn: ConnId, client: Option<ClientIdentity>) -> Protocol {
+        let peer = match client {
+            Some(identity) => Peer::Client(identity),
+            None => Peer::Unverified { challenge: None },
+        };
+        Protocol {
+            state,
+            conn,
+            peer,
+            replies: Vec::new(),
+        }
+    }
+
+    pub fn role_label(&self) -> &'static str {
+        match self.peer {
+            Peer::Unverified { .. } => "pending",
+            Peer::Robot { .. } => "robot",
+            Peer::Client(_) => "client",
+        }
+    }
+
+    pub fn welcome(&self) -> String {
+        let servers = match &self.peer {
+            Peer::Unverified { .. } => self.state.ice.public_servers(),
+            Peer::Robot { robot_id } => self.state.ice.servers_for(robot_id, unix_now()),
+            Peer::Client(identity) => self.state.ice.servers_for(&identity.subject, unix_now()),
+        };
+        messages::welcome(&self.conn, servers)
+    }
+
+    /// When the socket must be closed unless something happens first.
+    pub fn deadline(&self, login_deadline: Instant) -> Option<(Instant, WsError)> {
+        match &self.peer {
+            Peer::Unverified { challenge: Some(c) } => Some((
+                c.expires_at().min(login_deadline),
+                if c.expires_at() <= login_deadline {
+                    WsError::Identity(crate::identity::IdentityError::ChallengeExpired)
+                } else {
+                    WsError::LoginTimeout
+                },
+            )),
+            Peer::Unverified { challenge: None } => Some((login_deadline, WsError::LoginTimeout)),
+            Peer::Client(ClientIdentity {
+                expires_at: Some(at),
+                ..
+            }) => {
+                let left = (*at - crate::store::now_ms()).max(0) as u64;
+                Some((
+                    Instant::now() + std::time::Duration::from_millis(left),
+                    WsError::TokenExpired,
+                ))
+            }
+            _ => None,
+        }
+    }
+
+    /// Handles one text frame. `Err` carries the id of the offending message, if known.
+    pub async fn handle(
+        &mut self,
+        text: &str,
+        received: Instant,
+    ) -> Result<(), (WsError, Option<String>)> {
+        if is_legacy_ready(text) {
+            let welcome = self.welcome();
+            self.replies.push(welcome);
+            return Ok(());
+        }
+        let envelope = Envelope::parse(text).map_err(|e| (e.into(), raw_id(text)))?;
+        let id = envelope.id.clone();
+        self.dispatch(envelope, received)
+            .await
+            .map_err(|e| (e, Some(id)))
+    }
+
+    async fn dispatch(&mut self, envelope: Envelope, received: Instant) -> Result<(), WsError> {
+        let Body::Signalling(message) = envelope.body()? else {
+            return Err(ProtocolError::UnsupportedType(format!(
+                "{} travels on the WebRTC data channel, not the signalling socket",
+                envelope.kind
+            ))
+            .into());
+        };
+        match message {
+            Signalling::Ping => self.replies.push(messages::pong(&envelope.id)),
+            Signalling::Capabilities(_) => self.replies.push(messages::capabilities(&envelope.id)),
+            Signalling::Register(payload) => self.register(&envelope, payload).await?,
+            Signalling::PkiResponse(payload) => self.pki_response(&envelope, payload).await?,
+            Signalling::Offer(payload) => self.offer(envelope, payload, received).await?,
+            Signalling::Answer(ref payload) => {
+                let session = payload.connection_id.clone();
+                self.relay(envelope, &session, received, Relay::FromRobot)
+                    .await?;
+            }
+            Signalling::IceCandidate(ref payload) => {
+                let session = payload.connection_id.clone();
+                self.relay(envelope, &session, received, Relay::Plain)
+                    .await?;
+            }
+            Signalling::Connected(ConnectedPayload {
+                ref connection_id, ..
+            }) => {
+                let session = connection_id.clone();
+                self.relay(envelope, &session, received, Relay::Connected)
+                    .await?;
+            }
+            Signalling::Disconnected(DisconnectedPayload {
+                ref connection_id,
+                reason,
+                ..
+            }) => {
+                let session = connection_id.clone();
+                self.relay(envelope, &session, received, Relay::Ends(reason))
+                    .await?;
+            }
+            // Peers report their own errors; answering them could start an error ping-pong.
+            Signalling::Error(error) => {
+                tracing::debug!(conn = %self.conn, code = error.code.as_str(), "peer reported an error")
+            }
+            Signalling::Pong => {}
+            Signalling::Welcome(_) | Signalling::PkiChallenge(_) | Signalling::PkiVerified(_) => {
+                return Err(ProtocolError::UnsupportedType(format!(
+                    "{} is sent by the server only",
+                    envelope.kind
+                ))
+                .into())
+            }
+        }
+        Ok(())
+    }
+
+    async fn register(
+        &mut self,
+        envelope: &Envelope,
+        payload: RegisterPayload,
+    ) -> Result<(), WsError> {
+        match &self.peer {
+            Peer::Client(_) => {
+                return Err(WsError::Forbidden {
+                    reason: "client_connection",
+                    message:
+                        "connections that logged in with a client token cannot register as robots",
+                })
+            }
+            Peer::Robot { .. } => {
+                return Err(WsError::Forbidden {
+                    reason: "already_registered",
+                    message: "this connection is already a verified robot",
+                })
+            }
+            Peer::Unverified { .. } => {}
+        }
+        let mut challenge = match self
+            .state
+            .identity
+            .challenge(&payload.agent_id, payload.metadata.as_ref())
+            .await
+        {
+            Ok(challenge) => challenge,
+            Err(e) => {
+                self.state
+                    .metrics
+                    .pki_results
+                    .with_label_values(&[e.reason()])
+                    .inc();
+                return Err(e.into());
+            }
+        };
+        let message = messages::pki_challenge(challenge.encoded.clone());
+        challenge.set_message_id(&message.id);
+        let _ = &envelope.id;
+        self.replies.push(message.to_json());
+        self.peer = Peer::Unverified {
+            challenge: Some(challenge),
+        };
+        Ok(())
+    }
+
+    async fn pki_response(
+        &mut self,
+        envelope: &Envelope,
+        payload: PkiResponsePayload,
+    ) -> Result<(), WsError> {
+        let challenge = match &mut self.peer {
+            // Taking the challenge out makes it single-use whatever happens next.
+            Peer::Unverified { challenge } => challenge.take(),
+            _ => None,
+        };
+        let result = match challenge {
+            Some(challenge) => {
+                self.state
+                    .identity
+                    .verify(
+                        challenge,
+                        envelope.correlation_id.as_deref(),
+                        &payload.signature,
+                    )
+                    .await
+            }
+            None => Err(crate::identity::IdentityError::NoChallenge),
+        };
+        let verified = match result {
+            Ok(verified) => verified,
+            Err(e) => {
+                self.state
+                    .metrics
+                    .pki_results
+                    .with_label_values(&[e.reason()])
+                    .inc();
+                return Err(e.into());
+            }
+        };
+        self.state
+            .metrics
+            .pki_results
+            .with_label_values(&["verified"])
+            .inc();
+        self.state
+            .hub
+            .robot_verified(&self.conn, &verified.robot_id, verified.credentials.clone());
+        self.state
+            .store
+            .touch_robot(&verified.robot_id, &self.state.node_id)
+            .await?;
+        tracing::info!(robot = %verified.robot_id, credential = verified.credential_kind, conn = %self.conn, "robot verified");
+        self.replies
+            .push(messages::pki_verified(&verified.robot_id, &envelope.id));
+        self.peer = Peer::Robot {
+            robot_id: verified.robot_id,
+        };
+        // Now that it is proven, the robot may have TURN credentials.
+        let welcome = self.welcome();
+        self.replies.push(welcome);
+        Ok(())
+    }
+
+    async fn offer(
+        &mut self,
+        mut envelope: Envelope,
+        payload: OfferPayload,
+        received: Instant,
+    ) -> Result<(), WsError> {
+        let identity = match &self.peer {
+            Peer::Client(identity) => identity.clone(),
+            Peer::Robot { .. } => {
+                return Err(WsError::Forbidden {
+                    reason: "robots_cannot_offer",
+                    message: "robots answer offers; they do not send them",
+                })
+            }
+            Peer::Unverified { .. } => {
+                return Err(WsError::Unauthorized {
+                    reason: "login_required",
+                    message: "connect with a client token to open sessions",
+                })
+            }
+        };
+        if payload.connection_id.is_empty() || payload.connection_id.len() > 128 {
+            return Err(ProtocolError::InvalidPayload(
+                "connectionId must be 1-128 characters".into(),
+            )
+            .into());
+        }
+        let role = self
+            .state
+            .store
+            .grant(&payload.robot_id, &identity.subject)
+            .await?
+            .ok_or_else(|| WsError::NoGrant(payload.robot_id.clone()))?;
+        let opened = self.state.hub.open_session(
+            &self.conn,
+            OpenSession {
+                session_id: &payload.connection_id,
+                robot_id: &payload.robot_id,
+                subject: &identity.subject,
+                role,
+            },
+        )?;
+        let robot_conn = match opened {
+            SessionOpened::New {
+                record_id,
+                robot_conn,
+            } => {
+                if let Err(e) = self
+                    .state
+                    .store
+                    .start_session(
+                        &record_id,
+                        &payload.connection_id,
+                        &payload.robot_id,
+                        &identity.subject,
+                        role.as_str(),
+                        &self.state.node_id,
+                    )
+                    .await
+                {
+                    self.state.hub.end_session(&payload.connection_id);
+                    return Err(e.into());
+                }
+                robot_conn
+            }
+            SessionOpened::Existing { robot_conn } => robot_conn,
+        };
+        envelope.meta = Some(messages::session_meta(&identity.subject, role.as_str()));
+        self.forward(&robot_conn, &envelope, received);
+        Ok(())
+    }
+
+    /// Relays a session message to the other end, after recording what it means for the
+    /// session (so the record is current by the time the other end hears of it).
+    async fn relay(
+        &mut self,
+        mut envelope: Envelope,
+        session_id: &str,
+        received: Instant,
+        kind: Relay,
+    ) -> Result<(), WsError> {
+        if matches!(self.peer, Peer::Unverified { .. }) {
+            return Err(WsError::Unauthorized {
+                reason: "not_verified",
+                message: "register and answer the PKI challenge first",
+            });
+        }
+        let route = self.state.hub.route(&self.conn, session_id)?;
+        match kind {
+            Relay::FromRobot if !route.from_robot => {
+                return Err(WsError::Forbidden {
+                    reason: "wrong_direction",
+                    message: "only the robot of a session sends its answer",
+                })
+            }
+            Relay::Connected => self.state.store.session_connected(&route.record_id).await?,
+            Relay::Ends(reason) => {
+                if let Some(ended) = self.state.hub.end_session(session_id) {
+                    let reason = match reason {
+                        DisconnectReason::Closed => "closed",
+                        DisconnectReason::Failed => "failed",
+                        DisconnectReason::Timeout => "timeout",
+                    };
+                    self.state
+                        .store
+                        .end_session(&ended.record_id, reason)
+                        .await?;
+                }
+            }
+            Relay::FromRobot | Relay::Plain => {}
+        }
+        // Never pass on a peer's own meta: the robot learns who it talks to from us alone.
+        envelope.meta = if route.from_robot {
+            None
+        } else {
+            Some(messages::session_meta(&route.subject, route.role.as_str()))
+        };
+        self.forward(&route.target, &envelope, received);
+        Ok(())
+    }
+
+    fn forward(&self, to: &ConnId, envelope: &Envelope, received: Instant) {
+        let delivered = self
+            .state
+            .hub
+            .deliver(to, Outbound::Text(envelope.to_json()));
+        if delivered {
+            let metrics = &self.state.metrics;
+            metrics
+                .messages_relayed
+                .with_label_values(&[envelope.kind.as_str()])
+                .inc();
+            metrics
+                .relay_latency
+                .with_label_values(&[envelope.kind.as_str()])
+                .observe(received.elapsed().as_secs_f64());
+        }
+    }
+}
+
+/// The `id` of a message that failed to parse, so the error can still be correlated.
+fn raw_id(text: &str) -> Option<String> {
+    serde_json::from_str::<serde_json::Value>(text)
+        .ok()?
+        .get("id")?
+        .as_str()
+        .map(str::to_string)
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}

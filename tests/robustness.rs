@@ -1,0 +1,230 @@
+//! Bad input gets a spec error code and never a panic or a hang; limits and shutdown.
+
+mod common;
+
+use common::*;
+use serde_json::json;
+use tokio_tungstenite::tungstenite::Message;
+
+#[tokio::test]
+async fn malformed_messages_get_spec_error_codes() {
+    let server = TestServer::start().await;
+    let token = server.client_token("alice").await;
+    let mut socket = WsClient::connect_with_token(&server.ws_url(), &token).await;
+
+    socket.send_text("{not json".into()).await;
+    socket.expect_error("INVALID_MESSAGE").await;
+    socket.send_text("[1,2,3]".into()).await;
+    socket.expect_error("INVALID_MESSAGE").await;
+
+    let mut missing_id = envelope("signalling.ping", None);
+    missing_id.as_object_mut().unwrap().remove("id");
+    socket.send(&missing_id).await;
+    socket.expect_error("VALIDATION_FAILED").await;
+
+    let mut other_major = envelope("signalling.ping", None);
+    other_major["version"] = json!("1.0");
+    socket.send(&other_major).await;
+    let error = socket.expect_error("UNSUPPORTED_VERSION").await;
+    assert_eq!(error["correlationId"], other_major["id"]);
+
+    let unknown = envelope("signalling.teleport", Some(json!({})));
+    socket.send(&unknown).await;
+    let error = socket.expect_error("UNSUPPORTED_MESSAGE_TYPE").await;
+    assert_eq!(error["correlationId"], unknown["id"]);
+
+    let agent_message = envelope("agent.movement", Some(json!({"forward": 1.0, "turn": 0.0})));
+    socket.send(&agent_message).await;
+    socket.expect_error("UNSUPPORTED_MESSAGE_TYPE").await;
+
+    let missing_field = envelope(
+        "signalling.offer",
+        Some(json!({"robotId": "r", "sdp": "x", "sdpType": "offer"})),
+    );
+    socket.send(&missing_field).await;
+    socket.expect_error("INVALID_PAYLOAD").await;
+
+    let extra_field = envelope(
+        "signalling.ice_candidate",
+        Some(
+            json!({"connectionId": "c", "candidate": "x", "sdpMid": "0", "sdpMLineIndex": 0, "evil": true}),
+        ),
+    );
+    socket.send(&extra_field).await;
+    socket.expect_error("INVALID_PAYLOAD").await;
+
+    let no_correlation = envelope("signalling.pki_response", Some(json!({"signature": "x"})));
+    socket.send(&no_correlation).await;
+    socket.expect_error("VALIDATION_FAILED").await;
+
+    socket
+        .send_message(Message::Binary(vec![1, 2, 3].into()))
+        .await;
+    socket.expect_error("INVALID_MESSAGE").await;
+
+    // Still alive and well after all that.
+    socket.expect_nothing_pending().await;
+}
+
+#[tokio::test]
+async fn ping_capabilities_and_legacy_ready() {
+    let server = TestServer::start().await;
+    let mut socket = WsClient::connect(&server.ws_url()).await;
+    let ping = envelope("signalling.ping", None);
+    socket.send(&ping).await;
+    let pong = socket.recv_type("signalling.pong").await;
+    assert_eq!(pong["correlationId"], ping["id"]);
+
+    let caps = envelope(
+        "signalling.capabilities",
+        Some(json!({"versions": ["0.3"]})),
+    );
+    socket.send(&caps).await;
+    let reply = socket.recv_type("signalling.capabilities").await;
+    assert!(reply["payload"]["versions"]
+        .as_array()
+        .unwrap()
+        .contains(&json!("0.3")));
+
+    socket.send_text(r#"{"type":"ready"}"#.into()).await;
+    let welcome = socket.recv_type("signalling.welcome").await;
+    assert_eq!(
+        welcome["payload"]["connectionId"],
+        socket.connection_id.as_str()
+    );
+}
+
+#[tokio::test]
+async fn oversized_frame_gets_an_error_and_a_close() {
+    let server = TestServer::start().await;
+    let mut socket = WsClient::connect(&server.ws_url()).await;
+    let big = envelope(
+        "signalling.ping",
+        Some(json!({"pad": "x".repeat(70 * 1024)})),
+    );
+    socket.send(&big).await;
+    let error = socket.expect_error("INVALID_MESSAGE").await;
+    assert_eq!(error["payload"]["details"]["reason"], "frame_too_large");
+    assert_eq!(error["payload"]["details"]["limit"], 65536);
+    let close = socket.expect_close().await.expect("close frame");
+    assert_eq!(u16::from(close.code), 1009);
+    // Far past the limit the frame is not even read: still an error, then the socket ends.
+    let mut socket = WsClient::connect(&server.ws_url()).await;
+    socket.send_text("x".repeat(1024 * 1024)).await;
+    let error = socket.expect_error("INVALID_MESSAGE").await;
+    assert_eq!(error["payload"]["details"]["reason"], "frame_too_large");
+    socket.expect_close().await;
+    // The server is unharmed.
+    WsClient::connect(&server.ws_url())
+        .await
+        .expect_nothing_pending()
+        .await;
+}
+
+#[tokio::test]
+async fn flooding_is_rate_limited_then_cut_off() {
+    let server = TestServer::start_with(|c| {
+        c.rate_limit = 1;
+        c.rate_burst = 3;
+    })
+    .await;
+    let mut socket = WsClient::connect(&server.ws_url()).await;
+    for _ in 0..3 {
+        socket.send(&envelope("signalling.ping", None)).await;
+        socket.recv_type("signalling.pong").await;
+    }
+    socket.send(&envelope("signalling.ping", None)).await;
+    let error = socket.expect_error("FORBIDDEN").await;
+    assert_eq!(error["payload"]["details"]["reason"], "rate_limited");
+    // Keep going far past the limit: the socket is closed.
+    for _ in 0..3 {
+        socket.send(&envelope("signalling.ping", None)).await;
+    }
+    loop {
+        let frame = socket.next_raw().await;
+        match frame {
+            Some(Message::Close(Some(close))) => {
+                assert_eq!(u16::from(close.code), 1008);
+                break;
+            }
+            Some(Message::Text(_)) => continue,
+            other => panic!("expected errors then a close, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn dead_connections_are_dropped() {
+    let server = TestServer::start_with(|c| {
+        c.ping_interval_secs = 1;
+        c.idle_timeout_secs = 2;
+    })
+    .await;
+    let (mut robot, _) = server.online_robot("robot-1").await;
+    let mut alice = server.client_for("robot-1", "alice", "viewer").await;
+    alice
+        .send(&offer("robot-1", &alice.connection_id.clone()))
+        .await;
+    robot.recv_type("signalling.offer").await;
+    // The robot stops reading, so it no longer answers the server's pings. The server
+    // notices within ping interval + idle timeout and ends the session.
+    let _frozen = robot;
+    let notice = alice.recv_type("signalling.disconnected").await;
+    assert_eq!(notice["payload"]["reason"], "closed");
+    assert!(!server.state.hub.is_online("robot-1"));
+}
+
+#[tokio::test]
+async fn graceful_shutdown_tells_peers_and_ends_records() {
+    let server = TestServer::start().await;
+    let (mut robot, _) = server.online_robot("robot-1").await;
+    let mut alice = server.client_for("robot-1", "alice", "operator").await;
+    let session = alice.connection_id.clone();
+    alice.send(&offer("robot-1", &session)).await;
+    robot.recv_type("signalling.offer").await;
+    let database_url = server.state.config.database_url().to_string();
+    let kept = server.shutdown().await;
+    for socket in [&mut robot, &mut alice] {
+        let notice = socket.recv_type("signalling.disconnected").await;
+        assert_eq!(notice["payload"]["details"]["reason"], "server_shutdown");
+        let close = socket.expect_close().await.expect("close frame");
+        assert_eq!(u16::from(close.code), 1001);
+    }
+    let store = signalling_server::store::Store::connect(&database_url)
+        .await
+        .unwrap();
+    let records = store
+        .sessions(&signalling_server::store::SessionFilter {
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(records.len(), 1);
+    assert!(records[0].ended_at.is_some());
+    assert_eq!(records[0].end_reason.as_deref(), Some("server_shutdown"));
+    store.close().await;
+    if let Some(path) = kept {
+        std::fs::remove_file(path).ok();
+    }
+}
+
+#[tokio::test]
+async fn sessions_left_open_by_a_crash_are_ended_at_start() {
+    let (url, _) = test_database().await;
+    let store = signalling_server::store::Store::connect(&url)
+        .await
+        .unwrap();
+    store
+        .start_session("rec-1", "conn-1", "robot-1", "alice", "operator", "node-a")
+        .await
+        .unwrap();
+    let url2 = url.clone();
+    let server = TestServer::start_with(move |c| {
+        c.database_url = Some(url2);
+        c.node_id = Some("node-a".into());
+    })
+    .await;
+    let records = server.sessions("").await;
+    assert_eq!(records[0]["endReason"], "server_restart");
+}
