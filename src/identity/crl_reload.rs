@@ -11,7 +11,7 @@ use crate::server::StartError;
 use crate::state::SharedState;
 
 /// How often the CRL file's modification time is checked.
-const POLL: Duration = Duration::from_secs(5);
+const POLL: Duration = Duration::from_secs(2);
 
 /// Loads the CRL (a bad file at start is a start error: fail closed) and watches it.
 pub fn start(state: &SharedState) -> Result<(), StartError> {
