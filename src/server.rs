@@ -6,6 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 
 use crate::auth::{random_token, sha256_hex, ClientAuthenticator, JwtConfig, JwtVerifier};
@@ -200,7 +201,11 @@ impl Server {
                 });
                 tracing::info!(%addr, node = %state.node_id, "listening (TLS)");
                 let std_listener = self.listener.into_std()?;
-                axum_server::from_tcp_rustls(std_listener, tls)
+                // Signalling messages are small and latency-bound: no Nagle delays.
+                let acceptor = axum_server::tls_rustls::RustlsAcceptor::new(tls)
+                    .acceptor(axum_server::accept::NoDelayAcceptor::new());
+                axum_server::from_tcp(std_listener)
+                    .acceptor(acceptor)
                     .handle(handle)
                     .serve(app.into_make_service())
                     .await?;
@@ -208,7 +213,11 @@ impl Server {
             _ => {
                 tracing::info!(%addr, node = %state.node_id, "listening");
                 tokio::spawn(drain);
-                axum::serve(self.listener, app)
+                // Signalling messages are small and latency-bound: no Nagle delays.
+                let listener = self.listener.tap_io(|tcp| {
+                    let _ = tcp.set_nodelay(true);
+                });
+                axum::serve(listener, app)
                     .with_graceful_shutdown(async move {
                         let _ = stopped_rx.await;
                     })

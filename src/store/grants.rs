@@ -79,7 +79,7 @@ impl Store {
         .bind(subject)
         .bind(role.as_str())
         .bind(now_ms())
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await?;
         Ok(())
     }
@@ -110,7 +110,7 @@ impl Store {
         let result = sqlx::query("DELETE FROM grants WHERE robot_id = $1 AND subject = $2")
             .bind(robot_id)
             .bind(subject)
-            .execute(&self.pool)
+            .execute(&self.writer)
             .await?;
         Ok(result.rows_affected() == 1)
     }

@@ -40,7 +40,12 @@ pub enum StoreError {
 
 #[derive(Clone)]
 pub struct Store {
+    /// Reads (and everything on PostgreSQL).
     pool: AnyPool,
+    /// Writes. On SQLite a single connection: SQLite allows one writer at a time, and
+    /// queueing writers here is far cheaper than SQLite's busy-wait sleeps between pooled
+    /// connections. On PostgreSQL the same pool as reads.
+    writer: AnyPool,
     is_sqlite: bool,
 }
 
@@ -58,25 +63,37 @@ impl Store {
             url.to_string()
         };
         let options = AnyConnectOptions::from_str(&url)?;
-        let pool = AnyPoolOptions::new()
-            .max_connections(if is_sqlite { 8 } else { 16 })
-            .acquire_timeout(Duration::from_secs(10))
-            .after_connect(move |conn, _meta| {
-                Box::pin(async move {
-                    if is_sqlite {
-                        // WAL lets readers run beside the single writer; busy_timeout makes
-                        // concurrent writers wait instead of failing with SQLITE_BUSY.
-                        conn.execute("PRAGMA journal_mode = WAL").await?;
-                        conn.execute("PRAGMA busy_timeout = 5000").await?;
-                        conn.execute("PRAGMA synchronous = NORMAL").await?;
-                    }
-                    Ok(())
+        let pool_options = |max: u32| {
+            AnyPoolOptions::new()
+                .max_connections(max)
+                .acquire_timeout(Duration::from_secs(10))
+                .after_connect(move |conn, _meta| {
+                    Box::pin(async move {
+                        if is_sqlite {
+                            // WAL lets readers run beside the writer; busy_timeout covers
+                            // the rare overlap with another process.
+                            conn.execute("PRAGMA journal_mode = WAL").await?;
+                            conn.execute("PRAGMA busy_timeout = 5000").await?;
+                            conn.execute("PRAGMA synchronous = NORMAL").await?;
+                        }
+                        Ok(())
+                    })
                 })
-            })
-            .connect_with(options)
-            .await?;
-        sqlx::migrate!("./migrations").run(&pool).await?;
-        Ok(Store { pool, is_sqlite })
+        };
+        let (pool, writer) = if is_sqlite {
+            let writer = pool_options(1).connect_with(options.clone()).await?;
+            sqlx::migrate!("./migrations").run(&writer).await?;
+            (pool_options(8).connect_with(options).await?, writer)
+        } else {
+            let pool = pool_options(16).connect_with(options).await?;
+            sqlx::migrate!("./migrations").run(&pool).await?;
+            (pool.clone(), pool)
+        };
+        Ok(Store {
+            pool,
+            writer,
+            is_sqlite,
+        })
     }
 
     pub fn backend(&self) -> &'static str {
@@ -95,6 +112,7 @@ impl Store {
 
     pub async fn close(&self) {
         self.pool.close().await;
+        self.writer.close().await;
     }
 }
 

@@ -18,7 +18,7 @@ impl Store {
         .bind(robot_id)
         .bind(now_ms())
         .bind(source)
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await?;
         Ok(())
     }

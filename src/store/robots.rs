@@ -119,7 +119,7 @@ impl Store {
         .bind(robot.enrollment_token_hash)
         .bind(robot.enrollment_token_expires_at)
         .bind(now_ms())
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await?;
         Ok(result.rows_affected() == 1)
     }
@@ -141,7 +141,7 @@ impl Store {
 
     /// Deletes the robot and its grants; `false` if it did not exist.
     pub async fn delete_robot(&self, robot_id: &str) -> Result<bool, StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.writer.begin().await?;
         sqlx::query("DELETE FROM grants WHERE robot_id = $1")
             .bind(robot_id)
             .execute(&mut *tx)
@@ -168,7 +168,7 @@ impl Store {
         .bind(robot_id)
         .bind(token_hash)
         .bind(expires_at)
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await?;
         Ok(result.rows_affected() == 1)
     }
@@ -205,7 +205,7 @@ impl Store {
         .bind(public_key)
         .bind(certificate)
         .bind(serial)
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await?;
         Ok(result.rows_affected() == 1)
     }
@@ -227,7 +227,7 @@ impl Store {
         .bind(chain_pem)
         .bind(serial)
         .bind(now_ms())
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await?;
         Ok(())
     }
@@ -235,7 +235,7 @@ impl Store {
     pub async fn mark_credential_revoked(&self, robot_id: &str) -> Result<bool, StoreError> {
         let result = sqlx::query("UPDATE robots SET credential_revoked = 1 WHERE robot_id = $1")
             .bind(robot_id)
-            .execute(&self.pool)
+            .execute(&self.writer)
             .await?;
         Ok(result.rows_affected() == 1)
     }
@@ -245,7 +245,7 @@ impl Store {
             .bind(robot_id)
             .bind(now_ms())
             .bind(node)
-            .execute(&self.pool)
+            .execute(&self.writer)
             .await?;
         Ok(())
     }

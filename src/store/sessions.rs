@@ -47,7 +47,7 @@ impl Store {
         .bind(role)
         .bind(node)
         .bind(now_ms())
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await?;
         Ok(())
     }
@@ -57,7 +57,7 @@ impl Store {
         sqlx::query("UPDATE sessions SET connected_at = $2 WHERE id = $1 AND connected_at IS NULL")
             .bind(id)
             .bind(now_ms())
-            .execute(&self.pool)
+            .execute(&self.writer)
             .await?;
         Ok(())
     }
@@ -69,7 +69,7 @@ impl Store {
         .bind(id)
         .bind(now_ms())
         .bind(reason)
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await?;
         Ok(())
     }
@@ -83,7 +83,7 @@ impl Store {
         .bind(node)
         .bind(now_ms())
         .bind(reason)
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await?;
         Ok(result.rows_affected())
     }

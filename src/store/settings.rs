@@ -17,7 +17,7 @@ impl Store {
         )
         .bind(key)
         .bind(value)
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await?;
         self.setting(key)
             .await?

@@ -25,7 +25,7 @@ impl Store {
         .bind(token_hash)
         .bind(now_ms())
         .bind(expires_at)
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await?;
         Ok(())
     }
@@ -52,7 +52,7 @@ impl Store {
         )
         .bind(token_id)
         .bind(now_ms())
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await?;
         Ok(result.rows_affected() == 1)
     }

@@ -81,7 +81,13 @@ pub async fn upgrade(
     // message is read completely and refused with a clean close. The transport limit above
     // it only stops abuse: past it the frame is not even read.
     let hard_limit = state.config.max_frame_bytes.saturating_mul(4);
-    let mut ws = ws.max_message_size(hard_limit).max_frame_size(hard_limit);
+    // Small buffers: most sockets sit idle, and tungstenite's 128 KiB defaults would cost
+    // that much per connection. Writes go out as soon as they are sent.
+    let mut ws = ws
+        .max_message_size(hard_limit)
+        .max_frame_size(hard_limit)
+        .read_buffer_size(4 * 1024)
+        .write_buffer_size(0);
     if let Some(protocol) = protocol {
         ws = ws.protocols([protocol]);
     }

@@ -1,0 +1,143 @@
+//! signalling-bench: measures our signalling server against peer relays on this machine.
+//!
+//! `signalling-bench run --out DIR [--smoke]` runs everything (see docs/benchmarks.md);
+//! `signalling-bench worker SPEC` is a load-generator process the runner starts itself.
+
+mod orchestrator;
+mod report;
+mod target;
+mod worker;
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use serde_json::json;
+
+use orchestrator::{Options, Row, FULL, SMOKE};
+
+#[derive(Parser)]
+#[command(
+    name = "signalling-bench",
+    about = "Benchmark harness for the signalling server"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run every benchmark and write results.json, results.md and results.svg into --out.
+    Run {
+        #[arg(long, default_value = "bench-results")]
+        out: PathBuf,
+        /// Small sizes and short runs: seconds, for CI.
+        #[arg(long)]
+        smoke: bool,
+        /// Peers to compare with (those not installed are skipped with a note).
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "bare,node,python,matchbox"
+        )]
+        peers: Vec<String>,
+        /// Also run the registration storm against PostgreSQL.
+        #[arg(long, env = "BENCH_POSTGRES_URL")]
+        postgres_url: Option<String>,
+        /// Folder with the release binaries.
+        #[arg(long, default_value = "target/release")]
+        bin_dir: PathBuf,
+    },
+    /// Internal: one load-generator process.
+    Worker { spec: String },
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Cmd::Worker { spec } => {
+            worker::run(serde_json::from_str(&spec).context("worker spec")?).await
+        }
+        Cmd::Run {
+            out,
+            smoke,
+            peers,
+            postgres_url,
+            bin_dir,
+        } => {
+            let repo = std::env::current_dir()?;
+            let opts = Options {
+                profile: if smoke { SMOKE } else { FULL },
+                out,
+                server_bin: bin_dir.join("signalling-server"),
+                bench_bin: std::env::current_exe()?,
+                bare_bin: bin_dir.join("bare-relay"),
+                peers,
+                postgres_url,
+                repo,
+            };
+            run(opts).await
+        }
+    }
+}
+
+async fn run(opts: Options) -> anyhow::Result<()> {
+    let keys = orchestrator::Keys::new()?;
+    let mut rows: Vec<Row> = Vec::new();
+    let mut notes = Vec::new();
+    let p = &opts.profile;
+    let started = std::time::Instant::now();
+
+    eprintln!(
+        "[bench] ours (SQLite): preparing {} robots",
+        p.capacity_robots
+    );
+    let ours =
+        orchestrator::start_ours(&opts, &keys, None, p.capacity_robots, p.storm_robots).await?;
+    eprintln!("[bench] ours: capacity");
+    orchestrator::capacity(&opts, &ours, &mut rows).await?;
+    eprintln!("[bench] ours: relay");
+    orchestrator::relay(&opts, &ours, &mut rows).await?;
+    eprintln!("[bench] ours: session setup");
+    orchestrator::setup(&opts, &ours, &mut rows).await?;
+    eprintln!("[bench] ours: registration storms");
+    orchestrator::storm(&opts, &ours, false, &mut rows).await?;
+    orchestrator::storm(&opts, &ours, true, &mut rows).await?;
+    drop(ours);
+
+    if let Some(url) = &opts.postgres_url {
+        eprintln!("[bench] ours (PostgreSQL): registration storms");
+        let pg = orchestrator::start_ours(&opts, &keys, Some(url), 1, p.storm_robots).await?;
+        orchestrator::storm(&opts, &pg, false, &mut rows).await?;
+        orchestrator::storm(&opts, &pg, true, &mut rows).await?;
+    } else {
+        notes.push("registration storm on PostgreSQL skipped: no --postgres-url".to_string());
+    }
+
+    for peer in &opts.peers {
+        if !orchestrator::peer_available(&opts, peer) {
+            let note = format!("peer {peer} skipped: not installed (bench/run.sh installs it)");
+            eprintln!("[bench] {note}");
+            notes.push(note);
+            continue;
+        }
+        eprintln!("[bench] peer {peer}");
+        let running = orchestrator::start_peer(&opts, peer).await?;
+        orchestrator::capacity(&opts, &running, &mut rows).await?;
+        orchestrator::relay(&opts, &running, &mut rows).await?;
+        orchestrator::setup(&opts, &running, &mut rows).await?;
+    }
+
+    let mut conditions = orchestrator::describe_machine(&opts.repo);
+    conditions["notes"] = json!(notes);
+    conditions["duration_secs"] = json!(started.elapsed().as_secs_f64().round());
+    let profile = serde_json::to_value(&opts.profile)?;
+    report::write_all(&opts.out, &rows, &conditions, &profile)?;
+    print!("{}", report::markdown(&rows, &conditions));
+    eprintln!(
+        "[bench] wrote {}/results.{{json,md,svg}}",
+        opts.out.display()
+    );
+    Ok(())
+}
