@@ -10,6 +10,7 @@ use ring::rand::SystemRandom;
 use ring::signature::{EcdsaKeyPair, KeyPair, ECDSA_P256_SHA256_FIXED_SIGNING};
 use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use x509_parser::prelude::FromDer;
 
 async fn upgrade_status(url: &str) -> u16 {
     match tokio_tungstenite::connect_async(url).await {
@@ -283,4 +284,86 @@ async fn jwt_without_jwt_configuration_is_refused() {
         upgrade_status(&format!("{}?token={token}", server.ws_url())).await,
         401
     );
+}
+
+#[tokio::test]
+async fn rs256_jwt_from_a_jwks_file() {
+    // ring cannot generate RSA keys; openssl (part of every Debian install) can.
+    let dir = std::env::temp_dir().join(format!("rsa-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let key_path = dir.join("key.pem");
+    let status = std::process::Command::new("openssl")
+        .args([
+            "genpkey",
+            "-algorithm",
+            "RSA",
+            "-pkeyopt",
+            "rsa_keygen_bits:2048",
+            "-out",
+        ])
+        .arg(&key_path)
+        .status()
+        .expect("openssl");
+    assert!(status.success());
+    let spki = std::process::Command::new("openssl")
+        .args(["pkey", "-pubout", "-outform", "DER", "-in"])
+        .arg(&key_path)
+        .output()
+        .unwrap()
+        .stdout;
+    let (_, info) = x509_parser::x509::SubjectPublicKeyInfo::from_der(&spki).unwrap();
+    let x509_parser::public_key::PublicKey::RSA(rsa) = info.parsed().unwrap() else {
+        panic!("not an RSA key")
+    };
+    let strip = |b: &[u8]| {
+        b.iter()
+            .skip_while(|&&x| x == 0)
+            .copied()
+            .collect::<Vec<u8>>()
+    };
+    let jwk = json!({
+        "kty": "RSA", "kid": "rsa-1", "alg": "RS256", "use": "sig",
+        "n": URL_SAFE_NO_PAD.encode(strip(rsa.modulus)),
+        "e": URL_SAFE_NO_PAD.encode(strip(rsa.exponent)),
+    });
+    let jwks = dir.join("jwks.json");
+    std::fs::write(&jwks, json!({"keys": [jwk]}).to_string()).unwrap();
+    let server = TestServer::start_with(move |c| c.jwks_file = Some(jwks)).await;
+    let pem = std::fs::read(&key_path).unwrap();
+    let mut header = Header::new(Algorithm::RS256);
+    header.kid = Some("rsa-1".into());
+    let token = encode(
+        &header,
+        &json!({"sub": "erin", "exp": now() + 600}),
+        &EncodingKey::from_rsa_pem(&pem).unwrap(),
+    )
+    .unwrap();
+    WsClient::connect_with_token(&server.ws_url(), &token).await;
+    // The same claims signed as HS256 with the public key as secret: algorithm confusion.
+    let confused = encode(
+        &Header::new(Algorithm::HS256),
+        &json!({"sub": "erin", "exp": now() + 600}),
+        &EncodingKey::from_secret(&spki),
+    )
+    .unwrap();
+    assert_eq!(
+        upgrade_status(&format!("{}?token={confused}", server.ws_url())).await,
+        401
+    );
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[tokio::test]
+async fn a_jwt_connection_closes_when_the_jwt_expires() {
+    let server = TestServer::start_with(|c| c.jwt_secret = Some("s3cret".into())).await;
+    let token = encode(
+        &Header::new(Algorithm::HS256),
+        &json!({"sub": "frank", "exp": now() + 2}),
+        &EncodingKey::from_secret(b"s3cret"),
+    )
+    .unwrap();
+    let mut socket = WsClient::connect_with_token(&server.ws_url(), &token).await;
+    let error = socket.expect_error("UNAUTHORIZED").await;
+    assert_eq!(error["payload"]["details"]["reason"], "token_expired");
+    socket.expect_close().await;
 }
