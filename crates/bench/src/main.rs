@@ -48,6 +48,13 @@ enum Cmd {
         /// Folder with the release binaries.
         #[arg(long, default_value = "target/release")]
         bin_dir: PathBuf,
+        /// Benchmarks to run: capacity, relay, setup, storm.
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "capacity,relay,setup,storm"
+        )]
+        only: Vec<String>,
     },
     /// Internal: one load-generator process.
     Worker { spec: String },
@@ -65,6 +72,7 @@ async fn main() -> anyhow::Result<()> {
             peers,
             postgres_url,
             bin_dir,
+            only,
         } => {
             let repo = std::env::current_dir()?;
             let opts = Options {
@@ -76,10 +84,34 @@ async fn main() -> anyhow::Result<()> {
                 peers,
                 postgres_url,
                 repo,
+                only,
             };
             run(opts).await
         }
     }
+}
+
+/// The benchmarks every target runs: capacity, relay and session setup.
+async fn run_suite(
+    opts: &Options,
+    target: &orchestrator::Running,
+    rows: &mut Vec<Row>,
+) -> anyhow::Result<()> {
+    let wants = |name: &str| opts.only.iter().any(|o| o == name);
+    let name = &target.info.name;
+    if wants("capacity") {
+        eprintln!("[bench] {name}: capacity");
+        orchestrator::capacity(opts, target, rows).await?;
+    }
+    if wants("relay") {
+        eprintln!("[bench] {name}: relay");
+        orchestrator::relay(opts, target, rows).await?;
+    }
+    if wants("setup") {
+        eprintln!("[bench] {name}: session setup");
+        orchestrator::setup(opts, target, rows).await?;
+    }
+    Ok(())
 }
 
 async fn run(opts: Options) -> anyhow::Result<()> {
@@ -111,6 +143,7 @@ async fn run(opts: Options) -> anyhow::Result<()> {
         let pg = orchestrator::start_ours(&opts, &keys, Some(url), 1, p.storm_robots).await?;
         orchestrator::storm(&opts, &pg, false, &mut rows).await?;
         orchestrator::storm(&opts, &pg, true, &mut rows).await?;
+        pg.stop().await;
     } else {
         notes.push("registration storm on PostgreSQL skipped: no --postgres-url".to_string());
     }
@@ -122,11 +155,9 @@ async fn run(opts: Options) -> anyhow::Result<()> {
             notes.push(note);
             continue;
         }
-        eprintln!("[bench] peer {peer}");
         let running = orchestrator::start_peer(&opts, peer).await?;
-        orchestrator::capacity(&opts, &running, &mut rows).await?;
-        orchestrator::relay(&opts, &running, &mut rows).await?;
-        orchestrator::setup(&opts, &running, &mut rows).await?;
+        run_suite(&opts, &running, &mut rows).await?;
+        running.stop().await;
     }
 
     let mut conditions = orchestrator::describe_machine(&opts.repo);

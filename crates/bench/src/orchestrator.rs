@@ -77,6 +77,7 @@ pub struct Options {
     pub peers: Vec<String>,
     pub postgres_url: Option<String>,
     pub repo: PathBuf,
+    pub only: Vec<String>,
 }
 
 /// One measured figure.
@@ -157,6 +158,26 @@ pub struct Running {
     _dir: Option<TempDir>,
 }
 
+impl Running {
+    /// SIGINT (what a profiler such as perf needs to write its data; our server shuts down
+    /// gracefully on it) and a bounded wait, so a graceful server (or a profiler wrapping it) can
+    /// finish; killed if it does not.
+    pub async fn stop(mut self) {
+        if let Some(pid) = self.child.id() {
+            let _ = Command::new("kill")
+                .args(["-INT", &pid.to_string()])
+                .status()
+                .await;
+            if tokio::time::timeout(Duration::from_secs(180), self.child.wait())
+                .await
+                .is_err()
+            {
+                let _ = self.child.kill().await;
+            }
+        }
+    }
+}
+
 struct TempDir(PathBuf);
 
 impl Drop for TempDir {
@@ -218,7 +239,19 @@ pub async fn start_ours(
         Some(url) => fresh_postgres_schema(url).await?,
         None => format!("sqlite://{}/bench.db", dir.display()),
     };
-    let mut child = Command::new(&opts.server_bin)
+    // BENCH_SERVER_PREFIX runs the server under a profiler, e.g. "perf record -o perf.data --".
+    let prefix: Vec<String> = std::env::var("BENCH_SERVER_PREFIX")
+        .map(|p| p.split_whitespace().map(str::to_string).collect())
+        .unwrap_or_default();
+    let mut command = match prefix.split_first() {
+        Some((program, args)) => {
+            let mut c = Command::new(program);
+            c.args(args).arg(&opts.server_bin);
+            c
+        }
+        None => Command::new(&opts.server_bin),
+    };
+    let mut child = command
         .args([
             "--listen",
             &format!("127.0.0.1:{port}"),

@@ -1,1 +1,150 @@
-fn main() {}
+//! `robot-agent`: command line of the robot side. See docs/robot-agent.md.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+use robot_agent::config::{self, RunConfig, RunFlags};
+use robot_agent::enroll::{self, EnrollRequest};
+use robot_agent::identity::KeyType;
+
+#[derive(Parser)]
+#[command(
+    name = "robot-agent",
+    version,
+    about = "Robot-side agent of the robot signalling system"
+)]
+struct Cli {
+    /// Folder of the key, certificate and agent.toml [default: /etc/robot-agent as root, else ~/.config/robot-agent]
+    #[arg(long, global = true, env = "ROBOT_AGENT_CONFIG_DIR")]
+    config_dir: Option<PathBuf>,
+    /// Log output format.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "ROBOT_AGENT_LOG_FORMAT")]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Create the robot's key (if none) and enroll it with the server.
+    Enroll {
+        /// Server base URL (https://host[:port]; a ws(s):// URL works too).
+        #[arg(long)]
+        server: String,
+        #[arg(long)]
+        robot_id: String,
+        /// Single-use enrollment token from `POST /v1/robots`.
+        #[arg(long, env = "ROBOT_AGENT_ENROLLMENT_TOKEN", hide_env_values = true)]
+        token: String,
+        /// Type of a newly created key (an existing key is kept).
+        #[arg(long, value_enum, default_value_t = KeyType::Ed25519)]
+        key_type: KeyType,
+        /// Send a CSR and store the certificate the server's CA issues.
+        #[arg(long)]
+        csr: bool,
+        /// Extra CA certificates (PEM) to trust for https.
+        #[arg(long)]
+        ca_file: Option<PathBuf>,
+    },
+    /// Connect to the server and serve WebRTC sessions.
+    Run {
+        /// Config file [default: CONFIG_DIR/agent.toml if present].
+        #[arg(long, env = "ROBOT_AGENT_CONFIG")]
+        config: Option<PathBuf>,
+        /// Signalling WebSocket URL (wss://host/ws).
+        #[arg(long, env = "ROBOT_AGENT_SERVER")]
+        server: Option<String>,
+        #[arg(long, env = "ROBOT_AGENT_ROBOT_ID")]
+        robot_id: Option<String>,
+        /// sim | exec:COMMAND | rosbridge:WS_URL | serial:DEVICE[@BAUD]
+        #[arg(long, env = "ROBOT_AGENT_DRIVER")]
+        driver: Option<String>,
+    },
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    match cli.command {
+        Command::Enroll {
+            server,
+            robot_id,
+            token,
+            key_type,
+            csr,
+            ca_file,
+        } => {
+            let config_dir = cli.config_dir.unwrap_or_else(config::default_config_dir);
+            let outcome = enroll::enroll(&EnrollRequest {
+                server,
+                robot_id: robot_id.clone(),
+                token,
+                key_type,
+                csr,
+                config_dir,
+                ca_file,
+            })
+            .await
+            .context("enrollment failed")?;
+            println!(
+                "Enrolled {robot_id}. Key: {}{}",
+                outcome.key_file.display(),
+                if outcome.key_created {
+                    " (new)"
+                } else {
+                    " (existing)"
+                }
+            );
+            if let Some(cert) = outcome.certificate_file {
+                println!("Certificate: {}", cert.display());
+            }
+            if let Some(file) = outcome.config_file {
+                println!("Config written: {}", file.display());
+            }
+            Ok(())
+        }
+        Command::Run {
+            config,
+            server,
+            robot_id,
+            driver,
+        } => {
+            let config = RunConfig::resolve(RunFlags {
+                config,
+                config_dir: cli.config_dir,
+                server,
+                robot_id,
+                driver,
+            })
+            .context("configuration")?;
+            robot_agent::agent::run(config)
+                .await
+                .context("robot agent")?;
+            Ok(())
+        }
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        // webrtc-rs is chatty at info; its warnings still show.
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,webrtc=warn,webrtc_ice=warn,webrtc_sctp=warn,webrtc_dtls=warn,webrtc_mdns=warn"));
+    // Colours only on a terminal: the journal and log files get plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}

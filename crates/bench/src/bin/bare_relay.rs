@@ -33,6 +33,8 @@ async fn main() -> anyhow::Result<()> {
     }
 }
 
+// tungstenite's handshake callback signature returns its large error response type.
+#[allow(clippy::result_large_err)]
 async fn serve(stream: TcpStream, peers: Peers) {
     let _ = stream.set_nodelay(true);
     let mut id = String::new();

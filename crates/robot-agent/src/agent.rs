@@ -1,0 +1,120 @@
+//! `robot-agent run`: wires the layers together and runs until SIGINT or
+//! SIGTERM, stopping the robot on the way out.
+
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::mpsc;
+
+use crate::config::{RunConfig, LOCATIONS_FILE, SETTINGS_FILE};
+use crate::controller;
+use crate::driver::{self, DriverOptions};
+use crate::identity::{self, IdentityError, RobotKey};
+use crate::locations::{LocationError, LocationStore};
+use crate::peer::{PeerError, PeerManager, PeerOptions};
+use crate::safety::StopReason;
+use crate::session::Shared;
+use crate::settings::{Settings, SettingsError};
+use crate::signalling::{self, SignallingOptions, INBOUND_CAPACITY};
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("robot key: {0} (run `robot-agent enroll` first)")]
+    Key(#[source] IdentityError),
+    #[error("certificate: {0}")]
+    Certificate(#[source] IdentityError),
+    #[error(transparent)]
+    Locations(#[from] LocationError),
+    #[error(transparent)]
+    Settings(#[from] SettingsError),
+    #[error(transparent)]
+    Peer(#[from] PeerError),
+    #[error("cannot create {path}: {source}")]
+    DataDir {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("signal handler: {0}")]
+    Signal(#[source] std::io::Error),
+}
+
+pub async fn run(config: RunConfig) -> Result<(), AgentError> {
+    let key = RobotKey::load(&config.key_file).map_err(AgentError::Key)?;
+    let certificate = if config.certificate_file.exists() {
+        Some(
+            identity::load_certificate_chain(&config.certificate_file)
+                .map_err(AgentError::Certificate)?,
+        )
+    } else {
+        None
+    };
+    std::fs::create_dir_all(&config.data_dir).map_err(|source| AgentError::DataDir {
+        path: config.data_dir.display().to_string(),
+        source,
+    })?;
+    let settings = Settings::load(&config.data_dir.join(SETTINGS_FILE), &config.safety)?;
+    let limits = settings.safety_limits(&config.safety);
+    let locations =
+        LocationStore::open(&config.data_dir.join(LOCATIONS_FILE), config.max_locations)?;
+
+    let topic = |key: &str, default: &str| settings.get_str(key).unwrap_or(default).to_owned();
+    let driver_options = DriverOptions {
+        cmd_vel_topic: topic("ros.cmd_vel_topic", "/cmd_vel"),
+        nav_goal_topic: topic("ros.nav_goal_topic", "/modulr/nav/goal"),
+        nav_cancel_topic: topic("ros.nav_cancel_topic", "/modulr/nav/cancel"),
+        nav_status_topic: topic("ros.nav_status_topic", "/modulr/nav/status"),
+        ..DriverOptions::default()
+    };
+    tracing::info!(
+        robot = %config.robot_id,
+        server = %config.server,
+        driver = ?config.driver,
+        key = ?key.key_type(),
+        certificate = certificate.is_some(),
+        data_dir = %config.data_dir.display(),
+        "starting robot agent"
+    );
+    let driver = driver::start(&config.driver, driver_options);
+    let controller = controller::spawn(limits, driver);
+    let shared = Shared {
+        controller: controller.clone(),
+        locations: Arc::new(Mutex::new(locations)),
+        settings: Arc::new(Mutex::new(settings)),
+        base_limits: config.safety.clone(),
+    };
+
+    let (inbound_tx, inbound_rx) = mpsc::channel(INBOUND_CAPACITY);
+    let outbound = signalling::spawn(
+        SignallingOptions {
+            url: config.server.clone(),
+            robot_id: config.robot_id.clone(),
+            key: Arc::new(key),
+            certificate,
+            reconnect: config.reconnect.clone(),
+            ca_file: config.ca_file.clone(),
+        },
+        inbound_tx,
+    );
+    let manager = PeerManager::new(
+        &PeerOptions {
+            include_loopback_candidates: config.include_loopback_candidates,
+            loopback_only: false,
+        },
+        outbound,
+        shared,
+    )?;
+    let peers = tokio::spawn(manager.run(inbound_rx));
+
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(AgentError::Signal)?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted; shutting down"),
+        _ = terminate.recv() => tracing::info!("terminated; shutting down"),
+        _ = peers => tracing::error!("peer manager ended unexpectedly"),
+    }
+    controller.stop_all(StopReason::Shutdown).await;
+    // Give the stop a moment to reach the driver (bounded; a stalled
+    // driver must not keep the process alive).
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(2), controller.status()).await;
+    Ok(())
+}

@@ -1,0 +1,358 @@
+//! Configuration: the TOML file (same keys as the `run` flags, plus a few
+//! that only make sense in a file) and where things live on disk.
+//!
+//! Precedence: command-line flag > config file > built-in default. Relative
+//! paths in the file are relative to the config folder.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::driver::DriverSpec;
+use crate::safety::SafetyLimits;
+
+/// Name of the config file inside the config folder.
+pub const CONFIG_FILE: &str = "agent.toml";
+pub const KEY_FILE: &str = "agent.key";
+pub const CERT_FILE: &str = "agent.crt";
+pub const LOCATIONS_FILE: &str = "locations.json";
+pub const SETTINGS_FILE: &str = "settings.json";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {source}")]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: toml::de::Error,
+    },
+    #[error("missing {0}: give it as a flag or in the config file")]
+    Missing(&'static str),
+    #[error("invalid server URL {0:?}: expected ws://… or wss://…")]
+    ServerUrl(String),
+    #[error(transparent)]
+    Driver(#[from] crate::driver::DriverError),
+}
+
+/// Reconnect backoff of the signalling client.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ReconnectConfig {
+    pub initial_delay_ms: u64,
+    pub max_delay_ms: u64,
+}
+
+impl Default for ReconnectConfig {
+    fn default() -> Self {
+        ReconnectConfig {
+            initial_delay_ms: 500,
+            max_delay_ms: 30_000,
+        }
+    }
+}
+
+impl ReconnectConfig {
+    pub fn initial(&self) -> Duration {
+        Duration::from_millis(self.initial_delay_ms.max(1))
+    }
+
+    pub fn max(&self) -> Duration {
+        Duration::from_millis(self.max_delay_ms.max(self.initial_delay_ms.max(1)))
+    }
+}
+
+/// The config file as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub server: Option<String>,
+    pub robot_id: Option<String>,
+    pub driver: Option<String>,
+    pub key_file: Option<PathBuf>,
+    pub certificate_file: Option<PathBuf>,
+    pub data_dir: Option<PathBuf>,
+    /// Extra CA certificates (PEM) trusted for `wss://` besides the system's.
+    pub ca_file: Option<PathBuf>,
+    /// Offer loopback ICE candidates (same-host peers, tests).
+    pub include_loopback_candidates: Option<bool>,
+    pub max_locations: Option<usize>,
+    pub safety: Option<SafetyLimits>,
+    pub reconnect: Option<ReconnectConfig>,
+}
+
+impl FileConfig {
+    pub fn load(path: &Path) -> Result<FileConfig, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|source| ConfigError::Parse {
+            path: path.to_owned(),
+            source,
+        })
+    }
+}
+
+/// Flags of `robot-agent run` that override the file.
+#[derive(Debug, Default, Clone)]
+pub struct RunFlags {
+    pub config: Option<PathBuf>,
+    pub config_dir: Option<PathBuf>,
+    pub server: Option<String>,
+    pub robot_id: Option<String>,
+    pub driver: Option<String>,
+}
+
+/// Everything `run` needs, resolved.
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    pub server: String,
+    pub robot_id: String,
+    pub driver: DriverSpec,
+    pub config_dir: PathBuf,
+    pub key_file: PathBuf,
+    pub certificate_file: PathBuf,
+    pub data_dir: PathBuf,
+    pub ca_file: Option<PathBuf>,
+    pub include_loopback_candidates: bool,
+    pub max_locations: usize,
+    pub safety: SafetyLimits,
+    pub reconnect: ReconnectConfig,
+}
+
+impl RunConfig {
+    pub fn resolve(flags: RunFlags) -> Result<RunConfig, ConfigError> {
+        let (config_dir, file) = match &flags.config {
+            Some(path) => {
+                let dir = match path.parent() {
+                    Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
+                    _ => PathBuf::from("."),
+                };
+                (
+                    flags.config_dir.clone().unwrap_or(dir),
+                    FileConfig::load(path)?,
+                )
+            }
+            None => {
+                let dir = flags.config_dir.clone().unwrap_or_else(default_config_dir);
+                let path = dir.join(CONFIG_FILE);
+                let file = if path.exists() {
+                    FileConfig::load(&path)?
+                } else {
+                    FileConfig::default()
+                };
+                (dir, file)
+            }
+        };
+        let within = |p: PathBuf| {
+            if p.is_absolute() {
+                p
+            } else {
+                config_dir.join(p)
+            }
+        };
+
+        let server = flags
+            .server
+            .or(file.server)
+            .ok_or(ConfigError::Missing("server (--server)"))?;
+        if !(server.starts_with("ws://") || server.starts_with("wss://")) {
+            return Err(ConfigError::ServerUrl(server));
+        }
+        let robot_id = flags
+            .robot_id
+            .or(file.robot_id)
+            .ok_or(ConfigError::Missing("robot id (--robot-id)"))?;
+        let driver_spec = flags.driver.or(file.driver).unwrap_or_else(|| {
+            tracing::warn!("no driver configured; using the simulated base (--driver sim)");
+            "sim".to_owned()
+        });
+        let driver = driver_spec.parse()?;
+        let data_dir = file
+            .data_dir
+            .map(&within)
+            .or_else(|| std::env::var_os("ROBOT_AGENT_DATA_DIR").map(PathBuf::from))
+            .unwrap_or_else(|| config_dir.clone());
+        Ok(RunConfig {
+            server,
+            robot_id,
+            driver,
+            key_file: within(file.key_file.unwrap_or_else(|| KEY_FILE.into())),
+            certificate_file: within(file.certificate_file.unwrap_or_else(|| CERT_FILE.into())),
+            ca_file: file.ca_file.map(&within),
+            data_dir,
+            include_loopback_candidates: file.include_loopback_candidates.unwrap_or(false),
+            max_locations: file
+                .max_locations
+                .unwrap_or(crate::locations::DEFAULT_MAX_LOCATIONS),
+            safety: file.safety.unwrap_or_default(),
+            reconnect: file.reconnect.unwrap_or_default(),
+            config_dir,
+        })
+    }
+}
+
+/// `$ROBOT_AGENT_CONFIG_DIR`, else `/etc/robot-agent` for root, else
+/// `$XDG_CONFIG_HOME/robot-agent` (or `~/.config/robot-agent`).
+pub fn default_config_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("ROBOT_AGENT_CONFIG_DIR") {
+        return PathBuf::from(dir);
+    }
+    let is_root = std::fs::metadata("/proc/self")
+        .map(|m| m.uid() == 0)
+        .unwrap_or(false);
+    if is_root {
+        return PathBuf::from("/etc/robot-agent");
+    }
+    if let Some(xdg) = std::env::var_os("XDG_CONFIG_HOME") {
+        return PathBuf::from(xdg).join("robot-agent");
+    }
+    match std::env::var_os("HOME") {
+        Some(home) => PathBuf::from(home).join(".config").join("robot-agent"),
+        None => PathBuf::from("/etc/robot-agent"),
+    }
+}
+
+/// The signalling WebSocket URL for an HTTP base URL: `https://h` →
+/// `wss://h/ws`. A `ws(s)://` URL is returned unchanged.
+pub fn websocket_url(server: &str) -> String {
+    let trimmed = server.trim_end_matches('/');
+    if trimmed.starts_with("ws://") || trimmed.starts_with("wss://") {
+        return trimmed.to_owned();
+    }
+    let base = if let Some(rest) = trimmed.strip_prefix("https://") {
+        format!("wss://{rest}")
+    } else if let Some(rest) = trimmed.strip_prefix("http://") {
+        format!("ws://{rest}")
+    } else {
+        format!("wss://{trimmed}")
+    };
+    format!("{base}/ws")
+}
+
+/// The HTTP base URL for a server given either way: `wss://h/ws` →
+/// `https://h`.
+pub fn http_base_url(server: &str) -> String {
+    let trimmed = server.trim_end_matches('/');
+    let trimmed = trimmed.strip_suffix("/ws").unwrap_or(trimmed);
+    if let Some(rest) = trimmed.strip_prefix("wss://") {
+        format!("https://{rest}")
+    } else if let Some(rest) = trimmed.strip_prefix("ws://") {
+        format!("http://{rest}")
+    } else if trimmed.starts_with("http://") || trimmed.starts_with("https://") {
+        trimmed.to_owned()
+    } else {
+        format!("https://{trimmed}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_convert_both_ways() {
+        assert_eq!(
+            websocket_url("https://sig.example.com/"),
+            "wss://sig.example.com/ws"
+        );
+        assert_eq!(
+            websocket_url("http://127.0.0.1:8080"),
+            "ws://127.0.0.1:8080/ws"
+        );
+        assert_eq!(
+            websocket_url("ws://127.0.0.1:8080/ws"),
+            "ws://127.0.0.1:8080/ws"
+        );
+        assert_eq!(
+            http_base_url("wss://sig.example.com/ws"),
+            "https://sig.example.com"
+        );
+        assert_eq!(
+            http_base_url("http://127.0.0.1:8080/"),
+            "http://127.0.0.1:8080"
+        );
+        assert_eq!(http_base_url("sig.example.com"), "https://sig.example.com");
+    }
+
+    #[test]
+    fn flags_override_the_file_and_paths_are_relative_to_it() {
+        let dir = crate::testutil::temp_dir("config");
+        let path = dir.join("agent.toml");
+        std::fs::write(
+            &path,
+            r#"
+server = "ws://127.0.0.1:1/ws"
+robot_id = "from-file"
+driver = "exec:./drive.py"
+data_dir = "state"
+include_loopback_candidates = true
+
+[safety]
+max_linear_speed = 0.8
+watchdog_ms = 250
+
+[reconnect]
+max_delay_ms = 2000
+"#,
+        )
+        .expect("write");
+        let config = RunConfig::resolve(RunFlags {
+            config: Some(path.clone()),
+            robot_id: Some("from-flag".into()),
+            ..RunFlags::default()
+        })
+        .expect("resolves");
+        assert_eq!(config.robot_id, "from-flag");
+        assert_eq!(config.server, "ws://127.0.0.1:1/ws");
+        assert_eq!(config.driver, DriverSpec::Exec("./drive.py".into()));
+        assert_eq!(config.data_dir, dir.join("state"));
+        assert_eq!(config.key_file, dir.join(KEY_FILE));
+        assert_eq!(config.safety.max_linear, 0.8);
+        assert_eq!(config.safety.max_angular, 1.0);
+        assert_eq!(config.safety.watchdog, Duration::from_millis(250));
+        assert_eq!(config.reconnect.max(), Duration::from_millis(2000));
+        assert!(config.include_loopback_candidates);
+    }
+
+    #[test]
+    fn mistakes_are_reported() {
+        let dir = crate::testutil::temp_dir("config-bad");
+        let path = dir.join("agent.toml");
+        std::fs::write(&path, "servr = \"x\"\n").expect("write");
+        assert!(matches!(
+            RunConfig::resolve(RunFlags {
+                config: Some(path.clone()),
+                ..RunFlags::default()
+            }),
+            Err(ConfigError::Parse { .. })
+        ));
+        let flags = RunFlags {
+            config_dir: Some(dir.join("empty")),
+            server: Some("http://x".into()),
+            robot_id: Some("r".into()),
+            ..RunFlags::default()
+        };
+        assert!(matches!(
+            RunConfig::resolve(flags),
+            Err(ConfigError::ServerUrl(_))
+        ));
+        let flags = RunFlags {
+            config_dir: Some(dir.join("empty")),
+            server: Some("ws://x/ws".into()),
+            ..RunFlags::default()
+        };
+        assert!(matches!(
+            RunConfig::resolve(flags),
+            Err(ConfigError::Missing(_))
+        ));
+    }
+}

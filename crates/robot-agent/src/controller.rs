@@ -1,0 +1,869 @@
+//! The controller: one task that owns the safety state, the navigation state
+//! and the driver. Sessions talk to it through a bounded channel, so every
+//! motion decision is made in one place, in order, whatever the number of
+//! sessions.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use serde_json::Value;
+use signalling_protocol::{Envelope, ErrorCode, Location, NavigationStatus};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::driver::{DriverCommand, DriverError, DriverEvent, DriverHandle, REQUEST_TIMEOUT};
+use crate::messages;
+use crate::safety::{Refusal, Role, SafetyCore, SafetyLimits, StopReason};
+
+/// Capacity of the request channel: sessions wait (briefly) when it is full.
+const REQUEST_CAPACITY: usize = 64;
+/// Watchdog resolution: how often the dead-man timeout is checked.
+const WATCHDOG_TICK: Duration = Duration::from_millis(25);
+
+/// Why a navigation command was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NavRefusal {
+    #[error(transparent)]
+    Refused(#[from] Refusal),
+    #[error("already navigating to {0:?}")]
+    AlreadyActive(String),
+    #[error("no navigation in progress")]
+    NotActive,
+}
+
+/// A snapshot of the controller's state (diagnostics and tests).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Status {
+    pub moving: bool,
+    pub estop: Option<String>,
+    pub driver_ready: bool,
+    pub navigating: Option<String>,
+    pub sessions: usize,
+}
+
+enum Request {
+    Attach {
+        session: String,
+        outbox: mpsc::Sender<Envelope>,
+    },
+    Detach {
+        session: String,
+        reason: StopReason,
+        /// Keep the outbox: the session may recover (ICE "disconnected").
+        keep: bool,
+    },
+    Movement {
+        session: String,
+        role: Role,
+        forward: f64,
+        turn: f64,
+        reply: oneshot::Sender<Result<(), Refusal>>,
+    },
+    Navigate {
+        session: String,
+        role: Role,
+        correlation: String,
+        location: Location,
+        reply: oneshot::Sender<Result<(), NavRefusal>>,
+    },
+    CancelNavigation {
+        role: Role,
+        reply: oneshot::Sender<Result<String, NavRefusal>>,
+    },
+    SetLimits(SafetyLimits),
+    ResetEstop {
+        role: Role,
+        reply: oneshot::Sender<Result<bool, Refusal>>,
+    },
+    StopAll(StopReason),
+    Status(oneshot::Sender<Status>),
+}
+
+/// Cheap, cloneable access to the controller.
+#[derive(Clone)]
+pub struct ControllerHandle {
+    tx: mpsc::Sender<Request>,
+}
+
+impl ControllerHandle {
+    /// Registers a session's outbox for asynchronous messages (navigation
+    /// progress, emergency stops).
+    pub async fn attach(&self, session: &str, outbox: mpsc::Sender<Envelope>) {
+        let _ = self
+            .tx
+            .send(Request::Attach {
+                session: session.to_owned(),
+                outbox,
+            })
+            .await;
+    }
+
+    /// The session is gone; stops the robot if it was the one driving.
+    pub async fn detach(&self, session: &str, reason: StopReason) {
+        let _ = self
+            .tx
+            .send(Request::Detach {
+                session: session.to_owned(),
+                reason,
+                keep: false,
+            })
+            .await;
+    }
+
+    /// The session's link is interrupted (it may come back): stop the robot
+    /// if this session was driving, but keep the session registered.
+    pub async fn interrupted(&self, session: &str, reason: StopReason) {
+        let _ = self
+            .tx
+            .send(Request::Detach {
+                session: session.to_owned(),
+                reason,
+                keep: true,
+            })
+            .await;
+    }
+
+    pub async fn movement(
+        &self,
+        session: &str,
+        role: Role,
+        forward: f64,
+        turn: f64,
+    ) -> Result<(), Refusal> {
+        let (reply, answer) = oneshot::channel();
+        self.ask(
+            Request::Movement {
+                session: session.to_owned(),
+                role,
+                forward,
+                turn,
+                reply,
+            },
+            answer,
+        )
+        .await
+        .unwrap_or(Err(Refusal::DriverUnavailable))
+    }
+
+    /// Starts navigating; `started` (or `failed`) follows asynchronously on
+    /// the session's outbox, correlated with `correlation`.
+    pub async fn navigate(
+        &self,
+        session: &str,
+        role: Role,
+        correlation: &str,
+        location: Location,
+    ) -> Result<(), NavRefusal> {
+        let (reply, answer) = oneshot::channel();
+        self.ask(
+            Request::Navigate {
+                session: session.to_owned(),
+                role,
+                correlation: correlation.to_owned(),
+                location,
+                reply,
+            },
+            answer,
+        )
+        .await
+        .unwrap_or(Err(NavRefusal::Refused(Refusal::DriverUnavailable)))
+    }
+
+    /// Cancels the current navigation; returns the location's name.
+    pub async fn cancel_navigation(&self, role: Role) -> Result<String, NavRefusal> {
+        let (reply, answer) = oneshot::channel();
+        self.ask(Request::CancelNavigation { role, reply }, answer)
+            .await
+            .unwrap_or(Err(NavRefusal::Refused(Refusal::DriverUnavailable)))
+    }
+
+    pub async fn set_limits(&self, limits: SafetyLimits) {
+        let _ = self.tx.send(Request::SetLimits(limits)).await;
+    }
+
+    /// Clears a latched emergency stop; returns whether one was latched.
+    pub async fn reset_estop(&self, role: Role) -> Result<bool, Refusal> {
+        let (reply, answer) = oneshot::channel();
+        self.ask(Request::ResetEstop { role, reply }, answer)
+            .await
+            .unwrap_or(Err(Refusal::DriverUnavailable))
+    }
+
+    /// Stops the robot and aborts navigation (e.g. signalling lost).
+    pub async fn stop_all(&self, reason: StopReason) {
+        let _ = self.tx.send(Request::StopAll(reason)).await;
+    }
+
+    pub async fn status(&self) -> Option<Status> {
+        let (reply, answer) = oneshot::channel();
+        self.ask(Request::Status(reply), answer).await
+    }
+
+    async fn ask<T>(&self, request: Request, answer: oneshot::Receiver<T>) -> Option<T> {
+        self.tx.send(request).await.ok()?;
+        answer.await.ok()
+    }
+}
+
+struct ActiveNav {
+    id: u64,
+    name: String,
+    session: String,
+    correlation: String,
+    started_sent: bool,
+}
+
+struct Controller {
+    safety: SafetyCore,
+    driver: mpsc::Sender<DriverCommand>,
+    driver_ready: bool,
+    sessions: HashMap<String, mpsc::Sender<Envelope>>,
+    nav: Option<ActiveNav>,
+    next_nav_id: u64,
+    accepted_tx: mpsc::Sender<(u64, Result<(), DriverError>)>,
+}
+
+/// Starts the controller task in front of `driver`.
+pub fn spawn(limits: SafetyLimits, driver: DriverHandle) -> ControllerHandle {
+    let (tx, rx) = mpsc::channel(REQUEST_CAPACITY);
+    tokio::spawn(run(limits, driver, rx));
+    ControllerHandle { tx }
+}
+
+fn now() -> std::time::Instant {
+    // Tokio's clock, so tests with paused time drive the watchdog too.
+    tokio::time::Instant::now().into_std()
+}
+
+async fn run(limits: SafetyLimits, driver: DriverHandle, mut rx: mpsc::Receiver<Request>) {
+    let DriverHandle {
+        commands,
+        mut events,
+    } = driver;
+    let (accepted_tx, mut accepted_rx) = mpsc::channel(8);
+    let mut c = Controller {
+        safety: SafetyCore::new(limits),
+        driver: commands,
+        driver_ready: false,
+        sessions: HashMap::new(),
+        nav: None,
+        next_nav_id: 1,
+        accepted_tx,
+    };
+    let mut tick = tokio::time::interval(WATCHDOG_TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut driver_alive = true;
+    loop {
+        tokio::select! {
+            request = rx.recv() => {
+                let Some(request) = request else { break };
+                c.handle(request);
+            }
+            event = events.recv(), if driver_alive => {
+                match event {
+                    Some(event) => c.driver_event(event),
+                    None => {
+                        driver_alive = false;
+                        c.driver_event(DriverEvent::Unavailable { reason: "driver task ended".into() });
+                    }
+                }
+            }
+            Some((id, result)) = accepted_rx.recv() => c.navigation_accepted(id, result),
+            _ = tick.tick() => {
+                if let Some(reason) = c.safety.watchdog(now()) {
+                    tracing::info!("dead-man watchdog: no movement command in time; stopping");
+                    c.send_stop(reason);
+                }
+            }
+        }
+    }
+    // Every handle is gone: the agent is shutting down.
+    c.send_stop(StopReason::Shutdown);
+}
+
+impl Controller {
+    fn handle(&mut self, request: Request) {
+        match request {
+            Request::Attach { session, outbox } => {
+                self.sessions.insert(session, outbox);
+            }
+            Request::Detach {
+                session,
+                reason,
+                keep,
+            } => {
+                if !keep {
+                    self.sessions.remove(&session);
+                }
+                let owned_nav = self.nav.as_ref().is_some_and(|n| n.session == session);
+                if owned_nav {
+                    if let Some(nav) = self.nav.take() {
+                        self.notify_nav(
+                            &nav,
+                            NavigationStatus::Failed,
+                            Some(reason.as_str().into()),
+                        );
+                    }
+                }
+                if self.safety.session_ended(&session) || owned_nav {
+                    tracing::info!(%session, reason = reason.as_str(), "driving session ended; stopping");
+                    self.send_stop(reason);
+                }
+            }
+            Request::Movement {
+                session,
+                role,
+                forward,
+                turn,
+                reply,
+            } => {
+                let _ = reply.send(self.movement(&session, role, forward, turn));
+            }
+            Request::Navigate {
+                session,
+                role,
+                correlation,
+                location,
+                reply,
+            } => {
+                let _ = reply.send(self.navigate(session, role, correlation, location));
+            }
+            Request::CancelNavigation { role, reply } => {
+                let _ = reply.send(self.cancel(role));
+            }
+            Request::SetLimits(limits) => self.safety.set_limits(limits),
+            Request::ResetEstop { role, reply } => {
+                let result = self.safety.reset_estop(role);
+                if result == Ok(true) {
+                    tracing::warn!(role = role.as_str(), "emergency stop reset by operator");
+                }
+                let _ = reply.send(result);
+            }
+            Request::StopAll(reason) => {
+                if let Some(nav) = self.nav.take() {
+                    self.notify_nav(&nav, NavigationStatus::Failed, Some(reason.as_str().into()));
+                }
+                self.send_stop(reason);
+            }
+            Request::Status(reply) => {
+                let _ = reply.send(Status {
+                    moving: self.safety.is_moving(),
+                    estop: self.safety.estop().map(str::to_owned),
+                    driver_ready: self.driver_ready,
+                    navigating: self.nav.as_ref().map(|n| n.name.clone()),
+                    sessions: self.sessions.len(),
+                });
+            }
+        }
+    }
+
+    fn movement(
+        &mut self,
+        session: &str,
+        role: Role,
+        forward: f64,
+        turn: f64,
+    ) -> Result<(), Refusal> {
+        if !role.may_drive() {
+            return Err(Refusal::Forbidden(role.as_str()));
+        }
+        if !self.driver_ready {
+            return Err(Refusal::DriverUnavailable);
+        }
+        let velocity = self.safety.movement(now(), session, role, forward, turn)?;
+        let nonzero = velocity.linear != 0.0 || velocity.angular != 0.0;
+        if self.nav.is_some() {
+            if !nonzero {
+                // An idle joystick must not fight the navigation stack.
+                return Ok(());
+            }
+            // Manual control takes over from navigation.
+            if let Some(nav) = self.nav.take() {
+                self.notify_nav(
+                    &nav,
+                    NavigationStatus::Cancelled,
+                    Some("preempted by manual control".into()),
+                );
+                let (reply, _) = oneshot::channel();
+                let _ = self
+                    .driver
+                    .try_send(DriverCommand::CancelNavigation { reply });
+            }
+        }
+        self.driver
+            .try_send(DriverCommand::Move {
+                linear: velocity.linear,
+                angular: velocity.angular,
+            })
+            .map_err(|_| {
+                // Could not deliver: make sure nothing keeps moving.
+                self.send_stop(StopReason::Watchdog);
+                Refusal::DriverBusy
+            })
+    }
+
+    fn navigate(
+        &mut self,
+        session: String,
+        role: Role,
+        correlation: String,
+        location: Location,
+    ) -> Result<(), NavRefusal> {
+        if !role.may_drive() {
+            return Err(Refusal::Forbidden(role.as_str()).into());
+        }
+        if let Some(nav) = &self.nav {
+            return Err(NavRefusal::AlreadyActive(nav.name.clone()));
+        }
+        if !self.driver_ready {
+            return Err(Refusal::DriverUnavailable.into());
+        }
+        self.safety.admit(now(), role)?;
+        if self.safety.is_moving() {
+            // Hand over from manual driving cleanly.
+            self.send_stop(StopReason::NavigationCancelled);
+        }
+        let id = self.next_nav_id;
+        self.next_nav_id += 1;
+        let (reply, answer) = oneshot::channel();
+        self.driver
+            .try_send(DriverCommand::Navigate {
+                name: location.name.clone(),
+                position: location.position,
+                orientation: location.orientation,
+                reply,
+            })
+            .map_err(|_| NavRefusal::Refused(Refusal::DriverBusy))?;
+        self.nav = Some(ActiveNav {
+            id,
+            name: location.name,
+            session,
+            correlation,
+            started_sent: false,
+        });
+        let accepted = self.accepted_tx.clone();
+        tokio::spawn(async move {
+            let result = match tokio::time::timeout(
+                REQUEST_TIMEOUT + Duration::from_secs(1),
+                answer,
+            )
+            .await
+            {
+                Ok(Ok(result)) => result,
+                Ok(Err(_)) => Err(DriverError::Unavailable),
+                Err(_) => Err(DriverError::Timeout),
+            };
+            let _ = accepted.send((id, result)).await;
+        });
+        Ok(())
+    }
+
+    fn cancel(&mut self, role: Role) -> Result<String, NavRefusal> {
+        if !role.may_drive() {
+            return Err(Refusal::Forbidden(role.as_str()).into());
+        }
+        let nav = self.nav.take().ok_or(NavRefusal::NotActive)?;
+        let (reply, answer) = oneshot::channel();
+        if self
+            .driver
+            .try_send(DriverCommand::CancelNavigation { reply })
+            .is_err()
+        {
+            // The cancel could not be queued: a stop halts navigation too.
+            self.send_stop(StopReason::NavigationCancelled);
+        } else {
+            tokio::spawn(async move {
+                if let Ok(Ok(Err(e))) = tokio::time::timeout(REQUEST_TIMEOUT, answer).await {
+                    tracing::warn!(error = %e, "driver refused to cancel navigation");
+                }
+            });
+        }
+        self.notify_nav(&nav, NavigationStatus::Cancelled, None);
+        Ok(nav.name)
+    }
+
+    fn navigation_accepted(&mut self, id: u64, result: Result<(), DriverError>) {
+        let Some(nav) = self.nav.as_mut().filter(|n| n.id == id) else {
+            return;
+        };
+        match result {
+            Ok(()) => {
+                if !nav.started_sent {
+                    nav.started_sent = true;
+                    let envelope = messages::navigation_response(
+                        NavigationStatus::Started,
+                        &nav.name,
+                        None,
+                        &nav.correlation,
+                    );
+                    let session = nav.session.clone();
+                    self.send_to(&session, envelope);
+                }
+            }
+            Err(e) => {
+                if let Some(nav) = self.nav.take() {
+                    self.notify_nav(&nav, NavigationStatus::Failed, Some(e.to_string()));
+                }
+            }
+        }
+    }
+
+    fn driver_event(&mut self, event: DriverEvent) {
+        match event {
+            DriverEvent::Ready => {
+                tracing::info!("driver ready");
+                self.driver_ready = true;
+            }
+            DriverEvent::Unavailable { reason } => {
+                if self.driver_ready {
+                    tracing::warn!(%reason, "driver unavailable; robot held stopped");
+                }
+                self.driver_ready = false;
+                self.safety.stopped();
+                if let Some(nav) = self.nav.take() {
+                    self.notify_nav(
+                        &nav,
+                        NavigationStatus::Failed,
+                        Some(format!("driver unavailable: {reason}")),
+                    );
+                }
+            }
+            DriverEvent::Navigation {
+                name,
+                status,
+                message,
+            } => {
+                let Some(nav) = self.nav.as_mut().filter(|n| n.name == name) else {
+                    tracing::debug!(%name, ?status, "navigation status for no active navigation");
+                    return;
+                };
+                if status == NavigationStatus::Started {
+                    if !nav.started_sent {
+                        nav.started_sent = true;
+                        let envelope = messages::navigation_response(
+                            status,
+                            &nav.name,
+                            message,
+                            &nav.correlation,
+                        );
+                        let session = nav.session.clone();
+                        self.send_to(&session, envelope);
+                    }
+                    return;
+                }
+                if let Some(nav) = self.nav.take() {
+                    self.notify_nav(&nav, status, message);
+                }
+            }
+            DriverEvent::EmergencyStop { reason } => {
+                tracing::error!(%reason, "emergency stop from driver; latched");
+                self.safety.emergency_stop(&reason);
+                self.send_stop(StopReason::EmergencyStop);
+                if let Some(nav) = self.nav.take() {
+                    self.notify_nav(
+                        &nav,
+                        NavigationStatus::Failed,
+                        Some(format!("emergency stop: {reason}")),
+                    );
+                }
+                let sessions: Vec<String> = self.sessions.keys().cloned().collect();
+                for session in sessions {
+                    let envelope = messages::error(
+                        ErrorCode::MovementFailed,
+                        format!("emergency stop: {reason}"),
+                        Some(messages::details(
+                            "emergency_stop",
+                            &[
+                                ("latched", Value::Bool(true)),
+                                ("detail", Value::String(reason.clone())),
+                            ],
+                        )),
+                        None,
+                    );
+                    self.send_to(&session, envelope);
+                }
+            }
+        }
+    }
+
+    fn notify_nav(&mut self, nav: &ActiveNav, status: NavigationStatus, message: Option<String>) {
+        let envelope = messages::navigation_response(status, &nav.name, message, &nav.correlation);
+        self.send_to(&nav.session, envelope);
+    }
+
+    fn send_to(&mut self, session: &str, envelope: Envelope) {
+        if let Some(outbox) = self.sessions.get(session) {
+            if outbox.try_send(envelope).is_err() {
+                tracing::warn!(%session, "session outbox full or closed; message dropped");
+            }
+        }
+    }
+
+    /// Stops the robot. A stop must never be lost: if the driver's queue is
+    /// full it is delivered from a task that waits for room.
+    fn send_stop(&mut self, reason: StopReason) {
+        self.safety.stopped();
+        if let Err(mpsc::error::TrySendError::Full(command)) =
+            self.driver.try_send(DriverCommand::Stop { reason })
+        {
+            let driver = self.driver.clone();
+            tokio::spawn(async move {
+                let _ = driver.send(command).await;
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::driver::DriverEnd;
+    use crate::testutil::{validated, WAIT};
+    use signalling_protocol::Position;
+
+    fn location(name: &str) -> Location {
+        Location {
+            name: name.into(),
+            position: Position {
+                x: 1.0,
+                y: 0.0,
+                z: None,
+            },
+            orientation: None,
+            metadata: None,
+        }
+    }
+
+    async fn setup() -> (ControllerHandle, DriverEnd) {
+        let (handle, end) = DriverHandle::channel();
+        let controller = spawn(SafetyLimits::default(), handle);
+        end.events.send(DriverEvent::Ready).await.expect("ready");
+        // Status round-trip: the Ready event has been processed after it.
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while !controller.status().await.expect("status").driver_ready {
+            assert!(tokio::time::Instant::now() < deadline);
+            tokio::task::yield_now().await;
+        }
+        (controller, end)
+    }
+
+    async fn next_command(end: &mut DriverEnd) -> DriverCommand {
+        tokio::time::timeout(WAIT, end.commands.recv())
+            .await
+            .expect("command in time")
+            .expect("command")
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn movement_reaches_the_driver_scaled_and_the_watchdog_stops_it() {
+        let (c, mut end) = setup().await;
+        c.movement("s1", Role::Operator, 1.0, -0.5)
+            .await
+            .expect("moves");
+        match next_command(&mut end).await {
+            DriverCommand::Move { linear, angular } => {
+                assert_eq!((linear, angular), (0.5, -0.5));
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        // No further commands: the dead-man watchdog fires at 300 ms.
+        let before = tokio::time::Instant::now();
+        match next_command(&mut end).await {
+            DriverCommand::Stop { reason } => assert_eq!(reason, StopReason::Watchdog),
+            other => panic!("unexpected {other:?}"),
+        }
+        let waited = before.elapsed();
+        assert!(
+            waited >= Duration::from_millis(300) && waited < Duration::from_millis(400),
+            "{waited:?}"
+        );
+        assert!(!c.status().await.expect("status").moving);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn viewers_are_refused_and_the_driving_session_ending_stops() {
+        let (c, mut end) = setup().await;
+        assert_eq!(
+            c.movement("v", Role::Viewer, 0.5, 0.0).await,
+            Err(Refusal::Forbidden("viewer"))
+        );
+        assert_eq!(
+            c.navigate("v", Role::Viewer, "n1", location("a")).await,
+            Err(NavRefusal::Refused(Refusal::Forbidden("viewer")))
+        );
+        c.movement("op", Role::Owner, 0.2, 0.0)
+            .await
+            .expect("moves");
+        assert!(matches!(
+            next_command(&mut end).await,
+            DriverCommand::Move { .. }
+        ));
+        c.detach("v", StopReason::SessionEnded).await;
+        c.detach("op", StopReason::PeerDisconnected).await;
+        match next_command(&mut end).await {
+            DriverCommand::Stop { reason } => assert_eq!(reason, StopReason::PeerDisconnected),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn emergency_stop_latches_and_is_broadcast() {
+        let (c, mut end) = setup().await;
+        let (outbox, mut inbox) = mpsc::channel(8);
+        c.attach("op", outbox).await;
+        c.status().await.expect("attach processed");
+        end.events
+            .send(DriverEvent::EmergencyStop {
+                reason: "bumper".into(),
+            })
+            .await
+            .expect("event");
+        match next_command(&mut end).await {
+            DriverCommand::Stop { reason } => assert_eq!(reason, StopReason::EmergencyStop),
+            other => panic!("unexpected {other:?}"),
+        }
+        let error = validated(&inbox.recv().await.expect("broadcast"));
+        assert_eq!(error["payload"]["code"], "MOVEMENT_FAILED");
+        assert_eq!(error["payload"]["details"]["reason"], "emergency_stop");
+        assert_eq!(
+            c.movement("op", Role::Operator, 0.1, 0.0).await,
+            Err(Refusal::EmergencyStop("bumper".into()))
+        );
+        assert_eq!(
+            c.reset_estop(Role::Viewer).await,
+            Err(Refusal::Forbidden("viewer"))
+        );
+        assert_eq!(c.reset_estop(Role::Operator).await, Ok(true));
+        c.movement("op", Role::Operator, 0.1, 0.0)
+            .await
+            .expect("moves again");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn unavailable_driver_holds_the_robot() {
+        let (c, end) = setup().await;
+        end.events
+            .send(DriverEvent::Unavailable {
+                reason: "crashed".into(),
+            })
+            .await
+            .expect("event");
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while c.status().await.expect("status").driver_ready {
+            assert!(tokio::time::Instant::now() < deadline);
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(
+            c.movement("op", Role::Operator, 0.1, 0.0).await,
+            Err(Refusal::DriverUnavailable)
+        );
+    }
+
+    /// The driver accepts the pending goal; the session hears `started`.
+    async fn accept(end: &mut DriverEnd, inbox: &mut mpsc::Receiver<Envelope>) {
+        match next_command(end).await {
+            DriverCommand::Navigate { reply, .. } => reply.send(Ok(())).expect("reply"),
+            other => panic!("unexpected {other:?}"),
+        }
+        let started = validated(&inbox.recv().await.expect("started"));
+        assert_eq!(started["payload"]["status"], "started");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn navigation_lifecycle() {
+        let (c, mut end) = setup().await;
+        let (outbox, mut inbox) = mpsc::channel(8);
+        c.attach("op", outbox).await;
+        c.navigate("op", Role::Operator, "req-1", location("dock"))
+            .await
+            .expect("accepted for processing");
+        assert_eq!(
+            c.navigate("op", Role::Operator, "req-2", location("desk"))
+                .await,
+            Err(NavRefusal::AlreadyActive("dock".into()))
+        );
+        match next_command(&mut end).await {
+            DriverCommand::Navigate { name, reply, .. } => {
+                assert_eq!(name, "dock");
+                reply.send(Ok(())).expect("reply");
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        let started = validated(&inbox.recv().await.expect("started"));
+        assert_eq!(started["payload"]["status"], "started");
+        assert_eq!(started["correlationId"], "req-1");
+        end.events
+            .send(DriverEvent::Navigation {
+                name: "dock".into(),
+                status: NavigationStatus::Completed,
+                message: None,
+            })
+            .await
+            .expect("event");
+        let done = validated(&inbox.recv().await.expect("completed"));
+        assert_eq!(done["payload"]["status"], "completed");
+        assert_eq!(done["correlationId"], "req-1");
+        assert_eq!(
+            c.cancel_navigation(Role::Operator).await,
+            Err(NavRefusal::NotActive)
+        );
+
+        // A refused goal is reported as failed.
+        c.navigate("op", Role::Operator, "req-3", location("pit"))
+            .await
+            .expect("queued");
+        match next_command(&mut end).await {
+            DriverCommand::Navigate { reply, .. } => {
+                reply
+                    .send(Err(DriverError::Refused {
+                        code: 2,
+                        message: "no path".into(),
+                    }))
+                    .expect("reply");
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        let failed = validated(&inbox.recv().await.expect("failed"));
+        assert_eq!(failed["payload"]["status"], "failed");
+        assert_eq!(failed["correlationId"], "req-3");
+
+        // Cancel, and manual preemption.
+        c.navigate("op", Role::Operator, "req-4", location("dock"))
+            .await
+            .expect("queued");
+        accept(&mut end, &mut inbox).await;
+        assert_eq!(c.cancel_navigation(Role::Operator).await, Ok("dock".into()));
+        assert!(matches!(
+            next_command(&mut end).await,
+            DriverCommand::CancelNavigation { .. }
+        ));
+        let cancelled = validated(&inbox.recv().await.expect("cancelled"));
+        assert_eq!(cancelled["payload"]["status"], "cancelled");
+        assert_eq!(cancelled["correlationId"], "req-4");
+
+        c.navigate("op", Role::Operator, "req-5", location("dock"))
+            .await
+            .expect("queued");
+        accept(&mut end, &mut inbox).await;
+        c.movement("op", Role::Operator, 0.0, 0.0)
+            .await
+            .expect("idle joystick");
+        assert_eq!(
+            c.status().await.expect("status").navigating.as_deref(),
+            Some("dock")
+        );
+        c.movement("op", Role::Operator, 0.3, 0.0)
+            .await
+            .expect("takes over");
+        assert!(matches!(
+            next_command(&mut end).await,
+            DriverCommand::CancelNavigation { .. }
+        ));
+        assert!(matches!(
+            next_command(&mut end).await,
+            DriverCommand::Move { .. }
+        ));
+        let preempted = validated(&inbox.recv().await.expect("preempted"));
+        assert_eq!(preempted["payload"]["status"], "cancelled");
+        assert_eq!(preempted["correlationId"], "req-5");
+    }
+}

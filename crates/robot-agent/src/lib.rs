@@ -1,0 +1,28 @@
+//! The robot side of the signalling system: proves the robot's identity to
+//! the signalling server, answers browsers' WebRTC offers, and bridges the
+//! `agent.*` data-channel protocol to a driver through a safety layer.
+//!
+//! Layers, outermost first:
+//! * [`signalling`]: WebSocket client (register, PKI proof, reconnect);
+//! * [`peer`]: one WebRTC peer connection per session;
+//! * [`session`]: the `agent.*` protocol of one session;
+//! * [`controller`] + [`safety`]: every motion decision, in one task;
+//! * [`driver`]: sim, exec, rosbridge and serial back ends.
+
+pub mod agent;
+pub mod config;
+pub mod controller;
+pub mod driver;
+pub mod enroll;
+pub mod fsutil;
+pub mod identity;
+pub mod locations;
+pub mod messages;
+pub mod peer;
+pub mod safety;
+pub mod session;
+pub mod settings;
+pub mod signalling;
+
+#[cfg(test)]
+mod testutil;

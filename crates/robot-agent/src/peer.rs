@@ -1,0 +1,671 @@
+//! WebRTC peers (webrtc-rs): one peer connection per session, several at
+//! once. Answers offers (a `control` data channel, plus any media m-lines:
+//! without a camera these are answered `inactive`), trickles ICE both ways,
+//! reports `connected`/`disconnected` through signalling, and tears peers
+//! down when the session ends, the peer drops or signalling is lost.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use signalling_protocol::{
+    AnswerPayload, AnswerSdpType, ConnectedIceState, ConnectedPayload, DataChannelState,
+    DisconnectReason, DisconnectedPayload, Envelope, IceCandidatePayload, IceServer, Signalling,
+    PROTOCOL_VERSION,
+};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use webrtc::api::interceptor_registry::register_default_interceptors;
+use webrtc::api::media_engine::MediaEngine;
+use webrtc::api::setting_engine::SettingEngine;
+use webrtc::api::{APIBuilder, API};
+use webrtc::data_channel::data_channel_message::DataChannelMessage;
+use webrtc::data_channel::RTCDataChannel;
+use webrtc::ice::mdns::MulticastDnsMode;
+use webrtc::ice_transport::ice_candidate::{RTCIceCandidate, RTCIceCandidateInit};
+use webrtc::ice_transport::ice_connection_state::RTCIceConnectionState;
+use webrtc::ice_transport::ice_server::RTCIceServer;
+use webrtc::interceptor::registry::Registry;
+use webrtc::peer_connection::configuration::RTCConfiguration;
+use webrtc::peer_connection::peer_connection_state::RTCPeerConnectionState;
+use webrtc::peer_connection::sdp::session_description::RTCSessionDescription;
+use webrtc::peer_connection::RTCPeerConnection;
+use webrtc::rtp_transceiver::rtp_transceiver_direction::RTCRtpTransceiverDirection;
+
+use crate::messages;
+use crate::safety::{Role, StopReason};
+use crate::session::{Session, Shared};
+use crate::signalling::Inbound;
+
+/// Label of the data channel that carries `agent.*` messages.
+pub const CONTROL_LABEL: &str = "control";
+/// Most concurrent sessions; more offers are refused (a robot is not a
+/// conference server).
+pub const MAX_SESSIONS: usize = 16;
+const EVENT_CAPACITY: usize = 256;
+const CHANNEL_CAPACITY: usize = 64;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PeerError {
+    #[error("WebRTC: {0}")]
+    WebRtc(#[from] webrtc::Error),
+    #[error("too many sessions ({MAX_SESSIONS})")]
+    TooManySessions,
+    #[error("no local description after the answer")]
+    NoLocalDescription,
+}
+
+#[derive(Debug, Clone)]
+pub struct PeerOptions {
+    /// Offer 127.0.0.1 candidates (same-host clients and tests).
+    pub include_loopback_candidates: bool,
+    /// Gather loopback candidates only, so no ICE traffic leaves the host
+    /// (in-process tests).
+    pub loopback_only: bool,
+}
+
+/// What webrtc-rs callbacks report to the manager.
+enum PeerEvent {
+    LocalCandidate {
+        session: String,
+        generation: u64,
+        candidate: RTCIceCandidate,
+    },
+    IceState {
+        session: String,
+        generation: u64,
+        state: RTCIceConnectionState,
+    },
+    PcState {
+        session: String,
+        generation: u64,
+        state: RTCPeerConnectionState,
+    },
+    ChannelOpen {
+        session: String,
+        generation: u64,
+        channel: Arc<RTCDataChannel>,
+        incoming: mpsc::Receiver<String>,
+    },
+    ChannelClosed {
+        session: String,
+        generation: u64,
+    },
+}
+
+struct PeerSession {
+    /// Distinguishes a session from an earlier one of the same id, so late
+    /// callbacks of a torn-down peer are ignored.
+    generation: u64,
+    pc: Arc<RTCPeerConnection>,
+    role: Role,
+    /// `mid` of the first m-line, used for our trickled candidates (BUNDLE).
+    mid: String,
+    ice_connected: bool,
+    channel_open: bool,
+    connected_sent: bool,
+    task: Option<JoinHandle<()>>,
+}
+
+/// Owns every peer connection; driven by signalling events.
+pub struct PeerManager {
+    api: API,
+    sessions: HashMap<String, PeerSession>,
+    ice_servers: Vec<IceServer>,
+    signalling: mpsc::Sender<Envelope>,
+    shared: Shared,
+    events_tx: mpsc::Sender<PeerEvent>,
+    events_rx: mpsc::Receiver<PeerEvent>,
+    next_generation: u64,
+}
+
+impl PeerManager {
+    pub fn new(
+        options: &PeerOptions,
+        signalling: mpsc::Sender<Envelope>,
+        shared: Shared,
+    ) -> Result<PeerManager, PeerError> {
+        let mut media = MediaEngine::default();
+        // Codecs are registered so media m-lines can be matched and
+        // answered (as inactive while the robot has no camera).
+        media.register_default_codecs()?;
+        let registry = register_default_interceptors(Registry::new(), &mut media)?;
+        let mut settings = SettingEngine::default();
+        // mDNS candidates need multicast, which robots' networks (and test
+        // namespaces) often lack; browsers get plain host candidates.
+        settings.set_ice_multicast_dns_mode(MulticastDnsMode::Disabled);
+        settings.set_include_loopback_candidate(
+            options.include_loopback_candidates || options.loopback_only,
+        );
+        if options.loopback_only {
+            settings.set_ip_filter(Box::new(|ip: std::net::IpAddr| ip.is_loopback()));
+        }
+        // Notice a vanished browser within seconds, not the 25 s default:
+        // the safety layer stops the robot when the peer drops.
+        settings.set_ice_timeouts(
+            Some(Duration::from_secs(3)),
+            Some(Duration::from_secs(8)),
+            Some(Duration::from_secs(1)),
+        );
+        let api = APIBuilder::new()
+            .with_media_engine(media)
+            .with_interceptor_registry(registry)
+            .with_setting_engine(settings)
+            .build();
+        let (events_tx, events_rx) = mpsc::channel(EVENT_CAPACITY);
+        Ok(PeerManager {
+            api,
+            sessions: HashMap::new(),
+            ice_servers: Vec::new(),
+            signalling,
+            shared,
+            events_tx,
+            events_rx,
+            next_generation: 1,
+        })
+    }
+
+    /// Runs until `inbound` closes (the agent shuts down).
+    pub async fn run(mut self, mut inbound: mpsc::Receiver<Inbound>) {
+        loop {
+            tokio::select! {
+                message = inbound.recv() => {
+                    let Some(message) = message else { break };
+                    self.inbound(message).await;
+                }
+                Some(event) = self.events_rx.recv() => self.event(event).await,
+            }
+        }
+        let ids: Vec<String> = self.sessions.keys().cloned().collect();
+        for id in ids {
+            self.teardown(&id, StopReason::Shutdown, Some(DisconnectReason::Closed))
+                .await;
+        }
+    }
+
+    /// Number of live sessions (diagnostics, tests).
+    pub fn session_count(&self) -> usize {
+        self.sessions.len()
+    }
+
+    async fn inbound(&mut self, message: Inbound) {
+        match message {
+            Inbound::Online { ice_servers } | Inbound::IceServers(ice_servers) => {
+                self.ice_servers = ice_servers;
+            }
+            Inbound::Offer {
+                session,
+                sdp,
+                role,
+                subject,
+            } => {
+                tracing::info!(%session, role = role.as_str(), subject = subject.as_deref().unwrap_or("-"), "offer");
+                if let Err(e) = self.offer(&session, sdp, role).await {
+                    tracing::warn!(%session, error = %e, "cannot answer the offer");
+                    let existed = self.sessions.contains_key(&session);
+                    if existed {
+                        self.teardown(
+                            &session,
+                            StopReason::SessionEnded,
+                            Some(DisconnectReason::Failed),
+                        )
+                        .await;
+                    } else {
+                        self.send_disconnected(
+                            &session,
+                            DisconnectReason::Failed,
+                            Some(e.to_string()),
+                        );
+                    }
+                }
+            }
+            Inbound::RemoteCandidate(c) => {
+                let Some(peer) = self.sessions.get(&c.connection_id) else {
+                    tracing::debug!(session = %c.connection_id, "candidate for no session");
+                    return;
+                };
+                if c.candidate.trim().is_empty() {
+                    return; // end-of-candidates marker
+                }
+                let init = RTCIceCandidateInit {
+                    candidate: c.candidate,
+                    sdp_mid: Some(c.sdp_mid),
+                    sdp_mline_index: u16::try_from(c.sdp_m_line_index).ok(),
+                    username_fragment: c.username_fragment,
+                };
+                if let Err(e) = peer.pc.add_ice_candidate(init).await {
+                    tracing::debug!(session = %c.connection_id, error = %e, "remote candidate refused");
+                }
+            }
+            Inbound::Disconnected { session } => {
+                // The server already knows; no disconnected goes back.
+                self.teardown(&session, StopReason::SessionEnded, None)
+                    .await;
+            }
+            Inbound::Offline => {
+                let ids: Vec<String> = self.sessions.keys().cloned().collect();
+                for id in ids {
+                    self.teardown(&id, StopReason::SignallingLost, None).await;
+                }
+                self.shared
+                    .controller
+                    .stop_all(StopReason::SignallingLost)
+                    .await;
+            }
+        }
+    }
+
+    async fn offer(&mut self, session: &str, sdp: String, role: Role) -> Result<(), PeerError> {
+        let description = RTCSessionDescription::offer(sdp)?;
+        if let Some(peer) = self.sessions.get(session) {
+            // Renegotiation (or ICE restart) of a live session.
+            let pc = peer.pc.clone();
+            let answer = answer(&pc, description).await?;
+            if let Some(peer) = self.sessions.get_mut(session) {
+                peer.mid = first_mid(&answer.sdp).unwrap_or_else(|| peer.mid.clone());
+            }
+            self.send_answer(session, answer.sdp);
+            return Ok(());
+        }
+        if self.sessions.len() >= MAX_SESSIONS {
+            return Err(PeerError::TooManySessions);
+        }
+        let generation = self.next_generation;
+        self.next_generation += 1;
+        let config = RTCConfiguration {
+            ice_servers: self
+                .ice_servers
+                .iter()
+                .map(|s| RTCIceServer {
+                    urls: s.urls.clone(),
+                    username: s.username.clone().unwrap_or_default(),
+                    credential: s.credential.clone().unwrap_or_default(),
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let pc = Arc::new(self.api.new_peer_connection(config).await?);
+        self.register_callbacks(&pc, session, generation);
+        let answer = match answer(&pc, description).await {
+            Ok(a) => a,
+            Err(e) => {
+                let _ = pc.close().await;
+                return Err(e);
+            }
+        };
+        let mid = first_mid(&answer.sdp).unwrap_or_else(|| "0".to_owned());
+        self.sessions.insert(
+            session.to_owned(),
+            PeerSession {
+                generation,
+                pc,
+                role,
+                mid,
+                ice_connected: false,
+                channel_open: false,
+                connected_sent: false,
+                task: None,
+            },
+        );
+        self.send_answer(session, answer.sdp);
+        Ok(())
+    }
+
+    fn register_callbacks(&self, pc: &Arc<RTCPeerConnection>, session: &str, generation: u64) {
+        let events = self.events_tx.clone();
+        let id = session.to_owned();
+        pc.on_ice_candidate(Box::new(move |candidate: Option<RTCIceCandidate>| {
+            let events = events.clone();
+            let session = id.clone();
+            Box::pin(async move {
+                if let Some(candidate) = candidate {
+                    let _ = events
+                        .send(PeerEvent::LocalCandidate {
+                            session,
+                            generation,
+                            candidate,
+                        })
+                        .await;
+                }
+            })
+        }));
+        let events = self.events_tx.clone();
+        let id = session.to_owned();
+        pc.on_ice_connection_state_change(Box::new(move |state: RTCIceConnectionState| {
+            let events = events.clone();
+            let session = id.clone();
+            Box::pin(async move {
+                let _ = events
+                    .send(PeerEvent::IceState {
+                        session,
+                        generation,
+                        state,
+                    })
+                    .await;
+            })
+        }));
+        let events = self.events_tx.clone();
+        let id = session.to_owned();
+        pc.on_peer_connection_state_change(Box::new(move |state: RTCPeerConnectionState| {
+            let events = events.clone();
+            let session = id.clone();
+            Box::pin(async move {
+                let _ = events
+                    .send(PeerEvent::PcState {
+                        session,
+                        generation,
+                        state,
+                    })
+                    .await;
+            })
+        }));
+        let events = self.events_tx.clone();
+        let id = session.to_owned();
+        pc.on_data_channel(Box::new(move |channel: Arc<RTCDataChannel>| {
+            let events = events.clone();
+            let session = id.clone();
+            Box::pin(async move {
+                if channel.label() != CONTROL_LABEL {
+                    tracing::debug!(%session, label = channel.label(), "ignoring data channel");
+                    return;
+                }
+                // Messages are queued from the start so none is lost between
+                // "open" and the session task taking over. The await in the
+                // handler is backpressure onto SCTP, not a drop.
+                let (in_tx, in_rx) = mpsc::channel::<String>(CHANNEL_CAPACITY);
+                channel.on_message(Box::new(move |message: DataChannelMessage| {
+                    let in_tx = in_tx.clone();
+                    Box::pin(async move {
+                        let text = if message.is_string {
+                            String::from_utf8_lossy(&message.data).into_owned()
+                        } else {
+                            // Binary frames are not part of the protocol; let
+                            // the parser answer INVALID_MESSAGE.
+                            String::from("binary frame")
+                        };
+                        let _ = in_tx.send(text).await;
+                    })
+                }));
+                let incoming = Arc::new(Mutex::new(Some(in_rx)));
+                let open_events = events.clone();
+                let open_session = session.clone();
+                let open_channel = channel.clone();
+                channel.on_open(Box::new(move || {
+                    let incoming = incoming.lock().ok().and_then(|mut i| i.take());
+                    Box::pin(async move {
+                        if let Some(incoming) = incoming {
+                            let _ = open_events
+                                .send(PeerEvent::ChannelOpen {
+                                    session: open_session,
+                                    generation,
+                                    channel: open_channel,
+                                    incoming,
+                                })
+                                .await;
+                        }
+                    })
+                }));
+                let close_events = events.clone();
+                channel.on_close(Box::new(move || {
+                    let events = close_events.clone();
+                    let session = session.clone();
+                    Box::pin(async move {
+                        let _ = events
+                            .send(PeerEvent::ChannelClosed {
+                                session,
+                                generation,
+                            })
+                            .await;
+                    })
+                }));
+            })
+        }));
+    }
+
+    async fn event(&mut self, event: PeerEvent) {
+        let (session, generation) = match &event {
+            PeerEvent::LocalCandidate {
+                session,
+                generation,
+                ..
+            }
+            | PeerEvent::IceState {
+                session,
+                generation,
+                ..
+            }
+            | PeerEvent::PcState {
+                session,
+                generation,
+                ..
+            }
+            | PeerEvent::ChannelOpen {
+                session,
+                generation,
+                ..
+            }
+            | PeerEvent::ChannelClosed {
+                session,
+                generation,
+            } => (session.clone(), *generation),
+        };
+        let Some(peer) = self
+            .sessions
+            .get_mut(&session)
+            .filter(|p| p.generation == generation)
+        else {
+            return; // a late callback of a peer that is gone
+        };
+        match event {
+            PeerEvent::LocalCandidate { candidate, .. } => {
+                let Ok(init) = candidate.to_json() else {
+                    return;
+                };
+                let payload = IceCandidatePayload {
+                    connection_id: session.clone(),
+                    candidate: init.candidate,
+                    sdp_mid: peer.mid.clone(),
+                    sdp_m_line_index: 0,
+                    username_fragment: None,
+                };
+                self.send(Signalling::IceCandidate(payload));
+            }
+            PeerEvent::IceState { state, .. } => {
+                tracing::debug!(%session, %state, "ICE state");
+                match state {
+                    RTCIceConnectionState::Connected | RTCIceConnectionState::Completed => {
+                        peer.ice_connected = true;
+                        self.maybe_connected(&session);
+                    }
+                    RTCIceConnectionState::Disconnected => {
+                        // Transient maybe, but the robot must not keep
+                        // driving blind: stop now, keep the session.
+                        peer.ice_connected = false;
+                        self.shared
+                            .controller
+                            .interrupted(&session, StopReason::PeerDisconnected)
+                            .await;
+                    }
+                    _ => {}
+                }
+            }
+            PeerEvent::PcState { state, .. } => {
+                tracing::info!(%session, %state, "peer connection state");
+                match state {
+                    RTCPeerConnectionState::Failed => {
+                        self.teardown(
+                            &session,
+                            StopReason::PeerDisconnected,
+                            Some(DisconnectReason::Failed),
+                        )
+                        .await;
+                    }
+                    RTCPeerConnectionState::Closed => {
+                        self.teardown(
+                            &session,
+                            StopReason::PeerDisconnected,
+                            Some(DisconnectReason::Closed),
+                        )
+                        .await;
+                    }
+                    _ => {}
+                }
+            }
+            PeerEvent::ChannelOpen {
+                channel, incoming, ..
+            } => {
+                peer.channel_open = true;
+                let (outbox_tx, outbox_rx) = mpsc::channel(CHANNEL_CAPACITY);
+                self.shared
+                    .controller
+                    .attach(&session, outbox_tx.clone())
+                    .await;
+                let worker = Session::new(session.clone(), peer.role, self.shared.clone());
+                peer.task = Some(tokio::spawn(channel_task(
+                    worker, channel, incoming, outbox_rx,
+                )));
+                let _ = outbox_tx.try_send(messages::capabilities());
+                self.maybe_connected(&session);
+            }
+            PeerEvent::ChannelClosed { .. } => {
+                self.teardown(
+                    &session,
+                    StopReason::SessionEnded,
+                    Some(DisconnectReason::Closed),
+                )
+                .await;
+            }
+        }
+    }
+
+    fn maybe_connected(&mut self, session: &str) {
+        let Some(peer) = self.sessions.get_mut(session) else {
+            return;
+        };
+        if peer.ice_connected && peer.channel_open && !peer.connected_sent {
+            peer.connected_sent = true;
+            tracing::info!(%session, "session connected");
+            self.send(Signalling::Connected(ConnectedPayload {
+                connection_id: session.to_owned(),
+                ice_connection_state: ConnectedIceState::Connected,
+                data_channel_state: Some(DataChannelState::Open),
+            }));
+        }
+    }
+
+    /// Ends a session: stops its channel task, tells the controller (which
+    /// stops the robot if this session was driving), closes the peer, and
+    /// reports `disconnected` unless the server told us.
+    async fn teardown(
+        &mut self,
+        session: &str,
+        stop: StopReason,
+        report: Option<DisconnectReason>,
+    ) {
+        let Some(peer) = self.sessions.remove(session) else {
+            return;
+        };
+        tracing::info!(%session, reason = stop.as_str(), "session ended");
+        if let Some(task) = peer.task {
+            task.abort();
+        }
+        self.shared.controller.detach(session, stop).await;
+        // Closing waits for ICE/DTLS/SCTP to wind down; do not hold up other
+        // sessions for it.
+        let pc = peer.pc;
+        tokio::spawn(async move {
+            if let Err(e) = pc.close().await {
+                tracing::debug!(error = %e, "closing peer connection");
+            }
+        });
+        if let Some(reason) = report {
+            self.send_disconnected(session, reason, None);
+        }
+    }
+
+    fn send_answer(&self, session: &str, sdp: String) {
+        self.send(Signalling::Answer(AnswerPayload {
+            connection_id: session.to_owned(),
+            sdp_type: AnswerSdpType::Answer,
+            sdp,
+        }));
+    }
+
+    fn send_disconnected(&self, session: &str, reason: DisconnectReason, error: Option<String>) {
+        let details =
+            error.map(|e| messages::details("error", &[("error", serde_json::Value::String(e))]));
+        self.send(Signalling::Disconnected(DisconnectedPayload {
+            connection_id: session.to_owned(),
+            reason,
+            ice_connection_state: None,
+            details,
+        }));
+    }
+
+    fn send(&self, message: Signalling) {
+        let envelope = Envelope::from_body(message, PROTOCOL_VERSION);
+        if self.signalling.try_send(envelope).is_err() {
+            tracing::warn!("signalling queue full or closed; message dropped");
+        }
+    }
+}
+
+/// Applies the offer and returns the (local) answer. Media m-lines we have
+/// nothing to send on are made inactive.
+async fn answer(
+    pc: &RTCPeerConnection,
+    offer: RTCSessionDescription,
+) -> Result<RTCSessionDescription, PeerError> {
+    pc.set_remote_description(offer).await?;
+    for transceiver in pc.get_transceivers().await {
+        let has_track = transceiver.sender().await.track().await.is_some();
+        if !has_track {
+            transceiver
+                .set_direction(RTCRtpTransceiverDirection::Inactive)
+                .await;
+        }
+    }
+    let answer = pc.create_answer(None).await?;
+    pc.set_local_description(answer).await?;
+    pc.local_description()
+        .await
+        .ok_or(PeerError::NoLocalDescription)
+}
+
+fn first_mid(sdp: &str) -> Option<String> {
+    sdp.lines()
+        .find_map(|l| l.trim().strip_prefix("a=mid:"))
+        .map(str::to_owned)
+}
+
+/// Pumps one session's data channel: requests in, replies and controller
+/// messages out, in order.
+async fn channel_task(
+    mut session: Session,
+    channel: Arc<RTCDataChannel>,
+    mut incoming: mpsc::Receiver<String>,
+    mut outbox: mpsc::Receiver<Envelope>,
+) {
+    loop {
+        let outgoing = tokio::select! {
+            text = incoming.recv() => match text {
+                Some(text) => session.handle_text(&text).await,
+                None => break,
+            },
+            message = outbox.recv() => match message {
+                Some(m) => vec![m],
+                None => break,
+            },
+        };
+        for message in outgoing {
+            if let Err(e) = channel.send_text(message.to_json()).await {
+                tracing::debug!(session = %session.id(), error = %e, "data channel send failed");
+                return;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "peer_tests.rs"]
+mod tests;

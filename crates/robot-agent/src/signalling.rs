@@ -1,0 +1,428 @@
+//! The signalling client: connects to the server's WebSocket, registers,
+//! proves the robot's identity (signs the PKI challenge), and then relays
+//! session messages between the server and the peer manager.
+//!
+//! It reconnects forever with exponential backoff and jitter, and registers
+//! again after every reconnect. The peer manager is told when the robot goes
+//! online (with the ICE servers to use) and when the connection is lost.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine as _;
+use futures_util::{SinkExt, StreamExt};
+use ring::rand::{SecureRandom, SystemRandom};
+use serde_json::{Map, Value};
+use signalling_protocol::{
+    Body, Envelope, IceCandidatePayload, IceServer, PkiResponsePayload, RegisterPayload,
+    Signalling, PROTOCOL_VERSION,
+};
+use tokio::sync::mpsc;
+use tokio_tungstenite::tungstenite::Message;
+
+use crate::config::ReconnectConfig;
+use crate::identity::{IdentityError, RobotKey};
+use crate::safety::Role;
+
+/// Capacity of the outbound queue (answers, candidates, state reports).
+pub const OUTBOUND_CAPACITY: usize = 256;
+/// Capacity of the inbound queue towards the peer manager.
+pub const INBOUND_CAPACITY: usize = 256;
+/// Bound of each login step (connect, welcome, challenge, verification).
+const STEP_TIMEOUT: Duration = Duration::from_secs(15);
+/// Keepalive: a `signalling.ping` this often...
+const PING_INTERVAL: Duration = Duration::from_secs(20);
+/// ...and the connection counts as dead after this long without any frame.
+const DEAD_AFTER: Duration = Duration::from_secs(60);
+
+#[derive(Debug, thiserror::Error)]
+pub enum SignallingError {
+    #[error("connect: {0}")]
+    Connect(String),
+    #[error("timed out waiting for {0}")]
+    Timeout(&'static str),
+    #[error("connection closed")]
+    Closed,
+    #[error("WebSocket: {0}")]
+    WebSocket(String),
+    #[error("server refused: {code}: {message}")]
+    Refused { code: String, message: String },
+    #[error("malformed challenge: {0}")]
+    Challenge(String),
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
+    #[error("TLS setup: {0}")]
+    Tls(String),
+    #[error("no message for {0:?}; connection presumed dead")]
+    Dead(Duration),
+}
+
+/// What the signalling client tells the peer manager.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Inbound {
+    /// Registered and verified; sessions may start.
+    Online {
+        ice_servers: Vec<IceServer>,
+    },
+    /// New ICE servers (e.g. TURN credentials in a later welcome).
+    IceServers(Vec<IceServer>),
+    Offer {
+        session: String,
+        sdp: String,
+        role: Role,
+        subject: Option<String>,
+    },
+    RemoteCandidate(IceCandidatePayload),
+    /// The client left (or the server ended the session).
+    Disconnected {
+        session: String,
+    },
+    /// The connection to the server is gone; all sessions are void.
+    Offline,
+}
+
+/// How to reach the server and who we are.
+#[derive(Clone)]
+pub struct SignallingOptions {
+    pub url: String,
+    pub robot_id: String,
+    pub key: Arc<RobotKey>,
+    /// PEM chain presented in `register.metadata.certificate`.
+    pub certificate: Option<String>,
+    pub reconnect: ReconnectConfig,
+    pub ca_file: Option<PathBuf>,
+}
+
+/// Starts the client task. Messages for the server go into the returned
+/// sender; they are dropped while offline (sessions die with the link).
+pub fn spawn(options: SignallingOptions, inbound: mpsc::Sender<Inbound>) -> mpsc::Sender<Envelope> {
+    let (out_tx, out_rx) = mpsc::channel(OUTBOUND_CAPACITY);
+    tokio::spawn(run(options, inbound, out_rx));
+    out_tx
+}
+
+async fn run(
+    options: SignallingOptions,
+    inbound: mpsc::Sender<Inbound>,
+    mut out_rx: mpsc::Receiver<Envelope>,
+) {
+    let connector = match tls_connector(options.ca_file.as_deref()) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot set up TLS; signalling disabled");
+            return;
+        }
+    };
+    let mut attempt: u32 = 0;
+    loop {
+        let mut online = false;
+        let result = connection(&options, &connector, &inbound, &mut out_rx, &mut online).await;
+        if inbound.is_closed() {
+            return;
+        }
+        match &result {
+            Err(SignallingError::Refused { code, message }) => {
+                tracing::error!(%code, %message, "server refused the robot's login");
+            }
+            Err(e) => tracing::warn!(error = %e, "signalling connection ended"),
+            Ok(()) => {}
+        }
+        if online {
+            // A verified session counts as success: start backing off anew.
+            attempt = 0;
+            if inbound.send(Inbound::Offline).await.is_err() {
+                return;
+            }
+        }
+        let delay = backoff_delay(&options.reconnect, attempt, random_unit());
+        attempt = attempt.saturating_add(1);
+        tracing::info!(
+            delay_ms = delay.as_millis() as u64,
+            "reconnecting to the signalling server"
+        );
+        let sleep = tokio::time::sleep(delay);
+        tokio::pin!(sleep);
+        loop {
+            tokio::select! {
+                _ = &mut sleep => break,
+                // Whatever was queued belongs to sessions that are gone.
+                message = out_rx.recv() => if message.is_none() { return },
+            }
+        }
+    }
+}
+
+/// Exponential backoff with "equal jitter": half the delay is fixed, half
+/// random, so a fleet that lost the server at once does not return at once.
+pub fn backoff_delay(config: &ReconnectConfig, attempt: u32, unit_random: f64) -> Duration {
+    let initial = config.initial().as_secs_f64();
+    let max = config.max().as_secs_f64();
+    let base = (initial * 2f64.powi(attempt.min(30) as i32)).min(max);
+    Duration::from_secs_f64(base / 2.0 + base / 2.0 * unit_random.clamp(0.0, 1.0))
+}
+
+fn random_unit() -> f64 {
+    let mut bytes = [0u8; 8];
+    if SystemRandom::new().fill(&mut bytes).is_err() {
+        return 0.5;
+    }
+    (u64::from_le_bytes(bytes) >> 11) as f64 / (1u64 << 53) as f64
+}
+
+fn tls_connector(
+    ca_file: Option<&std::path::Path>,
+) -> Result<tokio_tungstenite::Connector, SignallingError> {
+    let mut roots = rustls::RootCertStore::empty();
+    let native = rustls_native_certs::load_native_certs();
+    for cert in native.certs {
+        let _ = roots.add(cert);
+    }
+    if let Some(path) = ca_file {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| SignallingError::Tls(format!("{}: {e}", path.display())))?;
+        let blocks = pem::parse_many(&text)
+            .map_err(|e| SignallingError::Tls(format!("{}: {e}", path.display())))?;
+        for block in blocks.into_iter().filter(|b| b.tag() == "CERTIFICATE") {
+            roots
+                .add(rustls::pki_types::CertificateDer::from(
+                    block.into_contents(),
+                ))
+                .map_err(|e| SignallingError::Tls(format!("{}: {e}", path.display())))?;
+        }
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| SignallingError::Tls(e.to_string()))?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    Ok(tokio_tungstenite::Connector::Rustls(Arc::new(config)))
+}
+
+type Socket =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+async fn connection(
+    options: &SignallingOptions,
+    connector: &tokio_tungstenite::Connector,
+    inbound: &mpsc::Sender<Inbound>,
+    out_rx: &mut mpsc::Receiver<Envelope>,
+    online: &mut bool,
+) -> Result<(), SignallingError> {
+    let (mut ws, _) = tokio::time::timeout(
+        STEP_TIMEOUT,
+        tokio_tungstenite::connect_async_tls_with_config(
+            options.url.as_str(),
+            None,
+            false,
+            Some(connector.clone()),
+        ),
+    )
+    .await
+    .map_err(|_| SignallingError::Timeout("the connection"))?
+    .map_err(|e| SignallingError::Connect(e.to_string()))?;
+
+    let welcome = expect(&mut ws, "signalling.welcome").await?;
+    let mut ice_servers = match welcome {
+        Signalling::Welcome(w) => w.ice_servers.unwrap_or_default(),
+        _ => Vec::new(),
+    };
+
+    let mut metadata = Map::new();
+    metadata.insert(
+        "agentVersion".into(),
+        Value::String(env!("CARGO_PKG_VERSION").into()),
+    );
+    if let Some(chain) = &options.certificate {
+        metadata.insert("certificate".into(), Value::String(chain.clone()));
+    }
+    let register = Envelope::from_body(
+        Signalling::Register(RegisterPayload {
+            agent_id: options.robot_id.clone(),
+            capabilities: None,
+            metadata: Some(metadata),
+        }),
+        PROTOCOL_VERSION,
+    );
+    send(&mut ws, &register).await?;
+
+    // The challenge: sign the decoded bytes, answer with its id.
+    let (challenge_id, challenge) = loop {
+        let envelope = next_envelope(&mut ws, "the PKI challenge").await?;
+        match envelope.body() {
+            Ok(Body::Signalling(Signalling::PkiChallenge(c))) => break (envelope.id, c.challenge),
+            Ok(Body::Signalling(Signalling::Error(e))) => {
+                return Err(SignallingError::Refused {
+                    code: e.code.to_string(),
+                    message: e.message,
+                })
+            }
+            _ => tracing::debug!(kind = %envelope.kind, "ignored before the challenge"),
+        }
+    };
+    let bytes = STANDARD
+        .decode(challenge.trim())
+        .map_err(|e| SignallingError::Challenge(e.to_string()))?;
+    let signature = options.key.sign(&bytes)?;
+    let response = Envelope::from_body(
+        Signalling::PkiResponse(PkiResponsePayload {
+            signature: STANDARD.encode(signature),
+        }),
+        PROTOCOL_VERSION,
+    )
+    .with_correlation(challenge_id);
+    send(&mut ws, &response).await?;
+    loop {
+        let envelope = next_envelope(&mut ws, "verification").await?;
+        match envelope.body() {
+            Ok(Body::Signalling(Signalling::PkiVerified(_))) => break,
+            Ok(Body::Signalling(Signalling::Error(e))) => {
+                return Err(SignallingError::Refused {
+                    code: e.code.to_string(),
+                    message: e.message,
+                })
+            }
+            Ok(Body::Signalling(Signalling::Welcome(w))) => {
+                ice_servers = w.ice_servers.unwrap_or_default()
+            }
+            _ => tracing::debug!(kind = %envelope.kind, "ignored before verification"),
+        }
+    }
+    tracing::info!(robot = %options.robot_id, url = %options.url, "registered and verified");
+    *online = true;
+    if inbound.send(Inbound::Online { ice_servers }).await.is_err() {
+        return Ok(());
+    }
+
+    let mut ping = tokio::time::interval(PING_INTERVAL);
+    ping.reset();
+    let mut last_heard = tokio::time::Instant::now();
+    loop {
+        tokio::select! {
+            frame = ws.next() => {
+                let frame = match frame {
+                    None => return Err(SignallingError::Closed),
+                    Some(Err(e)) => return Err(SignallingError::WebSocket(e.to_string())),
+                    Some(Ok(frame)) => frame,
+                };
+                last_heard = tokio::time::Instant::now();
+                let text = match frame {
+                    Message::Text(text) => text,
+                    Message::Close(_) => return Err(SignallingError::Closed),
+                    _ => continue,
+                };
+                let Some(event) = dispatch(&text, &mut ws).await? else { continue };
+                if inbound.send(event).await.is_err() {
+                    return Ok(());
+                }
+            }
+            message = out_rx.recv() => {
+                let Some(message) = message else { return Ok(()) };
+                send(&mut ws, &message).await?;
+            }
+            _ = ping.tick() => {
+                if last_heard.elapsed() >= DEAD_AFTER {
+                    return Err(SignallingError::Dead(DEAD_AFTER));
+                }
+                send(&mut ws, &Envelope::from_body(Signalling::Ping, PROTOCOL_VERSION)).await?;
+            }
+        }
+    }
+}
+
+/// Turns a server message into an event for the peer manager.
+async fn dispatch(text: &str, ws: &mut Socket) -> Result<Option<Inbound>, SignallingError> {
+    let envelope = match Envelope::parse(text) {
+        Ok(e) => e,
+        Err(e) => {
+            tracing::warn!(error = %e, "unreadable message from the server");
+            return Ok(None);
+        }
+    };
+    let body = match envelope.body() {
+        Ok(Body::Signalling(s)) => s,
+        Ok(Body::Agent(_)) => return Ok(None),
+        Err(e) => {
+            tracing::warn!(kind = %envelope.kind, error = %e, "invalid message from the server");
+            return Ok(None);
+        }
+    };
+    Ok(match body {
+        Signalling::Offer(offer) => {
+            let session = envelope
+                .meta
+                .as_ref()
+                .and_then(|m| m.get("session"))
+                .and_then(Value::as_object);
+            let role = Role::parse(session.and_then(|s| s.get("role")).and_then(Value::as_str));
+            let subject = session
+                .and_then(|s| s.get("subject"))
+                .and_then(Value::as_str)
+                .map(str::to_owned);
+            Some(Inbound::Offer {
+                session: offer.connection_id,
+                sdp: offer.sdp,
+                role,
+                subject,
+            })
+        }
+        Signalling::IceCandidate(candidate) => Some(Inbound::RemoteCandidate(candidate)),
+        Signalling::Disconnected(d) => Some(Inbound::Disconnected {
+            session: d.connection_id,
+        }),
+        Signalling::Welcome(w) => Some(Inbound::IceServers(w.ice_servers.unwrap_or_default())),
+        Signalling::Ping => {
+            let pong = Envelope::from_body(Signalling::Pong, PROTOCOL_VERSION)
+                .with_correlation(envelope.id.clone());
+            send(ws, &pong).await?;
+            None
+        }
+        Signalling::Error(e) => {
+            tracing::warn!(code = %e.code, message = %e.message, correlation = ?envelope.correlation_id, "server reported an error");
+            None
+        }
+        _ => None,
+    })
+}
+
+async fn send(ws: &mut Socket, envelope: &Envelope) -> Result<(), SignallingError> {
+    ws.send(Message::Text(envelope.to_json().into()))
+        .await
+        .map_err(|e| SignallingError::WebSocket(e.to_string()))
+}
+
+async fn next_envelope(ws: &mut Socket, what: &'static str) -> Result<Envelope, SignallingError> {
+    let deadline = tokio::time::Instant::now() + STEP_TIMEOUT;
+    loop {
+        let frame = tokio::time::timeout_at(deadline, ws.next())
+            .await
+            .map_err(|_| SignallingError::Timeout(what))?;
+        match frame {
+            None | Some(Ok(Message::Close(_))) => return Err(SignallingError::Closed),
+            Some(Err(e)) => return Err(SignallingError::WebSocket(e.to_string())),
+            Some(Ok(Message::Text(text))) => match Envelope::parse(&text) {
+                Ok(envelope) => return Ok(envelope),
+                Err(e) => tracing::warn!(error = %e, "unreadable message from the server"),
+            },
+            Some(Ok(_)) => {}
+        }
+    }
+}
+
+async fn expect(ws: &mut Socket, kind: &'static str) -> Result<Signalling, SignallingError> {
+    loop {
+        let envelope = next_envelope(ws, kind).await?;
+        if envelope.kind == kind {
+            if let Ok(Body::Signalling(s)) = envelope.body() {
+                return Ok(s);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "signalling_tests.rs"]
+mod tests;

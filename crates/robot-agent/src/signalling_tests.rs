@@ -1,0 +1,286 @@
+//! The signalling client against a scripted server on 127.0.0.1:0. Every
+//! message the agent sends is validated against the spec.
+
+use ring::signature::{UnparsedPublicKey, ED25519};
+use serde_json::json;
+use signalling_protocol::schema::SchemaValidator;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_tungstenite::WebSocketStream;
+
+use super::*;
+use crate::identity::KeyType;
+use crate::testutil::WAIT;
+
+type Server = WebSocketStream<TcpStream>;
+
+fn server_message(kind: &str, payload: Option<Value>, correlation: Option<&str>) -> Message {
+    let mut m = json!({
+        "type": kind, "version": "0.5", "id": uuid::Uuid::new_v4().to_string(),
+        "timestamp": "2026-01-06T12:00:00Z",
+    });
+    if let Some(p) = payload {
+        m["payload"] = p;
+    }
+    if let Some(c) = correlation {
+        m["correlationId"] = json!(c);
+    }
+    Message::Text(m.to_string().into())
+}
+
+/// The next message from the agent, schema-checked.
+async fn recv(ws: &mut Server) -> Value {
+    loop {
+        let frame = tokio::time::timeout(WAIT, ws.next())
+            .await
+            .expect("message in time")
+            .expect("open")
+            .expect("frame");
+        if let Message::Text(text) = frame {
+            let value: Value = serde_json::from_str(&text).expect("JSON");
+            if let Err(e) = SchemaValidator::shared().validate(&value) {
+                panic!("agent sent a message that breaks the spec: {e}\n{value}");
+            }
+            return value;
+        }
+    }
+}
+
+async fn accept(listener: &TcpListener) -> Server {
+    let (tcp, _) = tokio::time::timeout(WAIT, listener.accept())
+        .await
+        .expect("agent connects in time")
+        .expect("accept");
+    tokio_tungstenite::accept_async(tcp).await.expect("upgrade")
+}
+
+/// welcome → register → challenge → response (verified here) → verified → welcome.
+async fn login(ws: &mut Server, key: &RobotKey) {
+    ws.send(server_message(
+        "signalling.welcome",
+        Some(json!({"connectionId": "c1", "iceServers": []})),
+        None,
+    ))
+    .await
+    .expect("send");
+    let register = recv(ws).await;
+    assert_eq!(register["type"], "signalling.register");
+    assert_eq!(register["payload"]["agentId"], "robot-1");
+    let challenge_bytes = [7u8; 32];
+    let challenge = server_message(
+        "signalling.pki_challenge",
+        Some(json!({"challenge": STANDARD.encode(challenge_bytes)})),
+        None,
+    );
+    let challenge_id = match &challenge {
+        Message::Text(t) => serde_json::from_str::<Value>(t).expect("json")["id"].clone(),
+        _ => unreachable!(),
+    };
+    ws.send(challenge).await.expect("send");
+    let response = recv(ws).await;
+    assert_eq!(response["type"], "signalling.pki_response");
+    assert_eq!(response["correlationId"], challenge_id);
+    let signature = STANDARD
+        .decode(
+            response["payload"]["signature"]
+                .as_str()
+                .expect("signature"),
+        )
+        .expect("base64");
+    let public = STANDARD.decode(key.enrollment_public_key()).expect("key");
+    UnparsedPublicKey::new(&ED25519, &public)
+        .verify(&challenge_bytes, &signature)
+        .expect("signature over the decoded challenge bytes");
+    let response_id = response["id"].as_str().expect("id").to_owned();
+    ws.send(server_message(
+        "signalling.pki_verified",
+        Some(json!({"agentId": "robot-1"})),
+        Some(&response_id),
+    ))
+    .await
+    .expect("send");
+}
+
+async fn next_inbound(rx: &mut mpsc::Receiver<Inbound>) -> Inbound {
+    tokio::time::timeout(WAIT, rx.recv())
+        .await
+        .expect("event in time")
+        .expect("event")
+}
+
+#[test]
+fn backoff_grows_with_jitter_and_is_capped() {
+    let config = ReconnectConfig {
+        initial_delay_ms: 100,
+        max_delay_ms: 1000,
+    };
+    assert_eq!(backoff_delay(&config, 0, 0.0), Duration::from_millis(50));
+    assert_eq!(backoff_delay(&config, 0, 1.0), Duration::from_millis(100));
+    assert_eq!(backoff_delay(&config, 2, 1.0), Duration::from_millis(400));
+    assert_eq!(backoff_delay(&config, 10, 0.0), Duration::from_millis(500));
+    assert_eq!(backoff_delay(&config, 10, 1.0), Duration::from_millis(1000));
+    let r = random_unit();
+    assert!((0.0..1.0).contains(&r));
+}
+
+#[tokio::test]
+async fn registers_relays_and_reregisters_after_reconnect() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let key = Arc::new(RobotKey::generate(KeyType::Ed25519).expect("key"));
+    let options = SignallingOptions {
+        url: format!("ws://{}/ws", listener.local_addr().expect("addr")),
+        robot_id: "robot-1".into(),
+        key: key.clone(),
+        certificate: Some("-----BEGIN CERTIFICATE-----\nAA==\n-----END CERTIFICATE-----\n".into()),
+        reconnect: ReconnectConfig {
+            initial_delay_ms: 10,
+            max_delay_ms: 50,
+        },
+        ca_file: None,
+    };
+    let (in_tx, mut in_rx) = mpsc::channel(16);
+    let out = spawn(options, in_tx);
+
+    let mut ws = accept(&listener).await;
+    login(&mut ws, &key).await;
+    assert_eq!(
+        next_inbound(&mut in_rx).await,
+        Inbound::Online {
+            ice_servers: vec![]
+        }
+    );
+    // The TURN-bearing second welcome updates the ICE servers.
+    ws.send(server_message(
+        "signalling.welcome",
+        Some(json!({"connectionId": "c1", "iceServers": [{"urls": ["turn:127.0.0.1:3478"], "username": "u", "credential": "p"}]})),
+        None,
+    ))
+    .await
+    .expect("send");
+    match next_inbound(&mut in_rx).await {
+        Inbound::IceServers(servers) => assert_eq!(servers[0].username.as_deref(), Some("u")),
+        other => panic!("unexpected {other:?}"),
+    }
+
+    // An offer carries the session's role from meta.session.
+    let mut offer = json!({
+        "type": "signalling.offer", "version": "0.5", "id": "o1", "timestamp": "2026-01-06T12:00:00Z",
+        "payload": {"robotId": "robot-1", "connectionId": "sess-1", "sdpType": "offer", "sdp": "v=0\r\n"},
+        "meta": {"session": {"subject": "alice", "role": "operator"}},
+    });
+    ws.send(Message::Text(offer.to_string().into()))
+        .await
+        .expect("send");
+    assert_eq!(
+        next_inbound(&mut in_rx).await,
+        Inbound::Offer {
+            session: "sess-1".into(),
+            sdp: "v=0\r\n".into(),
+            role: Role::Operator,
+            subject: Some("alice".into())
+        }
+    );
+    offer["meta"] = json!({});
+    ws.send(Message::Text(offer.to_string().into()))
+        .await
+        .expect("send");
+    match next_inbound(&mut in_rx).await {
+        Inbound::Offer { role, .. } => assert_eq!(role, Role::Viewer, "no role means viewer"),
+        other => panic!("unexpected {other:?}"),
+    }
+
+    ws.send(server_message(
+        "signalling.ice_candidate",
+        Some(json!({"connectionId": "sess-1", "candidate": "candidate:1 1 udp 1 127.0.0.1 9 typ host", "sdpMid": "0", "sdpMLineIndex": 0})),
+        None,
+    ))
+    .await
+    .expect("send");
+    assert!(
+        matches!(next_inbound(&mut in_rx).await, Inbound::RemoteCandidate(c) if c.connection_id == "sess-1")
+    );
+    ws.send(server_message(
+        "signalling.disconnected",
+        Some(json!({"connectionId": "sess-1", "reason": "closed"})),
+        None,
+    ))
+    .await
+    .expect("send");
+    assert_eq!(
+        next_inbound(&mut in_rx).await,
+        Inbound::Disconnected {
+            session: "sess-1".into()
+        }
+    );
+
+    // Server pings are answered; outbound messages are relayed.
+    ws.send(server_message("signalling.ping", None, None))
+        .await
+        .expect("send");
+    assert_eq!(recv(&mut ws).await["type"], "signalling.pong");
+    let answer = Envelope::from_body(
+        Signalling::Disconnected(signalling_protocol::DisconnectedPayload {
+            connection_id: "sess-1".into(),
+            reason: signalling_protocol::DisconnectReason::Closed,
+            ice_connection_state: None,
+            details: None,
+        }),
+        PROTOCOL_VERSION,
+    );
+    out.send(answer).await.expect("queue");
+    assert_eq!(recv(&mut ws).await["type"], "signalling.disconnected");
+
+    // The server goes away: offline, then a fresh login on the new socket.
+    drop(ws);
+    assert_eq!(next_inbound(&mut in_rx).await, Inbound::Offline);
+    let mut ws = accept(&listener).await;
+    login(&mut ws, &key).await;
+    assert_eq!(
+        next_inbound(&mut in_rx).await,
+        Inbound::Online {
+            ice_servers: vec![]
+        }
+    );
+}
+
+#[tokio::test]
+async fn refused_logins_are_retried() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let key = Arc::new(RobotKey::generate(KeyType::Ed25519).expect("key"));
+    let options = SignallingOptions {
+        url: format!("ws://{}/ws", listener.local_addr().expect("addr")),
+        robot_id: "robot-1".into(),
+        key: key.clone(),
+        certificate: None,
+        reconnect: ReconnectConfig {
+            initial_delay_ms: 10,
+            max_delay_ms: 20,
+        },
+        ca_file: None,
+    };
+    let (in_tx, mut in_rx) = mpsc::channel(16);
+    let _out = spawn(options, in_tx);
+    let mut ws = accept(&listener).await;
+    ws.send(server_message(
+        "signalling.welcome",
+        Some(json!({"connectionId": "c1"})),
+        None,
+    ))
+    .await
+    .expect("send");
+    let register = recv(&mut ws).await;
+    assert!(register["payload"]["metadata"].get("certificate").is_none());
+    ws.send(server_message(
+        "signalling.error",
+        Some(json!({"code": "UNAUTHORIZED", "message": "unknown robot"})),
+        register["id"].as_str(),
+    ))
+    .await
+    .expect("send");
+    // It comes back and logs in properly.
+    let mut ws = accept(&listener).await;
+    login(&mut ws, &key).await;
+    assert!(matches!(
+        next_inbound(&mut in_rx).await,
+        Inbound::Online { .. }
+    ));
+}

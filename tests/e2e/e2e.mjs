@@ -1,0 +1,462 @@
+// End-to-end test: the real signalling-server, the real robot-agent with a
+// recording exec driver, and headless Chromium as the teleop client.
+// Runs inside a loopback-only network namespace (see run.sh). Every message
+// the agent sends to the browser is validated against the spec's schemas.
+//
+// No sleeps are used as synchronisation: every wait polls for a condition
+// with a bounded deadline.
+
+import { spawn } from 'node:child_process';
+import { mkdtempSync, readFileSync, writeFileSync, existsSync, readdirSync, statSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join, dirname, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { chromium } from 'playwright-core';
+import Ajv2020 from 'ajv/dist/2020.js';
+import addFormats from 'ajv-formats';
+
+const HERE = dirname(fileURLToPath(import.meta.url));
+const ROOT = resolve(HERE, '../..');
+const BIN = process.env.E2E_BIN_DIR || join(ROOT, 'target', 'debug');
+const SERVER_BIN = process.env.SERVER_BIN || join(BIN, 'signalling-server');
+const AGENT_BIN = process.env.AGENT_BIN || join(BIN, 'robot-agent');
+const PORT = 18080;
+const HTTP = `http://127.0.0.1:${PORT}`;
+const WS = `ws://127.0.0.1:${PORT}/ws`;
+const ADMIN = 'e2e-admin-token';
+const ROBOT = 'e2e-robot';
+const WAIT_MS = 15000;
+
+const work = mkdtempSync(join(tmpdir(), 'robot-agent-e2e-'));
+const driverLog = join(work, 'driver.jsonl');
+const children = [];
+let passed = 0;
+let failed = 0;
+const figures = {};
+
+// ---------- helpers ----------
+
+function log(...args) {
+  console.log(`[e2e ${new Date().toISOString().slice(11, 23)}]`, ...args);
+}
+
+async function waitFor(what, fn, timeoutMs = WAIT_MS, everyMs = 25) {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    let value;
+    try { value = await fn(); } catch { value = undefined; }
+    if (value) return value;
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, everyMs));
+  }
+}
+
+async function check(name, fn) {
+  const started = Date.now();
+  try {
+    await fn();
+    passed += 1;
+    log(`ok   ${name} (${Date.now() - started} ms)`);
+  } catch (e) {
+    failed += 1;
+    log(`FAIL ${name}: ${e.stack || e}`);
+    throw e;
+  }
+}
+
+function assert(cond, message) {
+  if (!cond) throw new Error(`assertion failed: ${message}`);
+}
+
+function start(name, cmd, args, env = {}) {
+  const child = spawn(cmd, args, {
+    env: { ...process.env, RUST_LOG: process.env.RUST_LOG || 'info', ...env },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  const out = join(work, `${name}.log`);
+  const sink = (chunk) => { writeFileSync(out, chunk, { flag: 'a' }); };
+  child.stdout.on('data', sink);
+  child.stderr.on('data', sink);
+  child.logFile = out;
+  children.push(child);
+  return child;
+}
+
+function stop(child) {
+  return new Promise((resolveStop) => {
+    if (child.exitCode !== null || child.signalCode !== null) return resolveStop();
+    child.once('exit', () => resolveStop());
+    child.kill('SIGTERM');
+  });
+}
+
+async function api(method, path, body, token = ADMIN) {
+  const response = await fetch(`${HTTP}${path}`, {
+    method,
+    headers: { 'content-type': 'application/json', ...(token ? { authorization: `Bearer ${token}` } : {}) },
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  const text = await response.text();
+  return { status: response.status, body: text ? JSON.parse(text) : null };
+}
+
+function driverMessages() {
+  if (!existsSync(driverLog)) return [];
+  return readFileSync(driverLog, 'utf8').split('\n').filter(Boolean).map((l) => JSON.parse(l));
+}
+
+function run(cmd, args) {
+  return new Promise((resolveRun, reject) => {
+    const child = spawn(cmd, args, { stdio: ['ignore', 'pipe', 'pipe'] });
+    let output = '';
+    child.stdout.on('data', (d) => { output += d; });
+    child.stderr.on('data', (d) => { output += d; });
+    child.on('exit', (code) => (code === 0 ? resolveRun(output) : reject(new Error(`${cmd} exited ${code}: ${output}`))));
+  });
+}
+
+// ---------- schema validation ----------
+
+function loadSchemas() {
+  const ajv = new Ajv2020({ strict: false, allErrors: true });
+  addFormats(ajv);
+  const base = join(ROOT, 'crates', 'protocol', 'spec', 'schemas');
+  const byType = {};
+  const walk = (dir) => {
+    for (const entry of readdirSync(dir)) {
+      const path = join(dir, entry);
+      if (statSync(path).isDirectory()) { walk(path); continue; }
+      if (!entry.endsWith('.json') || entry === 'index.json' || entry.includes('supported.keys')) continue;
+      const schema = JSON.parse(readFileSync(path, 'utf8'));
+      ajv.addSchema(schema);
+      const rel = path.slice(base.length + 1).replace(/\.json$/, '').split('/');
+      // agent/v0/location/create -> agent.location.create
+      const type = [rel[0], ...rel.slice(2)].join('.');
+      byType[type] = schema.$id;
+    }
+  };
+  walk(base);
+  return (message) => {
+    const id = byType[message.type];
+    if (!id) throw new Error(`no schema for ${message.type}`);
+    const validate = ajv.getSchema(id);
+    if (!validate(message)) {
+      throw new Error(`${message.type} breaks the spec: ${JSON.stringify(validate.errors)}\n${JSON.stringify(message)}`);
+    }
+  };
+}
+
+// ---------- browser side (runs in Chromium) ----------
+
+const PAGE_SCRIPT = `
+window.robotClient = (() => {
+  const state = { ws: null, pc: null, dc: null, inbox: [], signals: [], setupMs: null, answerSdp: null };
+  const envelope = (type, payload, correlationId) => {
+    const m = { type, version: '0.5', id: crypto.randomUUID(), timestamp: new Date().toISOString() };
+    if (payload !== undefined) m.payload = payload;
+    if (correlationId) m.correlationId = correlationId;
+    return m;
+  };
+  async function connect(wsUrl, token, robotId, sessionId) {
+    const ws = new WebSocket(wsUrl + '?token=' + encodeURIComponent(token));
+    state.ws = ws;
+    await new Promise((ok, fail) => {
+      ws.onmessage = (e) => { const m = JSON.parse(e.data); if (m.type === 'signalling.welcome') ok(); };
+      ws.onerror = () => fail(new Error('websocket error'));
+    });
+    const pc = new RTCPeerConnection({ iceServers: [] });
+    state.pc = pc;
+    const dc = pc.createDataChannel('control');
+    state.dc = dc;
+    pc.addTransceiver('video', { direction: 'recvonly' });
+    dc.onmessage = (e) => state.inbox.push(JSON.parse(e.data));
+    pc.onicecandidate = (e) => {
+      if (!e.candidate || !e.candidate.candidate) return;
+      ws.send(JSON.stringify(envelope('signalling.ice_candidate', {
+        connectionId: sessionId, candidate: e.candidate.candidate,
+        sdpMid: e.candidate.sdpMid ?? '0', sdpMLineIndex: e.candidate.sdpMLineIndex ?? 0,
+      })));
+    };
+    const opened = new Promise((ok) => { dc.onopen = ok; });
+    ws.onmessage = async (e) => {
+      const m = JSON.parse(e.data);
+      state.signals.push(m);
+      if (m.type === 'signalling.answer' && m.payload.connectionId === sessionId) {
+        state.answerSdp = m.payload.sdp;
+        await pc.setRemoteDescription({ type: 'answer', sdp: m.payload.sdp });
+      } else if (m.type === 'signalling.ice_candidate' && m.payload.connectionId === sessionId) {
+        await pc.addIceCandidate({ candidate: m.payload.candidate, sdpMid: m.payload.sdpMid, sdpMLineIndex: m.payload.sdpMLineIndex });
+      }
+    };
+    const offer = await pc.createOffer();
+    await pc.setLocalDescription(offer);
+    const t0 = performance.now();
+    ws.send(JSON.stringify(envelope('signalling.offer', { robotId, connectionId: sessionId, sdpType: 'offer', sdp: pc.localDescription.sdp })));
+    await Promise.race([opened, new Promise((_, fail) => setTimeout(() => fail(new Error('data channel did not open: ' + JSON.stringify(state.signals.filter(s => s.type === 'signalling.error')))), 15000))]);
+    state.setupMs = performance.now() - t0;
+    return { setupMs: state.setupMs, answerSdp: state.answerSdp };
+  }
+  function send(type, payload, correlationId) {
+    const m = envelope(type, payload, correlationId);
+    state.dc.send(JSON.stringify(m));
+    return m.id;
+  }
+  function take() { const all = state.inbox; state.inbox = []; return all; }
+  function signals() { return state.signals.map((s) => s.type + ':' + JSON.stringify(s.payload)); }
+  function close() { try { state.pc.close(); } catch {} try { state.ws.close(); } catch {} }
+  return { connect, send, take, signals, close, state };
+})();
+`;
+
+class Client {
+  constructor(page, name, validate) {
+    this.page = page;
+    this.name = name;
+    this.validate = validate;
+    this.received = [];
+  }
+
+  async connect(token, sessionId) {
+    return this.page.evaluate(
+      ([ws, token, robot, session]) => window.robotClient.connect(ws, token, robot, session),
+      [WS, token, ROBOT, sessionId],
+    );
+  }
+
+  send(type, payload, correlationId) {
+    return this.page.evaluate(([t, p, c]) => window.robotClient.send(t, p, c), [type, payload, correlationId]);
+  }
+
+  async pull() {
+    const fresh = await this.page.evaluate(() => window.robotClient.take());
+    for (const m of fresh) this.validate(m);
+    this.received.push(...fresh);
+  }
+
+  /** The first not-yet-consumed message matching `pred`. */
+  async expect(what, pred, timeoutMs = WAIT_MS) {
+    return waitFor(`${this.name}: ${what}`, async () => {
+      await this.pull();
+      const i = this.received.findIndex(pred);
+      if (i < 0) return undefined;
+      return this.received.splice(i, 1)[0];
+    }, timeoutMs);
+  }
+}
+
+// ---------- the test ----------
+
+async function main() {
+  const validate = loadSchemas();
+  const dbUrl = `sqlite://${join(work, 'server.db')}`;
+  // A development CA, so the server can sign a robot's CSR.
+  const caDir = join(work, 'ca');
+  await run(SERVER_BIN, ['pki', 'init-ca', '--out', caDir]);
+  const serverArgs = ['--listen', `127.0.0.1:${PORT}`, '--admin-token', ADMIN, '--database-url', dbUrl,
+    '--ca-cert', join(caDir, 'ca.pem'), '--ca-key', join(caDir, 'ca.key')];
+  let server = start('server', SERVER_BIN, serverArgs);
+  await waitFor('server health', async () => (await fetch(`${HTTP}/healthz`)).ok);
+
+  const configDir = join(work, 'agent');
+  await check('robot enrolls with an Ed25519 key', async () => {
+    const created = await api('POST', '/v1/robots', { robotId: ROBOT });
+    assert(created.status === 201, JSON.stringify(created));
+    await run(AGENT_BIN, ['--config-dir', configDir, 'enroll', '--server', HTTP,
+      '--robot-id', ROBOT, '--token', created.body.enrollmentToken]);
+    const mode = statSync(join(configDir, 'agent.key')).mode & 0o777;
+    assert(mode === 0o600, `key mode ${mode.toString(8)}`);
+  });
+
+  writeFileSync(join(configDir, 'agent.toml'), [
+    `server = "${WS}"`,
+    `robot_id = "${ROBOT}"`,
+    `driver = "exec:python3 ${join(HERE, 'driver.py')} ${driverLog}"`,
+    'include_loopback_candidates = true',
+    '[safety]',
+    'max_linear_speed = 0.5',
+    'max_angular_speed = 1.0',
+    'watchdog_ms = 300',
+    '[reconnect]',
+    'initial_delay_ms = 200',
+    'max_delay_ms = 1000',
+    '',
+  ].join('\n'));
+  const agent = start('agent', AGENT_BIN, ['--config-dir', configDir, 'run']);
+
+  await check('agent registers, proves its key and comes online', async () => {
+    await waitFor('robot online', async () => (await api('GET', `/v1/robots/${ROBOT}`)).body?.online === true);
+    await waitFor('driver ready', () => driverMessages().some((m) => m.method === 'stop' && m.params.reason === 'driver_started'));
+  });
+
+  await check('a second robot enrolls a P-256 key by CSR and logs in with its certificate', async () => {
+    const robot = 'e2e-robot-x509';
+    const created = await api('POST', '/v1/robots', { robotId: robot });
+    assert(created.status === 201, JSON.stringify(created));
+    const dir = join(work, 'agent-x509');
+    await run(AGENT_BIN, ['--config-dir', dir, 'enroll', '--server', HTTP, '--robot-id', robot,
+      '--token', created.body.enrollmentToken, '--key-type', 'p256', '--csr']);
+    const mode = statSync(join(dir, 'agent.crt')).mode & 0o777;
+    assert(mode === 0o600, `certificate mode ${mode.toString(8)}`);
+    start('agent-x509', AGENT_BIN, ['--config-dir', dir, 'run', '--driver', 'sim']);
+    const info = await waitFor('x509 robot online', async () => {
+      const r = (await api('GET', `/v1/robots/${robot}`)).body;
+      return r?.online === true ? r : undefined;
+    });
+    assert(info.credential === 'x509', `credential ${info.credential}`);
+  });
+
+  for (const [subject, role] of [['alice', 'operator'], ['bob', 'viewer']]) {
+    const granted = await api('PUT', `/v1/robots/${ROBOT}/grants/${subject}`, { role });
+    assert(granted.status === 200, JSON.stringify(granted));
+  }
+  const tokenFor = async (subject) => (await api('POST', '/v1/tokens', { subject })).body.token;
+
+  // A fresh profile per run; playwright takes it as the persistent
+  // context's directory (it refuses --user-data-dir in args).
+  const browser = await chromium.launchPersistentContext(join(work, 'chromium-profile'), {
+    executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
+    headless: true,
+    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+      '--disable-background-networking', '--disable-component-update', '--disable-sync',
+      '--allow-loopback-in-peer-connection', '--disable-features=WebRtcHideLocalIpsWithMdns'],
+  });
+  const newClient = async (name) => {
+    const page = await browser.newPage();
+    page.on('console', (m) => {
+      if (m.type() === 'error' && !m.text().startsWith('Failed to load resource')) log(`${name} console: ${m.text()}`);
+    });
+    // A page on the server's own (loopback) origin: Chromium's local
+    // network access checks block about:blank from reaching 127.0.0.1.
+    await page.goto(`${HTTP}/healthz`);
+    await page.evaluate(PAGE_SCRIPT);
+    return new Client(page, name, validate);
+  };
+
+  try {
+    const alice = await newClient('alice');
+    await check('operator session: offer with control channel + recvonly video, data channel opens', async () => {
+      const { setupMs, answerSdp } = await alice.connect(await tokenFor('alice'), 'e2e-session-alice');
+      figures.setupMs = setupMs;
+      const video = answerSdp.split('m=').find((m) => m.startsWith('video'));
+      assert(video && /a=inactive/.test(video), 'video m-line answered inactive');
+      const caps = await alice.expect('agent.capabilities', (m) => m.type === 'agent.capabilities');
+      assert(caps.payload.versions.includes('0.5'), 'capabilities list 0.5');
+    });
+
+    await check('ping/pong over the data channel', async () => {
+      const id = await alice.send('agent.ping');
+      await alice.expect('pong', (m) => m.type === 'agent.pong' && m.correlationId === id);
+    });
+
+    await check('movement reaches the driver scaled, then the watchdog stops it', async () => {
+      const before = driverMessages().length;
+      for (let i = 0; i < 5; i++) {
+        await alice.send('agent.movement', { forward: 0.5, turn: -0.5 });
+      }
+      const moves = await waitFor('move at the driver', () => {
+        const fresh = driverMessages().slice(before).filter((m) => m.method === 'move');
+        return fresh.length ? fresh : undefined;
+      });
+      assert(moves[0].params.linear === 0.25, `linear ${moves[0].params.linear} = 0.5 * 0.5 m/s`);
+      assert(moves[0].params.angular === -0.5, `angular ${moves[0].params.angular} = -0.5 * 1.0 rad/s`);
+      const stopMsg = await waitFor('watchdog stop', () => driverMessages().slice(before)
+        .find((m) => m.method === 'stop' && m.params.reason === 'watchdog'));
+      const lastMove = driverMessages().slice(before).filter((m) => m.method === 'move').pop();
+      figures.watchdogMs = Math.round((stopMsg.t - lastMove.t) * 1000);
+      assert(figures.watchdogMs >= 250 && figures.watchdogMs < 1000, `watchdog after ${figures.watchdogMs} ms`);
+    });
+
+    await check('location create and list', async () => {
+      const location = { name: 'dock', position: { x: 0.5, y: 0.0 }, orientation: { yaw: 0.0 } };
+      const id = await alice.send('agent.location.create', location);
+      const created = await alice.expect('create response', (m) => m.correlationId === id);
+      assert(created.type === 'agent.location.response' && created.payload.operation === 'create', JSON.stringify(created));
+      const listId = await alice.send('agent.location.list', {});
+      const list = await alice.expect('list response', (m) => m.correlationId === listId);
+      assert(list.payload.locations.some((l) => l.name === 'dock' && l.position.x === 0.5), JSON.stringify(list));
+    });
+
+    await check('navigation reports started then completed', async () => {
+      const id = await alice.send('agent.navigation.start', { name: 'dock' });
+      const started = await alice.expect('started', (m) => m.correlationId === id && m.payload?.status === 'started');
+      assert(started.type === 'agent.navigation.response' && started.payload.name === 'dock', JSON.stringify(started));
+      await alice.expect('completed', (m) => m.correlationId === id && m.payload?.status === 'completed');
+      const goal = driverMessages().find((m) => m.method === 'navigate');
+      assert(goal && goal.params.position.x === 0.5, `driver got the goal: ${JSON.stringify(goal)}`);
+    });
+
+    const bob = await newClient('bob');
+    await check('a viewer session runs alongside and its movement is refused', async () => {
+      await bob.connect(await tokenFor('bob'), 'e2e-session-bob');
+      await bob.expect('capabilities', (m) => m.type === 'agent.capabilities');
+      const before = driverMessages().filter((m) => m.method === 'move').length;
+      const id = await bob.send('agent.movement', { forward: 1.0, turn: 0.0 });
+      const refused = await bob.expect('refusal', (m) => m.correlationId === id);
+      assert(refused.type === 'agent.error' && refused.payload.code === 'MOVEMENT_FAILED', JSON.stringify(refused));
+      assert(refused.payload.details.reason === 'forbidden', JSON.stringify(refused));
+      // The operator's session still works at the same time.
+      const ping = await alice.send('agent.ping');
+      await alice.expect('pong', (m) => m.type === 'agent.pong' && m.correlationId === ping);
+      const after = driverMessages().filter((m) => m.method === 'move').length;
+      assert(after === before, 'no movement reached the driver');
+    });
+
+    await check('agent reconnects and re-registers after a server restart', async () => {
+      const logBefore = driverMessages().length;
+      await stop(server);
+      await waitFor('robot stopped on signalling loss', () => driverMessages().slice(logBefore)
+        .some((m) => m.method === 'stop' && m.params.reason === 'signalling_lost'));
+      alice.page.evaluate(() => window.robotClient.close());
+      bob.page.evaluate(() => window.robotClient.close());
+      const agentLogBefore = readFileSync(agent.logFile, 'utf8').split('registered and verified').length;
+      server = start('server2', SERVER_BIN, serverArgs);
+      await waitFor('server health', async () => (await fetch(`${HTTP}/healthz`)).ok);
+      await waitFor('robot online again', async () => (await api('GET', `/v1/robots/${ROBOT}`)).body?.online === true);
+      // The server marks the robot online before the agent has read
+      // pki_verified, so wait for the agent's side too.
+      await waitFor('the agent logs its new verified login', () =>
+        readFileSync(agent.logFile, 'utf8').split('registered and verified').length > agentLogBefore);
+      // A fresh session works end to end after the reconnect.
+      const carol = await newClient('alice-again');
+      const { setupMs } = await carol.connect(await tokenFor('alice'), 'e2e-session-after-restart');
+      figures.setupAfterRestartMs = setupMs;
+      const id = await carol.send('agent.ping');
+      await carol.expect('pong', (m) => m.type === 'agent.pong' && m.correlationId === id);
+    });
+  } finally {
+    await browser.close();
+  }
+}
+
+const cleanup = async () => {
+  for (const child of children.reverse()) await stop(child);
+};
+
+try {
+  await main();
+} catch (e) {
+  if (failed === 0) {
+    failed += 1;
+    log(`FAIL setup: ${e.stack || e}`);
+  }
+  for (const c of children) {
+    if (c.logFile && existsSync(c.logFile)) {
+      log(`--- ${c.logFile} (tail) ---`);
+      console.log(readFileSync(c.logFile, 'utf8').split('\n').slice(-40).join('\n'));
+    }
+  }
+} finally {
+  await cleanup();
+}
+
+if (figures.setupMs !== undefined) {
+  console.log(`\nsession setup time (offer sent -> data channel open): ${figures.setupMs.toFixed(1)} ms`);
+}
+if (figures.setupAfterRestartMs !== undefined) {
+  console.log(`session setup time after agent reconnect: ${figures.setupAfterRestartMs.toFixed(1)} ms`);
+}
+if (figures.watchdogMs !== undefined) {
+  console.log(`watchdog stop after last movement command: ${figures.watchdogMs} ms (configured 300 ms)`);
+}
+console.log(`e2e: ${passed} passed, ${failed} failed`);
+process.exit(failed === 0 ? 0 : 1);
