@@ -134,7 +134,9 @@ impl Bus for LocalBus {
     }
 
     fn deliver(&self, to: &ConnId, message: Outbound) -> Result<(), DeliveryError> {
-        self.mailbox(to).ok_or(DeliveryError::Gone)?.send(message)
+        // try_send never blocks, so it can run under the lock (no mailbox clone per message).
+        let boxes = self.mailboxes.lock().map_err(|_| DeliveryError::Gone)?;
+        boxes.get(to).ok_or(DeliveryError::Gone)?.send(message)
     }
 
     fn kick(&self, conn: &ConnId, reason: Kick) {

@@ -41,11 +41,12 @@ struct ConnEntry {
 
 #[derive(Debug, Clone)]
 struct Session {
-    record_id: String,
+    /// Shared strings: every relayed message hands them out in its `Route`.
+    record_id: Arc<str>,
     robot_id: String,
     robot_conn: ConnId,
     client_conn: ConnId,
-    subject: String,
+    subject: Arc<str>,
     role: Role,
 }
 
@@ -80,10 +81,10 @@ pub enum SessionOpened {
 #[derive(Debug, Clone)]
 pub struct Route {
     pub target: ConnId,
-    pub record_id: String,
+    pub record_id: Arc<str>,
     /// The sender is the robot end of the session.
     pub from_robot: bool,
-    pub subject: String,
+    pub subject: Arc<str>,
     pub role: Role,
 }
 
@@ -209,7 +210,7 @@ impl Hub {
             if let Some(holder) = holder {
                 return Err(RelayError::RobotBusy {
                     robot_id: request.robot_id.to_string(),
-                    locked_by: holder.subject.clone(),
+                    locked_by: holder.subject.to_string(),
                 });
             }
         }
@@ -224,11 +225,11 @@ impl Hub {
         state.sessions.insert(
             session_id,
             Session {
-                record_id: record_id.clone(),
+                record_id: Arc::from(record_id.as_str()),
                 robot_id: request.robot_id.to_string(),
                 robot_conn: robot_conn.clone(),
                 client_conn: client_conn.clone(),
-                subject: request.subject.to_string(),
+                subject: Arc::from(request.subject),
                 role: request.role,
             },
         );
@@ -269,7 +270,7 @@ impl Hub {
             self.metrics.sessions_active.dec();
             EndedSession {
                 session_id: session_id.to_string(),
-                record_id: session.record_id,
+                record_id: session.record_id.to_string(),
                 notices: Vec::new(),
             }
         })
@@ -301,7 +302,7 @@ impl Hub {
                     let notice = messages::disconnected(&session_id, None);
                     ended.push(EndedSession {
                         session_id,
-                        record_id: session.record_id,
+                        record_id: session.record_id.to_string(),
                         notices: vec![(other, notice)],
                     });
                 }
@@ -390,7 +391,7 @@ impl Hub {
             let ids: Vec<String> = state
                 .sessions
                 .iter()
-                .filter(|(_, s)| s.robot_id == robot_id && s.subject == subject)
+                .filter(|(_, s)| s.robot_id == robot_id && &*s.subject == subject)
                 .map(|(id, _)| id.clone())
                 .collect();
             ids.into_iter()
@@ -399,7 +400,7 @@ impl Hub {
                     let text = messages::disconnected(&id, Some("grant_revoked"));
                     Some(EndedSession {
                         session_id: id,
-                        record_id: session.record_id,
+                        record_id: session.record_id.to_string(),
                         notices: vec![
                             (session.client_conn, text.clone()),
                             (session.robot_conn, text),

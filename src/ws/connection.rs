@@ -46,11 +46,16 @@ pub async fn run(state: SharedState, socket: WebSocket, client: Option<ClientIde
     let welcome = protocol.welcome();
     let mut open = sink.send(Message::Text(welcome.into())).await.is_ok();
 
+    // Futures that live across loop turns are made once: building a timer entry or a watch
+    // notification per message showed up in relay profiles.
+    let mut deadline = protocol.deadline(login_deadline);
+    let timer = sleep_until(timer_instant(&deadline));
+    tokio::pin!(timer);
+    let mut kick_watch = inbox.kick.clone();
+    let kicked = kick_watch.changed();
+    tokio::pin!(kicked);
+
     while open {
-        let deadline = protocol.deadline(login_deadline);
-        let wake_at = deadline
-            .as_ref()
-            .map(|(at, _)| tokio::time::Instant::from_std(*at));
         tokio::select! {
             biased;
             outbound = inbox.queue.recv() => match outbound {
@@ -59,7 +64,7 @@ pub async fn run(state: SharedState, socket: WebSocket, client: Option<ClientIde
                 }
                 None => open = false,
             },
-            _ = inbox.kick.changed() => {
+            _ = &mut kicked => {
                 let kick = *inbox.kick.borrow();
                 if let Some(kick) = kick {
                     // Deliver what was queued before the kick (e.g. disconnect notices).
@@ -130,6 +135,11 @@ pub async fn run(state: SharedState, socket: WebSocket, client: Option<ClientIde
                             open = false;
                         }
                     }
+                    let next = protocol.deadline(login_deadline);
+                    if next.as_ref().map(|(at, _)| *at) != deadline.as_ref().map(|(at, _)| *at) {
+                        timer.as_mut().reset(timer_instant(&next));
+                    }
+                    deadline = next;
                     let now_role = protocol.role_label();
                     if now_role != role {
                         state.metrics.connections.with_label_values(&[role]).dec();
@@ -146,8 +156,8 @@ pub async fn run(state: SharedState, socket: WebSocket, client: Option<ClientIde
                     open = sink.send(Message::Ping(Vec::new().into())).await.is_ok();
                 }
             }
-            _ = sleep_until(wake_at.unwrap_or_else(tokio::time::Instant::now)), if wake_at.is_some() => {
-                if let Some((_, error)) = deadline {
+            _ = &mut timer, if deadline.is_some() => {
+                if let Some((_, error)) = deadline.take() {
                     send_error(&state, &mut sink, &error, None).await;
                     let (code, reason) = error.close().unwrap_or((1008, "deadline"));
                     close(&mut sink, code, reason).await;
@@ -167,6 +177,15 @@ pub async fn run(state: SharedState, socket: WebSocket, client: Option<ClientIde
     state.hub.notify(&ended);
     if let Peer::Robot { robot_id } = &protocol.peer {
         tracing::info!(robot = %robot_id, conn = %conn, "robot disconnected");
+    }
+}
+
+/// When the deadline timer fires; far in the future when there is no deadline (the branch
+/// is disabled then anyway).
+fn timer_instant(deadline: &Option<(Instant, WsError)>) -> tokio::time::Instant {
+    match deadline {
+        Some((at, _)) => tokio::time::Instant::from_std(*at),
+        None => tokio::time::Instant::now() + Duration::from_secs(86_400 * 365),
     }
 }
 

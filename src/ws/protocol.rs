@@ -14,6 +14,9 @@ use crate::messages;
 use crate::relay::{ConnId, OpenSession, Outbound, SessionOpened};
 use crate::state::SharedState;
 
+/// Longest text considered as a legacy `{"type":"ready"}` greeting.
+const LEGACY_READY_MAX: usize = 256;
+
 /// What a relayed session message means for the session.
 enum Relay {
     Plain,
@@ -39,12 +42,18 @@ pub struct Protocol {
     pub state: SharedState,
     pub conn: ConnId,
     pub peer: Peer,
+    /// When a client's token expires, fixed at login.
+    token_deadline: Option<Instant>,
     /// Replies for this socket itself, written by the socket loop in order.
     pub replies: Vec<String>,
 }
 
 impl Protocol {
     pub fn new(state: SharedState, conn: ConnId, client: Option<ClientIdentity>) -> Protocol {
+        let token_deadline = client.as_ref().and_then(|c| c.expires_at).map(|at| {
+            let left = (at - crate::store::now_ms()).max(0) as u64;
+            Instant::now() + std::time::Duration::from_millis(left)
+        });
         let peer = match client {
             Some(identity) => Peer::Client(identity),
             None => Peer::Unverified { challenge: None },
@@ -53,6 +62,7 @@ impl Protocol {
             state,
             conn,
             peer,
+            token_deadline,
             replies: Vec::new(),
         }
     }
@@ -86,17 +96,8 @@ impl Protocol {
                 },
             )),
             Peer::Unverified { challenge: None } => Some((login_deadline, WsError::LoginTimeout)),
-            Peer::Client(ClientIdentity {
-                expires_at: Some(at),
-                ..
-            }) => {
-                let left = (*at - crate::store::now_ms()).max(0) as u64;
-                Some((
-                    Instant::now() + std::time::Duration::from_millis(left),
-                    WsError::TokenExpired,
-                ))
-            }
-            _ => None,
+            Peer::Client(_) => self.token_deadline.map(|at| (at, WsError::TokenExpired)),
+            Peer::Robot { .. } => None,
         }
     }
 
@@ -106,7 +107,9 @@ impl Protocol {
         text: &str,
         received: Instant,
     ) -> Result<(), (WsError, Option<String>)> {
-        if is_legacy_ready(text) {
+        // The legacy greeting is tiny; checking size first keeps a second JSON parse off
+        // the relay path.
+        if text.len() <= LEGACY_READY_MAX && is_legacy_ready(text) {
             let welcome = self.welcome();
             self.replies.push(welcome);
             return Ok(());
@@ -129,7 +132,7 @@ impl Protocol {
         match message {
             Signalling::Ping => self.replies.push(messages::pong(&envelope.id)),
             Signalling::Capabilities(_) => self.replies.push(messages::capabilities(&envelope.id)),
-            Signalling::Register(payload) => self.register(&envelope, payload).await?,
+            Signalling::Register(payload) => self.register(payload).await?,
             Signalling::PkiResponse(payload) => self.pki_response(&envelope, payload).await?,
             Signalling::Offer(payload) => self.offer(envelope, payload, received).await?,
             Signalling::Answer(ref payload) => {
@@ -174,11 +177,7 @@ impl Protocol {
         Ok(())
     }
 
-    async fn register(
-        &mut self,
-        envelope: &Envelope,
-        payload: RegisterPayload,
-    ) -> Result<(), WsError> {
+    async fn register(&mut self, payload: RegisterPayload) -> Result<(), WsError> {
         match &self.peer {
             Peer::Client(_) => {
                 return Err(WsError::Forbidden {
@@ -213,7 +212,6 @@ impl Protocol {
         };
         let message = messages::pki_challenge(challenge.encoded.clone());
         challenge.set_message_id(&message.id);
-        let _ = &envelope.id;
         self.replies.push(message.to_json());
         self.peer = Peer::Unverified {
             challenge: Some(challenge),
@@ -406,15 +404,10 @@ impl Protocol {
             .hub
             .deliver(to, Outbound::Text(envelope.to_json()));
         if delivered {
-            let metrics = &self.state.metrics;
-            metrics
-                .messages_relayed
-                .with_label_values(&[envelope.kind.as_str()])
-                .inc();
-            metrics
-                .relay_latency
-                .with_label_values(&[envelope.kind.as_str()])
-                .observe(received.elapsed().as_secs_f64());
+            if let Some(metrics) = self.state.metrics.relay(&envelope.kind) {
+                metrics.relayed.inc();
+                metrics.latency.observe(received.elapsed().as_secs_f64());
+            }
         }
     }
 }

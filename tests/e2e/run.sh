@@ -22,7 +22,7 @@ fi
 
 if [ "${E2E_SKIP_BUILD:-0}" != 1 ]; then
     echo "building signalling-server and robot-agent"
-    (cd "$ROOT" && cargo build -p signalling-server -p robot-agent --bins)
+    (cd "$ROOT" && cargo build --workspace --bins)
 fi
 export E2E_BIN_DIR="${E2E_BIN_DIR:-${CARGO_TARGET_DIR:-$ROOT/target}/debug}"
 

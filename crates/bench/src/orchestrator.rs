@@ -159,9 +159,8 @@ pub struct Running {
 }
 
 impl Running {
-    /// SIGINT (what a profiler such as perf needs to write its data; our server shuts down
-    /// gracefully on it) and a bounded wait, so a graceful server (or a profiler wrapping it) can
-    /// finish; killed if it does not.
+    /// SIGINT (our server shuts down gracefully on it) and a bounded wait; killed if it
+    /// does not stop.
     pub async fn stop(mut self) {
         if let Some(pid) = self.child.id() {
             let _ = Command::new("kill")
@@ -239,19 +238,7 @@ pub async fn start_ours(
         Some(url) => fresh_postgres_schema(url).await?,
         None => format!("sqlite://{}/bench.db", dir.display()),
     };
-    // BENCH_SERVER_PREFIX runs the server under a profiler, e.g. "perf record -o perf.data --".
-    let prefix: Vec<String> = std::env::var("BENCH_SERVER_PREFIX")
-        .map(|p| p.split_whitespace().map(str::to_string).collect())
-        .unwrap_or_default();
-    let mut command = match prefix.split_first() {
-        Some((program, args)) => {
-            let mut c = Command::new(program);
-            c.args(args).arg(&opts.server_bin);
-            c
-        }
-        None => Command::new(&opts.server_bin),
-    };
-    let mut child = command
+    let mut child = Command::new(&opts.server_bin)
         .args([
             "--listen",
             &format!("127.0.0.1:{port}"),
@@ -632,7 +619,58 @@ pub async fn capacity(
     Ok(())
 }
 
+/// With BENCH_PERF_OUT set, samples the target with `perf record -p` during a benchmark
+/// (the profiles behind docs/benchmarks.md).
+struct Profiler(Option<Child>);
+
+impl Profiler {
+    fn start(running: &Running, what: &str) -> Profiler {
+        let (Ok(dir), Some(pid)) = (std::env::var("BENCH_PERF_OUT"), running.child.id()) else {
+            return Profiler(None);
+        };
+        let out = format!(
+            "{dir}/{}-{what}.perf.data",
+            running.info.name.replace([' ', '(', ')', '.'], "_")
+        );
+        let child = Command::new("perf")
+            .args([
+                "record",
+                "-F",
+                "999",
+                "-g",
+                "-o",
+                &out,
+                "-p",
+                &pid.to_string(),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .ok();
+        Profiler(child)
+    }
+
+    async fn stop(self) {
+        if let Some(mut child) = self.0 {
+            if let Some(pid) = child.id() {
+                let _ = Command::new("kill")
+                    .args(["-INT", &pid.to_string()])
+                    .status()
+                    .await;
+            }
+            let _ = tokio::time::timeout(Duration::from_secs(120), child.wait()).await;
+        }
+    }
+}
+
 pub async fn relay(opts: &Options, running: &Running, rows: &mut Vec<Row>) -> anyhow::Result<()> {
+    let profiler = Profiler::start(running, "relay");
+    let result = relay_runs(opts, running, rows).await;
+    profiler.stop().await;
+    result
+}
+
+async fn relay_runs(opts: &Options, running: &Running, rows: &mut Vec<Row>) -> anyhow::Result<()> {
     let p = &opts.profile;
     let name = &running.info.name;
     // (label, size, robot→client, rate, repeats)
