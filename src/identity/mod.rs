@@ -331,25 +331,24 @@ impl Identity {
             .verify(&challenge.bytes, &signature)
             .map_err(|_| IdentityError::BadSignature)?;
         // Revocation may have happened while the robot was signing.
-        if self.store.is_revoked(&challenge.revocation_keys).await? {
-            return Err(IdentityError::Revoked);
-        }
         match &challenge.auto_register {
             Some(credential) => {
+                if self.store.is_revoked(&challenge.revocation_keys).await? {
+                    return Err(IdentityError::Revoked);
+                }
                 self.store
                     .auto_register_robot(&challenge.robot_id, credential)
                     .await?
             }
-            None => {
-                let record = self
-                    .store
-                    .robot(&challenge.robot_id)
-                    .await?
-                    .ok_or(IdentityError::UnknownRobot)?;
-                if record.credential_revoked {
-                    return Err(IdentityError::Revoked);
-                }
-            }
+            None => match self
+                .store
+                .credential_still_valid(&challenge.robot_id, &challenge.revocation_keys)
+                .await?
+            {
+                None => return Err(IdentityError::UnknownRobot),
+                Some(false) => return Err(IdentityError::Revoked),
+                Some(true) => {}
+            },
         }
         Ok(VerifiedRobot {
             robot_id: challenge.robot_id,

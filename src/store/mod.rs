@@ -36,6 +36,8 @@ pub enum StoreError {
     },
     #[error("corrupt stored value in {0}")]
     Corrupt(&'static str),
+    #[error("background write failed: {0}")]
+    Background(String),
 }
 
 #[derive(Clone)]
@@ -46,6 +48,8 @@ pub struct Store {
     /// queueing writers here is far cheaper than SQLite's busy-wait sleeps between pooled
     /// connections. On PostgreSQL the same pool as reads.
     writer: AnyPool,
+    /// Queue of the last-seen group-commit writer (see `touch_robot`).
+    touches: tokio::sync::mpsc::Sender<robots::Touch>,
     is_sqlite: bool,
 }
 
@@ -89,9 +93,12 @@ impl Store {
             sqlx::migrate!("./migrations").run(&pool).await?;
             (pool.clone(), pool)
         };
+        let (touches, queue) = tokio::sync::mpsc::channel(4096);
+        tokio::spawn(robots::touch_writer(writer.clone(), queue));
         Ok(Store {
             pool,
             writer,
+            touches,
             is_sqlite,
         })
     }
