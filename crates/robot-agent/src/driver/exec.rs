@@ -14,7 +14,7 @@ use tokio::process::Command;
 use tokio::sync::mpsc;
 
 use super::lines::{self, ConnectionEnd, LINE_CHANNEL};
-use super::{DriverEnd, DriverEvent, DriverOptions, RestartBackoff};
+use super::{DriverEnd, DriverOptions, RestartBackoff};
 use crate::safety::StopReason;
 
 /// A child that stayed up this long is considered healthy again, so the
@@ -34,32 +34,11 @@ pub async fn run(command: String, mut end: DriverEnd, options: DriverOptions) {
             Err(e) => format!("cannot start driver: {e}"),
         };
         tracing::warn!(command = %command, %reason, "driver down; restarting");
-        if end
-            .events
-            .send(DriverEvent::Unavailable {
-                reason: reason.clone(),
-            })
-            .await
-            .is_err()
-        {
-            return;
-        }
         if started.elapsed() >= HEALTHY_AFTER {
             backoff.reset();
         }
-        let delay = backoff.next_delay();
-        // Keep answering the controller while waiting, so navigation
-        // requests fail at once instead of hanging.
-        let wait = tokio::time::sleep(delay);
-        tokio::pin!(wait);
-        loop {
-            tokio::select! {
-                _ = &mut wait => break,
-                command = end.commands.recv() => match command {
-                    Some(command) => lines::refuse(command),
-                    None => return,
-                },
-            }
+        if !lines::wait_out(&mut end, reason, backoff.next_delay()).await {
+            return;
         }
     }
 }
@@ -114,7 +93,7 @@ async fn run_once(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::driver::{DriverCommand, DriverHandle};
+    use crate::driver::{DriverCommand, DriverEvent, DriverHandle};
     use crate::testutil::WAIT;
 
     /// A tiny driver in shell: says ready, then echoes each line it gets to

@@ -200,6 +200,31 @@ pub async fn serve(
     outcome
 }
 
+/// Reports the driver down, then waits `delay` before the next attempt while refusing
+/// commands, so navigation requests fail at once instead of hanging. `false` when the
+/// controller is gone and the driver task should end.
+pub async fn wait_out(end: &mut DriverEnd, reason: String, delay: Duration) -> bool {
+    if end
+        .events
+        .send(DriverEvent::Unavailable { reason })
+        .await
+        .is_err()
+    {
+        return false;
+    }
+    let wait = tokio::time::sleep(delay);
+    tokio::pin!(wait);
+    loop {
+        tokio::select! {
+            _ = &mut wait => return true,
+            command = end.commands.recv() => match command {
+                Some(command) => refuse(command),
+                None => return false,
+            },
+        }
+    }
+}
+
 /// Answers a command that arrived while no driver is connected.
 pub fn refuse(command: DriverCommand) {
     match command {

@@ -29,24 +29,8 @@ pub async fn run(url: String, mut end: DriverEnd, options: DriverOptions) {
             Err(e) => e.to_string(),
         };
         tracing::warn!(%url, %reason, "rosbridge driver down; reconnecting");
-        if end
-            .events
-            .send(DriverEvent::Unavailable { reason })
-            .await
-            .is_err()
-        {
+        if !lines::wait_out(&mut end, reason, backoff.next_delay()).await {
             return;
-        }
-        let wait = tokio::time::sleep(backoff.next_delay());
-        tokio::pin!(wait);
-        loop {
-            tokio::select! {
-                _ = &mut wait => break,
-                command = end.commands.recv() => match command {
-                    Some(command) => lines::refuse(command),
-                    None => return,
-                },
-            }
         }
     }
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use super::lines::{self, ConnectionEnd, LINE_CHANNEL, MAX_LINE};
-use super::{DriverEnd, DriverError, DriverEvent, DriverOptions, RestartBackoff};
+use super::{DriverEnd, DriverError, DriverOptions, RestartBackoff};
 use crate::safety::StopReason;
 
 /// Read timeout of the port, i.e. how quickly the reader thread notices it
@@ -42,24 +42,8 @@ pub async fn run(device: String, baud: u32, mut end: DriverEnd, options: DriverO
             Err(e) => e.to_string(),
         };
         tracing::warn!(%device, %reason, "serial driver down; reopening");
-        if end
-            .events
-            .send(DriverEvent::Unavailable { reason })
-            .await
-            .is_err()
-        {
+        if !lines::wait_out(&mut end, reason, backoff.next_delay()).await {
             return;
-        }
-        let wait = tokio::time::sleep(backoff.next_delay());
-        tokio::pin!(wait);
-        loop {
-            tokio::select! {
-                _ = &mut wait => break,
-                command = end.commands.recv() => match command {
-                    Some(command) => lines::refuse(command),
-                    None => return,
-                },
-            }
         }
     }
 }
@@ -167,7 +151,7 @@ impl LineSplitter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::driver::{DriverCommand, DriverHandle};
+    use crate::driver::{DriverCommand, DriverEvent, DriverHandle};
     use crate::testutil::WAIT;
     use serialport::SerialPort;
 
