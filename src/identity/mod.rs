@@ -5,8 +5,6 @@
 //! configured trust anchor (presented at register time, or issued by our CA at enrollment).
 //! Every check fails closed: an error anywhere means no login.
 
-pub mod crl_reload;
-
 use std::sync::RwLock;
 use std::time::{Duration, Instant};
 
@@ -26,7 +24,7 @@ pub const CHALLENGE_BYTES: usize = 32;
 
 #[derive(Debug, thiserror::Error)]
 pub enum IdentityError {
-    #[error("robot id must be 1-128 characters of letters, digits and . _ : -")]
+    #[error("{}", ROBOT_ID_RULE)]
     InvalidRobotId,
     #[error("unknown robot")]
     UnknownRobot,
@@ -143,6 +141,9 @@ pub struct IdentityConfig {
     pub auto_register: bool,
     pub cert_lifetime: Duration,
 }
+
+/// The robot id rule, as every error that enforces it states it.
+pub const ROBOT_ID_RULE: &str = "robot id must be 1-128 characters of letters, digits and . _ : -";
 
 pub fn valid_robot_id(id: &str) -> bool {
     !id.is_empty()

@@ -2,32 +2,34 @@
 //! SIGHUP. Newly listed serials are recorded as revoked and live robots using them are
 //! disconnected at once.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
+use super::StopSignal;
 use crate::pki::{parse_crl, TrustStore};
 use crate::relay::Kick;
-use crate::server::StartError;
 use crate::state::SharedState;
 
 /// How often the CRL file's modification time is checked.
 const POLL: Duration = Duration::from_secs(2);
 
-/// Loads the CRL (a bad file at start is a start error: fail closed) and watches it.
-pub fn start(state: &SharedState) -> Result<(), StartError> {
-    let Some(path) = state.config.crl.clone() else {
-        return Ok(());
-    };
-    let modified = load(state, &path).map_err(|message| StartError::File {
+#[derive(Debug, thiserror::Error)]
+pub enum CrlError {
+    #[error("{path}: {message}")]
+    Load { path: String, message: String },
+}
+
+/// Loads the CRL now (a bad file at start is an error: fail closed); returns the file's
+/// modification time for [`watch`].
+pub fn load_at_start(state: &SharedState, path: &Path) -> Result<Option<SystemTime>, CrlError> {
+    load(state, path).map_err(|message| CrlError::Load {
         path: path.display().to_string(),
         message,
-    })?;
-    tokio::spawn(watch(state.clone(), path, modified));
-    Ok(())
+    })
 }
 
 /// Parses and applies the CRL; returns the file's modification time.
-fn load(state: &SharedState, path: &PathBuf) -> Result<Option<SystemTime>, String> {
+fn load(state: &SharedState, path: &Path) -> Result<Option<SystemTime>, String> {
     let modified = std::fs::metadata(path).and_then(|m| m.modified()).ok();
     let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
     let roots = state
@@ -49,7 +51,13 @@ fn load(state: &SharedState, path: &PathBuf) -> Result<Option<SystemTime>, Strin
     Ok(modified)
 }
 
-async fn watch(state: SharedState, path: PathBuf, mut modified: Option<SystemTime>) {
+/// Reloads the CRL when its file changes or on SIGHUP, until the server stops.
+pub async fn watch(
+    state: SharedState,
+    path: PathBuf,
+    mut modified: Option<SystemTime>,
+    mut stop: StopSignal,
+) {
     let mut poll = tokio::time::interval(POLL);
     #[cfg(unix)]
     let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
@@ -66,6 +74,7 @@ async fn watch(state: SharedState, path: PathBuf, mut modified: Option<SystemTim
         #[cfg(not(unix))]
         let forced = std::future::pending::<()>();
         let force = tokio::select! {
+            _ = stop.stopped() => return,
             _ = poll.tick() => false,
             _ = forced => true,
         };
