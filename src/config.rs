@@ -164,6 +164,19 @@ pub struct Config {
     /// Messages queued per connection before it counts as too slow and is closed.
     #[arg(long, env = "SIGNALLING_SEND_QUEUE", default_value_t = 512)]
     pub send_queue: usize,
+    /// Bytes a socket's send queue may hold; one sender may hold a quarter of it.
+    #[arg(long, env = "SIGNALLING_SEND_QUEUE_BYTES", default_value_t = 1024 * 1024)]
+    pub send_queue_bytes: usize,
+    /// Bytes per second one socket may relay to another (0: no limit). Signalling needs
+    /// a few KB per session; this stops one session's flood from starving the others.
+    #[arg(long, env = "SIGNALLING_RELAY_BYTES_PER_SEC", default_value_t = 256 * 1024)]
+    pub relay_bytes_per_sec: u64,
+    /// A socket whose writes make no progress for this long is closed.
+    #[arg(long, env = "SIGNALLING_WRITE_TIMEOUT", default_value_t = 10)]
+    pub write_timeout_secs: u64,
+    /// Errors earned plus messages over the rate limit, within 10 s, that close a socket.
+    #[arg(long, env = "SIGNALLING_MAX_STRIKES", default_value_t = 100)]
+    pub max_strikes: usize,
     /// Seconds graceful shutdown waits for connections to close.
     #[arg(long, env = "SIGNALLING_SHUTDOWN_GRACE", default_value_t = 5)]
     pub shutdown_grace_secs: u64,
@@ -182,6 +195,15 @@ impl Config {
             config: Config,
         }
         Only::try_parse_from(args).map(|o| o.config)
+    }
+
+    /// What each socket's send queue may hold.
+    pub fn queue_limits(&self) -> crate::relay::QueueLimits {
+        crate::relay::QueueLimits::new(
+            self.send_queue,
+            self.send_queue_bytes,
+            self.relay_bytes_per_sec,
+        )
     }
 
     pub fn database_url(&self) -> &str {

@@ -126,6 +126,7 @@ async fn flooding_is_rate_limited_then_cut_off() {
     let server = TestServer::start_with(|c| {
         c.rate_limit = 1;
         c.rate_burst = 3;
+        c.max_strikes = 3;
     })
     .await;
     let mut socket = WsClient::connect(&server.ws_url()).await;

@@ -316,20 +316,24 @@ impl Hub {
     /// Tells the remaining ends of ended sessions.
     pub fn notify(&self, ended: &[EndedSession]) {
         for (to, text) in ended.iter().flat_map(|e| &e.notices) {
-            self.deliver(to, Outbound::Text(text.clone()));
+            let _ = self.deliver(None, to, Outbound::Text(text.clone()));
         }
     }
 
-    /// Queues a frame; a receiver whose queue is full is closed instead of growing memory.
-    pub fn deliver(&self, to: &ConnId, message: Outbound) -> bool {
-        match self.bus.deliver(to, message) {
-            Ok(()) => true,
-            Err(DeliveryError::Full) => {
-                self.bus.kick(to, Kick::SlowConsumer);
-                false
-            }
-            Err(DeliveryError::Gone) => false,
+    /// Queues a frame from `from` (None: the server). A receiver whose whole queue is full
+    /// is closed instead of growing memory; a sender over its share at the receiver is
+    /// refused (the error tells the caller), the receiver left alone.
+    pub fn deliver(
+        &self,
+        from: Option<&ConnId>,
+        to: &ConnId,
+        message: Outbound,
+    ) -> Result<(), DeliveryError> {
+        let result = self.bus.deliver(from, to, message);
+        if result == Err(DeliveryError::Full) {
+            self.bus.kick(to, Kick::SlowConsumer);
         }
+        result
     }
 
     pub fn kick(&self, conn: &ConnId, reason: Kick) {
@@ -456,7 +460,7 @@ fn remove_session(state: &mut State, session_id: &str) -> Option<Session> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::relay::{LocalBus, MailboxReceiver};
+    use crate::relay::{LocalBus, MailboxReceiver, QueueLimits};
 
     fn hub() -> Hub {
         Hub::new(Arc::new(LocalBus::default()), Metrics::new())
@@ -464,7 +468,7 @@ mod tests {
 
     fn connect(hub: &Hub, id: &str) -> (ConnId, MailboxReceiver) {
         let conn: ConnId = Arc::from(id);
-        let (mailbox, rx) = Mailbox::new(8);
+        let (mailbox, rx) = Mailbox::new(QueueLimits::new(8, 1 << 20, 0));
         hub.attach(conn.clone(), mailbox);
         (conn, rx)
     }
@@ -538,11 +542,11 @@ mod tests {
         hub.notify(&ended);
         assert!(!hub.is_online("r1"));
         let notice = match bob_rx.queue.try_recv() {
-            Ok(Outbound::Text(t)) => t,
+            Some(Outbound::Text(t)) => t,
             other => panic!("expected a notice, got {other:?}"),
         };
         assert!(notice.contains("signalling.disconnected") && notice.contains("s3"));
-        assert!(robot_rx.queue.try_recv().is_err());
+        assert!(robot_rx.queue.try_recv().is_none());
     }
 
     #[test]

@@ -29,8 +29,10 @@ pub enum WsError {
     },
     #[error("too many messages; slow down")]
     RateLimited,
-    #[error("too many messages over the rate limit")]
+    #[error("too many errors or messages over the rate limit")]
     Flooding,
+    #[error("too much relayed to that peer at once; slow down")]
+    Throttled,
     #[error("frame larger than {limit} bytes")]
     TooLarge { limit: usize },
     #[error("binary frames are not part of the protocol; send JSON text")]
@@ -65,7 +67,8 @@ impl WsError {
             | WsError::NoGrant(_)
             | WsError::Forbidden { .. }
             | WsError::RateLimited
-            | WsError::Flooding => ErrorCode::Forbidden,
+            | WsError::Flooding
+            | WsError::Throttled => ErrorCode::Forbidden,
             WsError::TooLarge { .. } | WsError::Binary => ErrorCode::InvalidMessage,
             WsError::LoginTimeout => ErrorCode::Timeout,
             WsError::Store(_) => ErrorCode::InternalError,
@@ -96,6 +99,7 @@ impl WsError {
                 json!({ "reason": reason })
             }
             WsError::RateLimited | WsError::Flooding => json!({ "reason": "rate_limited" }),
+            WsError::Throttled => json!({ "reason": "relay_throttled" }),
             WsError::TooLarge { limit } => json!({ "reason": "frame_too_large", "limit": limit }),
             WsError::TokenExpired => json!({ "reason": "token_expired" }),
             _ => return None,

@@ -4,7 +4,6 @@
 mod connection;
 mod error;
 mod protocol;
-mod rate_limit;
 
 use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::{Query, State};

@@ -11,7 +11,7 @@ use super::error::WsError;
 use crate::auth::ClientIdentity;
 use crate::identity::Challenge;
 use crate::messages;
-use crate::relay::{ConnId, EndReason, OpenSession, Outbound};
+use crate::relay::{ConnId, DeliveryError, EndReason, OpenSession, Outbound};
 use crate::state::SharedState;
 
 /// Longest text considered as a legacy `{"type":"ready"}` greeting.
@@ -75,6 +75,14 @@ impl Protocol {
         }
     }
 
+    /// The welcome sent as soon as the socket opens: to clients only. A socket without a
+    /// token is a robot (or a legacy browser) and gets one when it asks: `ready`, or
+    /// `register` with `metadata.wantsWelcome` (the Modulr agent logs an error for every
+    /// welcome it did not ask for).
+    pub fn welcome_at_open(&self) -> Option<String> {
+        Some(self.welcome())
+    }
+
     pub fn welcome(&self) -> String {
         let servers = match &self.peer {
             Peer::Unverified { .. } => self.state.ice.public_servers(),
@@ -120,7 +128,16 @@ impl Protocol {
             self.replies.push(welcome);
             return Ok(());
         }
-        let envelope = Envelope::parse(text).map_err(|e| (e.into(), raw_id(text)))?;
+        let envelope = match Envelope::parse(text) {
+            Ok(envelope) => envelope,
+            // A peer's error is never answered, even a malformed one: that is how error
+            // ping-pong starts.
+            Err(e) if raw_type(text).as_deref() == Some("signalling.error") => {
+                tracing::debug!(error = %e, "ignoring a malformed error report");
+                return Ok(());
+            }
+            Err(e) => return Err((e.into(), raw_id(text))),
+        };
         let id = envelope.id.clone();
         self.dispatch(envelope, received)
             .await
@@ -331,8 +348,7 @@ impl Protocol {
             .await?;
         let robot_conn = opened.robot_conn;
         envelope.meta = Some(messages::session_meta(&identity.subject, role.as_str()));
-        self.forward(&robot_conn, &envelope, received);
-        Ok(())
+        self.forward(&robot_conn, &envelope, received)
     }
 
     /// Relays a session message to the other end, after recording what it means for the
@@ -375,29 +391,43 @@ impl Protocol {
         } else {
             Some(messages::session_meta(&route.subject, route.role.as_str()))
         };
-        self.forward(&route.target, &envelope, received);
-        Ok(())
+        self.forward(&route.target, &envelope, received)
     }
 
-    fn forward(&self, to: &ConnId, envelope: &Envelope, received: Instant) {
-        let delivered = self
-            .state
-            .hub
-            .deliver(to, Outbound::Text(envelope.to_json()));
-        if delivered {
-            if let Some(metrics) = self.state.metrics.relay(&envelope.kind) {
-                metrics.relayed.inc();
-                metrics.latency.observe(received.elapsed().as_secs_f64());
+    /// Queues the message for the other end. A sender over its share at the receiver is
+    /// told to slow down; a receiver that is gone or too slow is not the sender's error.
+    fn forward(&self, to: &ConnId, envelope: &Envelope, received: Instant) -> Result<(), WsError> {
+        let delivered =
+            self.state
+                .hub
+                .deliver(Some(&self.conn), to, Outbound::Text(envelope.to_json()));
+        match delivered {
+            Ok(()) => {
+                if let Some(metrics) = self.state.metrics.relay(&envelope.kind) {
+                    metrics.relayed.inc();
+                    metrics.latency.observe(received.elapsed().as_secs_f64());
+                }
+                Ok(())
             }
+            Err(DeliveryError::SenderThrottled) => Err(WsError::Throttled),
+            Err(DeliveryError::Full | DeliveryError::Gone) => Ok(()),
         }
     }
 }
 
 /// The `id` of a message that failed to parse, so the error can still be correlated.
 fn raw_id(text: &str) -> Option<String> {
+    raw_field(text, "id")
+}
+
+fn raw_type(text: &str) -> Option<String> {
+    raw_field(text, "type")
+}
+
+fn raw_field(text: &str, field: &str) -> Option<String> {
     serde_json::from_str::<serde_json::Value>(text)
         .ok()?
-        .get("id")?
+        .get(field)?
         .as_str()
         .map(str::to_string)
 }
