@@ -177,6 +177,32 @@ pub struct Config {
     /// Errors earned plus messages over the rate limit, within 10 s, that close a socket.
     #[arg(long, env = "SIGNALLING_MAX_STRIKES", default_value_t = 100)]
     pub max_strikes: usize,
+    /// Live sessions, and session ids claimed (live or ended within the grace period), per
+    /// connection.
+    #[arg(
+        long,
+        env = "SIGNALLING_MAX_SESSIONS_PER_CONNECTION",
+        default_value_t = 16
+    )]
+    pub max_sessions_per_connection: usize,
+    /// Seconds after a session ends during which its two ends may still mention it (late
+    /// `disconnected`, ICE candidates) without an error.
+    #[arg(long, env = "SIGNALLING_SESSION_GRACE", default_value_t = 60)]
+    pub session_grace_secs: u64,
+    /// WebSocket connections open at once (0: no limit); over it, upgrades get 503.
+    #[arg(long, env = "SIGNALLING_MAX_CONNECTIONS", default_value_t = 50_000)]
+    pub max_connections: usize,
+    /// WebSocket connections from one source address (0: no limit); over it, 429. Behind
+    /// a load balancer every client shares its address: set 0 there and limit at the proxy.
+    #[arg(
+        long,
+        env = "SIGNALLING_MAX_CONNECTIONS_PER_IP",
+        default_value_t = 1_000
+    )]
+    pub max_connections_per_ip: usize,
+    /// Seconds a client has to send a request's headers (slow-header attacks).
+    #[arg(long, env = "SIGNALLING_HEADER_READ_TIMEOUT", default_value_t = 10)]
+    pub header_read_timeout_secs: u64,
     /// Seconds graceful shutdown waits for connections to close.
     #[arg(long, env = "SIGNALLING_SHUTDOWN_GRACE", default_value_t = 5)]
     pub shutdown_grace_secs: u64,

@@ -15,5 +15,5 @@ pub use bus::{
     Bus, ConnId, DeliveryError, Kick, LocalBus, Mailbox, MailboxReceiver, Outbound, QueueLimits,
     QueueReceiver,
 };
-pub use hub::{EndedSession, Hub, OpenSession, RelayError, Route, SessionOpened};
+pub use hub::{EndedSession, Hub, HubLimits, OpenSession, RelayError, Route, SessionOpened};
 pub use sessions::{EndReason, Opened, SessionError, Sessions};

@@ -13,6 +13,7 @@ use tokio::sync::oneshot;
 use tokio::time::{interval_at, sleep_until, MissedTickBehavior};
 use tracing::Instrument;
 
+use super::admission::Permit;
 use super::error::WsError;
 use super::protocol::{Peer, Protocol};
 use crate::auth::ClientIdentity;
@@ -32,11 +33,18 @@ const WRITE_BATCH: usize = 64;
 /// A close the reader asks of the writer: code and reason.
 type CloseRequest = (u16, &'static str);
 
-pub async fn run(state: SharedState, socket: WebSocket, client: Option<ClientIdentity>) {
+pub async fn run(
+    state: SharedState,
+    socket: WebSocket,
+    client: Option<ClientIdentity>,
+    permit: Permit,
+) {
     let conn: ConnId = Arc::from(uuid::Uuid::new_v4().to_string());
     // Every line logged for this socket, here and below, carries its id.
     let span = tracing::info_span!("ws", conn = %conn);
-    serve(state, socket, client, conn).instrument(span).await
+    serve(state, socket, client, conn).instrument(span).await;
+    // The socket's place is free once everything above is done.
+    drop(permit);
 }
 
 async fn serve(
@@ -75,6 +83,7 @@ async fn serve(
         mailbox: &mailbox,
         strikes: Strikes::new(config.max_strikes, STRIKE_WINDOW),
         close: None,
+        peer: protocol.peer_label(),
     };
 
     let login_deadline = Instant::now() + Duration::from_secs(config.login_timeout_secs);
@@ -189,6 +198,7 @@ async fn serve(
                     state.metrics.connections.with_label_values(&[role]).dec();
                     state.metrics.connections.with_label_values(&[now_role]).inc();
                     role = now_role;
+                    out.peer = protocol.peer_label();
                 }
             }
             _ = ping.tick() => {
@@ -246,6 +256,8 @@ struct Outbox<'a> {
     strikes: Strikes,
     /// Set once the socket is to close, with the close frame to send.
     close: Option<CloseRequest>,
+    /// Who the peer is, for the log line that cuts it off.
+    peer: String,
 }
 
 impl Outbox<'_> {
@@ -288,10 +300,12 @@ impl Outbox<'_> {
         if self.strikes.strike(now) {
             let error = WsError::Flooding;
             tracing::warn!(
+                peer = %self.peer,
                 strikes = self.state.config.max_strikes,
                 window_secs = STRIKE_WINDOW.as_secs(),
                 "closing a peer that keeps earning errors or exceeding the rate limit"
             );
+            self.state.metrics.peers_cut_off.inc();
             self.error(&error, None);
             self.close = error.close();
         }

@@ -84,15 +84,23 @@ impl WsError {
             WsError::Relay(RelayError::RobotBusy {
                 robot_id,
                 locked_by,
-            }) => json!({ "reason": "robot_busy", "robotId": robot_id, "lockedBy": locked_by }),
+            }) => match locked_by {
+                Some(holder) => {
+                    json!({ "reason": "robot_busy", "robotId": robot_id, "lockedBy": holder })
+                }
+                None => json!({ "reason": "robot_busy", "robotId": robot_id }),
+            },
             WsError::Relay(RelayError::ConnectionIdInUse(id)) => {
                 json!({ "reason": "connection_id_in_use", "connectionId": id })
             }
             WsError::Relay(RelayError::SessionRobotMismatch(id)) => {
                 json!({ "reason": "session_robot_mismatch", "connectionId": id })
             }
-            WsError::Relay(RelayError::NotInSession(id)) => {
+            WsError::Relay(RelayError::NotInSession(id) | RelayError::Ended(id)) => {
                 json!({ "reason": "not_in_session", "connectionId": id })
+            }
+            WsError::Relay(RelayError::TooManySessions { limit }) => {
+                json!({ "reason": "too_many_sessions", "limit": limit })
             }
             WsError::NoGrant(robot) => json!({ "reason": "no_grant", "robotId": robot }),
             WsError::Forbidden { reason, .. } | WsError::Unauthorized { reason, .. } => {

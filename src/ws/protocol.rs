@@ -11,7 +11,7 @@ use super::error::WsError;
 use crate::auth::ClientIdentity;
 use crate::identity::Challenge;
 use crate::messages;
-use crate::relay::{ConnId, DeliveryError, EndReason, OpenSession, Outbound};
+use crate::relay::{ConnId, DeliveryError, EndReason, OpenSession, Outbound, RelayError};
 use crate::state::SharedState;
 
 /// Longest text considered as a legacy `{"type":"ready"}` greeting.
@@ -72,6 +72,15 @@ impl Protocol {
             Peer::Unverified { .. } => "pending",
             Peer::Robot { .. } => "robot",
             Peer::Client(_) => "client",
+        }
+    }
+
+    /// Who the peer is, for log lines that must name it.
+    pub fn peer_label(&self) -> String {
+        match &self.peer {
+            Peer::Unverified { .. } => "unverified".to_string(),
+            Peer::Robot { robot_id } => format!("robot {robot_id}"),
+            Peer::Client(identity) => format!("client {}", identity.subject),
         }
     }
 
@@ -366,7 +375,21 @@ impl Protocol {
                 message: "register and answer the PKI challenge first",
             });
         }
-        let route = self.state.sessions.route(&self.conn, session_id)?;
+        let route = match self.state.sessions.route(&self.conn, session_id) {
+            Ok(route) => route,
+            // One end of a session that just ended: a late `disconnected` is an idempotent
+            // end, a late candidate or report is moot. Answering either with an error is
+            // how the Modulr agent's endless disconnect loop started.
+            Err(RelayError::Ended(_)) => {
+                self.state
+                    .metrics
+                    .late_messages
+                    .with_label_values(&[envelope.kind.as_str()])
+                    .inc();
+                return Ok(());
+            }
+            Err(e) => return Err(e.into()),
+        };
         match kind {
             Relay::FromRobot if !route.from_robot => {
                 return Err(WsError::Forbidden {

@@ -23,7 +23,7 @@ const AGENT_BIN = process.env.AGENT_BIN || join(BIN, 'robot-agent');
 const PORT = 18080;
 const HTTP = `http://127.0.0.1:${PORT}`;
 const WS = `ws://127.0.0.1:${PORT}/ws`;
-const ADMIN = 'e2e-admin-token';
+const ADMIN = 'e2e-admin-token-0123456789';
 const ROBOT = 'e2e-robot';
 const WAIT_MS = 15000;
 
