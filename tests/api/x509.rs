@@ -1,11 +1,9 @@
 //! Robot identity with X.509: fleet CA trust, just-in-time registration, CSR enrollment,
 //! revocation by serial and by CRL. Certificates are made here with rcgen.
 
-mod common;
-
+use crate::helpers::*;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
-use common::*;
 use rcgen::{
     BasicConstraints, CertificateParams, CertificateRevocationListParams, DistinguishedName,
     DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyIdMethod, KeyPair, KeyUsagePurpose,

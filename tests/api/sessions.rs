@@ -1,8 +1,6 @@
 //! Sessions: permission checks, the operator lock, and relay strictly between the two ends.
 
-mod common;
-
-use common::*;
+use crate::helpers::*;
 use serde_json::json;
 
 #[tokio::test]

@@ -1,10 +1,8 @@
 //! Client login at the upgrade: opaque tokens and JWTs (HS256, ES256 via JWKS file or URL).
 
-mod common;
-
+use crate::helpers::*;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
-use common::*;
 use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 use ring::rand::SystemRandom;
 use ring::signature::{EcdsaKeyPair, KeyPair, ECDSA_P256_SHA256_FIXED_SIGNING};

@@ -1,8 +1,6 @@
 //! Bad input gets a spec error code and never a panic or a hang; limits and shutdown.
 
-mod common;
-
-use common::*;
+use crate::helpers::*;
 use serde_json::json;
 use tokio_tungstenite::tungstenite::Message;
 

@@ -1,10 +1,8 @@
 //! Robot login: register → pki_challenge → pki_response → pki_verified, and the attacks on it.
 
-mod common;
-
+use crate::helpers::*;
 use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD};
 use base64::Engine;
-use common::*;
 use ring::rand::SystemRandom;
 use ring::signature::{EcdsaKeyPair, KeyPair, ECDSA_P256_SHA256_ASN1_SIGNING};
 use serde_json::json;

@@ -1,0 +1,461 @@
+//! Test harness: a real server on 127.0.0.1:0 with its own database, real WebSocket
+//! clients, and schema validation of every message the server sends.
+// Some helpers serve only some modules, and the shim in tests/common/ uses the harness alone.
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine;
+use futures_util::{SinkExt, StreamExt};
+use ring::rand::SystemRandom;
+use ring::signature::{Ed25519KeyPair, KeyPair};
+use serde_json::{json, Value};
+use signalling_protocol::schema::SchemaValidator;
+use signalling_server::{Config, Server};
+use tokio::net::TcpStream;
+use tokio::task::JoinHandle;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+/// Upper bound for any single wait in a test; never a synchronisation sleep.
+pub const WAIT: Duration = Duration::from_secs(10);
+
+pub const ADMIN_TOKEN: &str = "test-admin-token";
+
+pub struct TestServer {
+    pub addr: std::net::SocketAddr,
+    pub state: signalling_server::state::SharedState,
+    pub http: reqwest::Client,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<JoinHandle<()>>,
+    sqlite_file: Option<std::path::PathBuf>,
+}
+
+/// A database of its own for each test: a SQLite file, or a fresh PostgreSQL schema when
+/// DATABASE_URL points at PostgreSQL.
+pub async fn test_database() -> (String, Option<std::path::PathBuf>) {
+    match std::env::var("DATABASE_URL") {
+        Ok(url) if url.starts_with("postgres") => {
+            let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(1)
+                .connect(&url)
+                .await
+                .expect("PostgreSQL from DATABASE_URL");
+            sqlx::query(&format!("CREATE SCHEMA {schema}"))
+                .execute(&pool)
+                .await
+                .expect("create schema");
+            pool.close().await;
+            let sep = if url.contains('?') { '&' } else { '?' };
+            (format!("{url}{sep}options=-csearch_path%3D{schema}"), None)
+        }
+        _ => {
+            let path =
+                std::env::temp_dir().join(format!("signalling-test-{}.db", uuid::Uuid::new_v4()));
+            (format!("sqlite://{}", path.display()), Some(path))
+        }
+    }
+}
+
+impl TestServer {
+    pub async fn start() -> TestServer {
+        Self::start_with(|_| {}).await
+    }
+
+    pub async fn start_with(adjust: impl FnOnce(&mut Config)) -> TestServer {
+        let (database_url, sqlite_file) = test_database().await;
+        let mut config = Config::from_args([
+            "signalling-server",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-token",
+            ADMIN_TOKEN,
+        ])
+        .expect("config");
+        config.database_url = Some(database_url);
+        config.redis_url = None;
+        adjust(&mut config);
+        let server = Server::bind(config).await.expect("server starts");
+        let addr = server.local_addr().expect("address");
+        let state = server.state();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            server
+                .run(async move {
+                    let _ = stopped.await;
+                })
+                .await
+                .expect("server runs");
+        });
+        TestServer {
+            addr,
+            state,
+            http: reqwest::Client::new(),
+            stop: Some(stop),
+            task: Some(task),
+            sqlite_file,
+        }
+    }
+
+    /// Graceful shutdown, as on SIGTERM; waits for it to finish. The database is kept for
+    /// inspection: a SQLite file's path is returned for the caller to remove.
+    pub async fn shutdown(mut self) -> Option<std::path::PathBuf> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            tokio::time::timeout(WAIT, task)
+                .await
+                .expect("shutdown finishes")
+                .expect("server task");
+        }
+        self.sqlite_file.take()
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    pub fn ws_url(&self) -> String {
+        format!("ws://{}/ws", self.addr)
+    }
+
+    pub async fn admin(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let mut request = self
+            .http
+            .request(method, self.url(path))
+            .bearer_auth(ADMIN_TOKEN);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request.send().await.expect("HTTP request");
+        let status = response.status().as_u16();
+        let text = response.text().await.expect("body");
+        let value = if text.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text).unwrap_or_else(|_| panic!("JSON body, got {text:?}"))
+        };
+        (status, value)
+    }
+
+    pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        let response = self
+            .http
+            .post(self.url(path))
+            .json(&body)
+            .send()
+            .await
+            .expect("HTTP request");
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    /// Creates a robot record; returns its enrollment token.
+    pub async fn create_robot(&self, robot_id: &str) -> String {
+        let (status, body) = self
+            .admin(
+                reqwest::Method::POST,
+                "/v1/robots",
+                Some(json!({ "robotId": robot_id })),
+            )
+            .await;
+        assert_eq!(status, 201, "{body}");
+        body["enrollmentToken"].as_str().expect("token").to_string()
+    }
+
+    /// Creates and enrolls a robot with a fresh Ed25519 key.
+    pub async fn enrolled_robot(&self, robot_id: &str) -> Ed25519KeyPair {
+        let token = self.create_robot(robot_id).await;
+        let key = new_ed25519();
+        let (status, body) = self
+            .post(
+                "/v1/enroll",
+                json!({
+                    "robotId": robot_id,
+                    "enrollmentToken": token,
+                    "publicKey": STANDARD.encode(key.public_key().as_ref()),
+                }),
+            )
+            .await;
+        assert_eq!(status, 201, "{body}");
+        key
+    }
+
+    pub async fn client_token(&self, subject: &str) -> String {
+        let (status, body) = self
+            .admin(
+                reqwest::Method::POST,
+                "/v1/tokens",
+                Some(json!({ "subject": subject })),
+            )
+            .await;
+        assert_eq!(status, 201, "{body}");
+        body["token"].as_str().expect("token").to_string()
+    }
+
+    pub async fn grant(&self, robot_id: &str, subject: &str, role: &str) {
+        let (status, body) = self
+            .admin(
+                reqwest::Method::PUT,
+                &format!("/v1/robots/{robot_id}/grants/{subject}"),
+                Some(json!({ "role": role })),
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+    }
+
+    /// A robot connected, registered and verified.
+    pub async fn online_robot(&self, robot_id: &str) -> (WsClient, Ed25519KeyPair) {
+        let key = self.enrolled_robot(robot_id).await;
+        let mut robot = WsClient::connect(&self.ws_url()).await;
+        robot.login_as_robot(robot_id, &key).await;
+        (robot, key)
+    }
+
+    /// A client with a token for `subject` and a grant of `role` on `robot_id`.
+    pub async fn client_for(&self, robot_id: &str, subject: &str, role: &str) -> WsClient {
+        self.grant(robot_id, subject, role).await;
+        let token = self.client_token(subject).await;
+        WsClient::connect_with_token(&self.ws_url(), &token).await
+    }
+
+    pub async fn metrics(&self) -> String {
+        self.http
+            .get(self.url("/metrics"))
+            .send()
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("metrics body")
+    }
+
+    pub async fn sessions(&self, query: &str) -> Vec<Value> {
+        let (status, body) = self
+            .admin(reqwest::Method::GET, &format!("/v1/sessions{query}"), None)
+            .await;
+        assert_eq!(status, 200, "{body}");
+        body.as_array().expect("array").clone()
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+        if let Some(path) = &self.sqlite_file {
+            for suffix in ["", "-wal", "-shm"] {
+                let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+            }
+        }
+    }
+}
+
+pub fn new_ed25519() -> Ed25519KeyPair {
+    let pkcs8 = Ed25519KeyPair::generate_pkcs8(&SystemRandom::new()).expect("keygen");
+    Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).expect("key")
+}
+
+/// A spec envelope with a fresh id and the current time.
+pub fn envelope(kind: &str, payload: Option<Value>) -> Value {
+    let mut message = json!({
+        "type": kind,
+        "version": "0.3",
+        "id": uuid::Uuid::new_v4().to_string(),
+        "timestamp": "2026-01-06T12:00:00Z",
+    });
+    if let Some(payload) = payload {
+        message["payload"] = payload;
+    }
+    message
+}
+
+pub fn offer(robot_id: &str, connection_id: &str) -> Value {
+    envelope(
+        "signalling.offer",
+        Some(json!({
+            "robotId": robot_id,
+            "connectionId": connection_id,
+            "sdpType": "offer",
+            "sdp": "v=0\r\no=- 1 2 IN IP4 127.0.0.1\r\ns=-\r\nt=0 0\r\n",
+        })),
+    )
+}
+
+pub fn ice(connection_id: &str) -> Value {
+    envelope(
+        "signalling.ice_candidate",
+        Some(json!({
+            "connectionId": connection_id,
+            "candidate": "candidate:1 1 UDP 2130706431 127.0.0.1 54321 typ host",
+            "sdpMid": "0",
+            "sdpMLineIndex": 0,
+        })),
+    )
+}
+
+pub struct WsClient {
+    ws: WebSocketStream<MaybeTlsStream<TcpStream>>,
+    /// The connectionId from the first welcome.
+    pub connection_id: String,
+}
+
+impl WsClient {
+    pub async fn connect(url: &str) -> WsClient {
+        Self::connect_request(url.into_client_request().expect("request")).await
+    }
+
+    pub async fn connect_with_token(url: &str, token: &str) -> WsClient {
+        Self::connect(&format!("{url}?token={token}")).await
+    }
+
+    pub async fn connect_request(
+        request: tokio_tungstenite::tungstenite::handshake::client::Request,
+    ) -> WsClient {
+        let (ws, _) = tokio::time::timeout(WAIT, tokio_tungstenite::connect_async(request))
+            .await
+            .expect("connect in time")
+            .expect("WebSocket upgrade");
+        let mut client = WsClient {
+            ws,
+            connection_id: String::new(),
+        };
+        let welcome = client.recv_type("signalling.welcome").await;
+        client.connection_id = welcome["payload"]["connectionId"]
+            .as_str()
+            .expect("connectionId")
+            .to_string();
+        client
+    }
+
+    pub async fn send(&mut self, message: &Value) {
+        self.send_text(message.to_string()).await;
+    }
+
+    pub async fn send_text(&mut self, text: String) {
+        self.send_message(Message::Text(text.into())).await;
+    }
+
+    pub async fn send_message(&mut self, message: Message) {
+        self.ws.send(message).await.expect("send");
+    }
+
+    /// The next frame of any kind, unvalidated (None when the socket ends).
+    pub async fn next_raw(&mut self) -> Option<Message> {
+        tokio::time::timeout(WAIT, self.ws.next())
+            .await
+            .expect("a frame in time")
+            .and_then(Result::ok)
+    }
+
+    /// The next protocol message; panics on timeout, close, or a message that breaks the spec.
+    pub async fn recv(&mut self) -> Value {
+        loop {
+            let frame = tokio::time::timeout(WAIT, self.ws.next())
+                .await
+                .expect("a message in time")
+                .expect("socket open")
+                .expect("frame");
+            match frame {
+                Message::Text(text) => {
+                    let value: Value = serde_json::from_str(&text).expect("server sent JSON");
+                    if let Err(e) = SchemaValidator::shared().validate(&value) {
+                        panic!("server sent a message that breaks the spec: {e}\n{value}");
+                    }
+                    return value;
+                }
+                Message::Ping(_) | Message::Pong(_) => continue,
+                other => panic!("expected a text message, got {other:?}"),
+            }
+        }
+    }
+
+    pub async fn recv_type(&mut self, kind: &str) -> Value {
+        let message = self.recv().await;
+        assert_eq!(message["type"], kind, "unexpected message: {message}");
+        message
+    }
+
+    /// Expects `signalling.error` with `code`; returns it.
+    pub async fn expect_error(&mut self, code: &str) -> Value {
+        let message = self.recv_type("signalling.error").await;
+        assert_eq!(message["payload"]["code"], code, "{message}");
+        message
+    }
+
+    /// Expects the server to close the socket; returns the close frame.
+    pub async fn expect_close(&mut self) -> Option<CloseFrame> {
+        loop {
+            let frame = tokio::time::timeout(WAIT, self.ws.next())
+                .await
+                .expect("close in time");
+            match frame {
+                None => return None,
+                Some(Err(_)) => return None,
+                Some(Ok(Message::Close(frame))) => return frame,
+                Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
+                Some(Ok(other)) => panic!("expected close, got {other:?}"),
+            }
+        }
+    }
+
+    /// Proves nothing else is queued for this socket: a ping's pong must come next.
+    pub async fn expect_nothing_pending(&mut self) {
+        let ping = envelope("signalling.ping", None);
+        self.send(&ping).await;
+        let pong = self.recv().await;
+        assert_eq!(
+            pong["type"], "signalling.pong",
+            "unexpected message: {pong}"
+        );
+        assert_eq!(pong["correlationId"], ping["id"]);
+    }
+
+    /// register → pki_challenge → pki_response → pki_verified (+ second welcome).
+    pub async fn login_as_robot(&mut self, robot_id: &str, key: &Ed25519KeyPair) {
+        let challenge = self.register(robot_id).await;
+        let bytes = STANDARD
+            .decode(
+                challenge["payload"]["challenge"]
+                    .as_str()
+                    .expect("challenge"),
+            )
+            .expect("padded standard base64");
+        let response = pki_response(&challenge, &STANDARD.encode(key.sign(&bytes).as_ref()));
+        self.send(&response).await;
+        let verified = self.recv_type("signalling.pki_verified").await;
+        assert_eq!(verified["payload"]["agentId"], robot_id);
+        assert_eq!(verified["correlationId"], response["id"]);
+        self.recv_type("signalling.welcome").await;
+    }
+
+    /// Sends register, returns the challenge.
+    pub async fn register(&mut self, robot_id: &str) -> Value {
+        self.send(&envelope(
+            "signalling.register",
+            Some(json!({ "agentId": robot_id })),
+        ))
+        .await;
+        self.recv_type("signalling.pki_challenge").await
+    }
+}
+
+pub fn pki_response(challenge: &Value, signature: &str) -> Value {
+    let mut response = envelope(
+        "signalling.pki_response",
+        Some(json!({ "signature": signature })),
+    );
+    response["correlationId"] = challenge["id"].clone();
+    response
+}
