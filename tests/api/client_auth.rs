@@ -117,8 +117,7 @@ async fn revoking_a_token_closes_its_connections() {
         )
         .await;
     assert_eq!(status, 204);
-    let close = socket.expect_close().await.expect("close frame");
-    assert_eq!(u16::from(close.code), 4003);
+    socket.expect_close_with(4003).await;
     assert_eq!(
         upgrade_status(&format!(
             "{}?token={}",
@@ -363,5 +362,5 @@ async fn a_jwt_connection_closes_when_the_jwt_expires() {
     let mut socket = WsClient::connect_with_token(&server.ws_url(), &token).await;
     let error = socket.expect_error("UNAUTHORIZED").await;
     assert_eq!(error["payload"]["details"]["reason"], "token_expired");
-    socket.expect_close().await;
+    socket.expect_close_with(1008).await;
 }

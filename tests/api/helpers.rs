@@ -16,7 +16,6 @@ use signalling_server::{Config, Server};
 use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
@@ -32,6 +31,23 @@ pub struct TestServer {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: Option<JoinHandle<()>>,
     sqlite_file: Option<std::path::PathBuf>,
+}
+
+/// `TEST_LOG=1` shows the server's logs (filtered by RUST_LOG, default info) through the
+/// test writer, so each test's lines appear with its result; silent otherwise.
+pub fn init_tracing() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let wanted = std::env::var("TEST_LOG").is_ok_and(|v| !v.is_empty() && v != "0");
+        if wanted {
+            let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+            tracing_subscriber::fmt()
+                .with_env_filter(filter)
+                .with_test_writer()
+                .init();
+        }
+    });
 }
 
 /// A database of its own for each test: a SQLite file, or a fresh PostgreSQL schema when
@@ -67,6 +83,7 @@ impl TestServer {
     }
 
     pub async fn start_with(adjust: impl FnOnce(&mut Config)) -> TestServer {
+        init_tracing();
         let (database_url, sqlite_file) = test_database().await;
         let mut config = Config::from_args([
             "signalling-server",
@@ -309,6 +326,8 @@ pub struct WsClient {
     ws: WebSocketStream<MaybeTlsStream<TcpStream>>,
     /// The connectionId from the first welcome.
     pub connection_id: String,
+    /// The bound on each wait: WAIT, shorter only in the harness's own tests.
+    pub wait: Duration,
 }
 
 impl WsClient {
@@ -327,16 +346,22 @@ impl WsClient {
             .await
             .expect("connect in time")
             .expect("WebSocket upgrade");
-        let mut client = WsClient {
-            ws,
-            connection_id: String::new(),
-        };
+        let mut client = WsClient::over(ws);
         let welcome = client.recv_type("signalling.welcome").await;
         client.connection_id = welcome["payload"]["connectionId"]
             .as_str()
             .expect("connectionId")
             .to_string();
         client
+    }
+
+    /// A client over an upgraded socket, before any welcome.
+    pub fn over(ws: WebSocketStream<MaybeTlsStream<TcpStream>>) -> WsClient {
+        WsClient {
+            ws,
+            connection_id: String::new(),
+            wait: WAIT,
+        }
     }
 
     pub async fn send(&mut self, message: &Value) {
@@ -351,33 +376,35 @@ impl WsClient {
         self.ws.send(message).await.expect("send");
     }
 
-    /// The next frame of any kind, unvalidated (None when the socket ends).
-    pub async fn next_raw(&mut self) -> Option<Message> {
-        tokio::time::timeout(WAIT, self.ws.next())
-            .await
-            .expect("a frame in time")
-            .and_then(Result::ok)
+    /// What the server sent next, pings and pongs skipped. Every receive path comes
+    /// through here, so every text frame is checked against the spec schemas. Panics if
+    /// nothing arrives in time, naming what the test was `waiting_for`.
+    pub async fn next_frame(&mut self, waiting_for: &str) -> Frame {
+        loop {
+            let wait = self.wait;
+            let next = tokio::time::timeout(wait, self.ws.next())
+                .await
+                .unwrap_or_else(|_| panic!("timed out after {wait:?} waiting for {waiting_for}"));
+            let frame = match next {
+                None => Frame::Ended("end of stream without a close frame".into()),
+                Some(Err(e)) => Frame::Ended(format!("socket error without a close frame: {e}")),
+                Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
+                Some(Ok(Message::Text(text))) => Frame::Text(validated(&text)),
+                Some(Ok(Message::Close(Some(frame)))) => Frame::Close(Closed {
+                    code: u16::from(frame.code),
+                    reason: frame.reason.to_string(),
+                }),
+                Some(Ok(other)) => Frame::Other(other),
+            };
+            return frame;
+        }
     }
 
     /// The next protocol message; panics on timeout, close, or a message that breaks the spec.
     pub async fn recv(&mut self) -> Value {
-        loop {
-            let frame = tokio::time::timeout(WAIT, self.ws.next())
-                .await
-                .expect("a message in time")
-                .expect("socket open")
-                .expect("frame");
-            match frame {
-                Message::Text(text) => {
-                    let value: Value = serde_json::from_str(&text).expect("server sent JSON");
-                    if let Err(e) = SchemaValidator::shared().validate(&value) {
-                        panic!("server sent a message that breaks the spec: {e}\n{value}");
-                    }
-                    return value;
-                }
-                Message::Ping(_) | Message::Pong(_) => continue,
-                other => panic!("expected a text message, got {other:?}"),
-            }
+        match self.next_frame("a message").await {
+            Frame::Text(value) => value,
+            other => panic!("expected a text message, got {other:?}"),
         }
     }
 
@@ -394,20 +421,20 @@ impl WsClient {
         message
     }
 
-    /// Expects the server to close the socket; returns the close frame.
-    pub async fn expect_close(&mut self) -> Option<CloseFrame> {
-        loop {
-            let frame = tokio::time::timeout(WAIT, self.ws.next())
-                .await
-                .expect("close in time");
-            match frame {
-                None => return None,
-                Some(Err(_)) => return None,
-                Some(Ok(Message::Close(frame))) => return frame,
-                Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
-                Some(Ok(other)) => panic!("expected close, got {other:?}"),
-            }
+    /// Expects a close frame next and returns it. Anything else fails the test: a message,
+    /// a reset or an end of stream without a close frame, or nothing in time.
+    pub async fn expect_close(&mut self) -> Closed {
+        match self.next_frame("a close frame").await {
+            Frame::Close(closed) => closed,
+            other => panic!("expected a close frame, got {other:?}"),
         }
+    }
+
+    /// Expects a close frame with `code`; returns its reason.
+    pub async fn expect_close_with(&mut self, code: u16) -> String {
+        let closed = self.expect_close().await;
+        assert_eq!(closed.code, code, "close frame {closed:?}");
+        closed.reason
     }
 
     /// Proves nothing else is queued for this socket: a ping's pong must come next.
@@ -449,6 +476,33 @@ impl WsClient {
         .await;
         self.recv_type("signalling.pki_challenge").await
     }
+}
+
+/// A frame from the server, text already parsed and validated against the spec.
+#[derive(Debug)]
+pub enum Frame {
+    Text(Value),
+    Close(Closed),
+    /// A reset, or the stream ended, without a close frame: why, for the failure message.
+    Ended(String),
+    /// Binary, or a close frame without a status code.
+    Other(Message),
+}
+
+#[derive(Debug)]
+pub struct Closed {
+    pub code: u16,
+    pub reason: String,
+}
+
+/// Parses a text frame from the server and checks it against the spec schemas.
+fn validated(text: &str) -> Value {
+    let value: Value =
+        serde_json::from_str(text).unwrap_or_else(|e| panic!("server sent non-JSON ({e}): {text}"));
+    if let Err(e) = SchemaValidator::shared().validate(&value) {
+        panic!("server sent a message that breaks the spec: {e}\n{value}");
+    }
+    value
 }
 
 pub fn pki_response(challenge: &Value, signature: &str) -> Value {

@@ -5,6 +5,7 @@ mod helpers;
 
 mod admin_api;
 mod client_auth;
+mod harness;
 mod robot_login;
 mod robustness;
 mod sessions;

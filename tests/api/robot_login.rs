@@ -119,8 +119,7 @@ async fn wrong_key_is_refused_and_socket_closed() {
     let error = robot.expect_error("UNAUTHORIZED").await;
     assert_eq!(error["payload"]["details"]["reason"], "bad_signature");
     assert_eq!(error["correlationId"], response["id"]);
-    let close = robot.expect_close().await.expect("close frame");
-    assert_eq!(u16::from(close.code), 1008);
+    robot.expect_close_with(1008).await;
     assert!(!server.state.hub.is_online("robot-1"));
     assert!(server
         .metrics()
@@ -139,7 +138,7 @@ async fn garbage_signature_is_refused() {
         .await;
     let error = robot.expect_error("UNAUTHORIZED").await;
     assert_eq!(error["payload"]["details"]["reason"], "bad_signature");
-    robot.expect_close().await;
+    robot.expect_close_with(1008).await;
 }
 
 #[tokio::test]
@@ -163,7 +162,7 @@ async fn replayed_signature_is_refused_on_a_new_connection() {
     attacker.send(&pki_response(&fresh, &signature)).await;
     let error = attacker.expect_error("UNAUTHORIZED").await;
     assert_eq!(error["payload"]["details"]["reason"], "bad_signature");
-    attacker.expect_close().await;
+    attacker.expect_close_with(1008).await;
     // The genuine robot stays online.
     genuine.expect_nothing_pending().await;
     assert!(server.state.hub.is_online("robot-1"));
@@ -218,7 +217,7 @@ async fn unknown_and_unenrolled_robots_are_refused() {
         .await;
     let error = robot.expect_error("UNAUTHORIZED").await;
     assert_eq!(error["payload"]["details"]["reason"], "unknown_robot");
-    robot.expect_close().await;
+    robot.expect_close_with(1008).await;
 
     server.create_robot("robot-new").await;
     let mut robot = WsClient::connect(&server.ws_url()).await;
@@ -230,6 +229,7 @@ async fn unknown_and_unenrolled_robots_are_refused() {
         .await;
     let error = robot.expect_error("UNAUTHORIZED").await;
     assert_eq!(error["payload"]["details"]["reason"], "not_enrolled");
+    robot.expect_close_with(1008).await;
 }
 
 #[tokio::test]
@@ -241,7 +241,7 @@ async fn an_unanswered_challenge_expires() {
     // The server closes us when the challenge expires; no sleeping on our side.
     let error = robot.expect_error("UNAUTHORIZED").await;
     assert_eq!(error["payload"]["details"]["reason"], "challenge_expired");
-    robot.expect_close().await;
+    robot.expect_close_with(1008).await;
 }
 
 #[tokio::test]
@@ -249,7 +249,7 @@ async fn silent_unauthenticated_sockets_time_out() {
     let server = TestServer::start_with(|c| c.login_timeout_secs = 1).await;
     let mut socket = WsClient::connect(&server.ws_url()).await;
     socket.expect_error("TIMEOUT").await;
-    socket.expect_close().await;
+    socket.expect_close_with(1008).await;
 }
 
 #[tokio::test]
@@ -284,8 +284,7 @@ async fn a_new_verified_connection_replaces_the_old_one() {
 
     let mut second = WsClient::connect(&server.ws_url()).await;
     second.login_as_robot("robot-1", &key).await;
-    let close = first.expect_close().await.expect("close frame");
-    assert_eq!(u16::from(close.code), 4001);
+    first.expect_close_with(4001).await;
     // The session on the old connection ends and its client is told.
     let notice = client.recv_type("signalling.disconnected").await;
     assert_eq!(notice["payload"]["connectionId"], session.as_str());

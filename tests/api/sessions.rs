@@ -311,7 +311,7 @@ async fn revoked_robot_is_cut_off_mid_session() {
     assert_eq!(body["disconnected"], true);
     let error = robot.expect_error("UNAUTHORIZED").await;
     assert_eq!(error["payload"]["details"]["reason"], "revoked");
-    robot.expect_close().await;
+    robot.expect_close_with(4003).await;
     let notice = alice.recv_type("signalling.disconnected").await;
     assert_eq!(notice["payload"]["connectionId"], session.as_str());
 

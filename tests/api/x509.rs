@@ -277,7 +277,7 @@ async fn bad_certificates_are_refused_with_a_reason() {
     for (chain, reason) in cases {
         let (mut robot, reply) = login(&server, "robot-x", &chain, &key).await;
         assert_refused(&reply, reason);
-        robot.expect_close().await;
+        robot.expect_close_with(1008).await;
     }
     let metrics = server.metrics().await;
     assert!(
@@ -327,7 +327,7 @@ async fn revoked_serial_closes_the_live_connection_and_stays_refused() {
     assert_eq!(status, 200);
     let error = robot.expect_error("UNAUTHORIZED").await;
     assert_eq!(error["payload"]["details"]["reason"], "revoked");
-    robot.expect_close().await;
+    robot.expect_close_with(4003).await;
     let (_robot, reply) = login(&server, "robot-1", &chain, &key).await;
     assert_refused(&reply, "revoked");
 }
@@ -359,7 +359,7 @@ async fn crl_listed_serials_are_refused_and_reloads_cut_off_live_robots() {
     std::fs::rename(&new_crl, &crl_path).unwrap();
     let error = robot.expect_error("UNAUTHORIZED").await;
     assert_eq!(error["payload"]["details"]["reason"], "revoked");
-    robot.expect_close().await;
+    robot.expect_close_with(4003).await;
     std::fs::remove_file(crl_path).ok();
 }
 
