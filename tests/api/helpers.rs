@@ -5,11 +5,11 @@
 
 use std::time::Duration;
 
-use base64::engine::general_purpose::STANDARD;
+use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD};
 use base64::Engine;
 use futures_util::{SinkExt, StreamExt};
 use ring::rand::SystemRandom;
-use ring::signature::{Ed25519KeyPair, KeyPair};
+use ring::signature::{EcdsaKeyPair, Ed25519KeyPair, KeyPair};
 use serde_json::{json, Value};
 use signalling_protocol::schema::SchemaValidator;
 use signalling_server::{Config, Server};
@@ -234,9 +234,21 @@ impl TestServer {
     /// A robot connected, registered and verified.
     pub async fn online_robot(&self, robot_id: &str) -> (WsClient, Ed25519KeyPair) {
         let key = self.enrolled_robot(robot_id).await;
+        (self.robot_login(robot_id, &key).await, key)
+    }
+
+    /// A fresh socket logged in as `robot_id` with `signer`.
+    pub async fn robot_login(&self, robot_id: &str, signer: &dyn Signer) -> WsClient {
         let mut robot = WsClient::connect(&self.ws_url()).await;
-        robot.login_as_robot(robot_id, &key).await;
-        (robot, key)
+        robot.prove(robot_id, signer).await;
+        robot
+    }
+
+    /// A fresh socket that tries to log in as `robot_id`; returns it with the verdict.
+    pub async fn robot_attempt(&self, robot_id: &str, signer: &dyn Signer) -> (WsClient, Value) {
+        let mut robot = WsClient::connect(&self.ws_url()).await;
+        let verdict = robot.try_prove(robot_id, signer).await;
+        (robot, verdict)
     }
 
     /// A client with a token for `subject` and a grant of `role` on `robot_id`.
@@ -449,22 +461,38 @@ impl WsClient {
         assert_eq!(pong["correlationId"], ping["id"]);
     }
 
-    /// register → pki_challenge → pki_response → pki_verified (+ second welcome).
-    pub async fn login_as_robot(&mut self, robot_id: &str, key: &Ed25519KeyPair) {
-        let challenge = self.register(robot_id).await;
-        let bytes = STANDARD
-            .decode(
-                challenge["payload"]["challenge"]
-                    .as_str()
-                    .expect("challenge"),
-            )
-            .expect("padded standard base64");
-        let response = pki_response(&challenge, &STANDARD.encode(key.sign(&bytes).as_ref()));
-        self.send(&response).await;
-        let verified = self.recv_type("signalling.pki_verified").await;
+    /// register → pki_challenge → pki_response → pki_verified → second welcome, with any
+    /// key type; returns the second welcome.
+    pub async fn prove(&mut self, robot_id: &str, signer: &dyn Signer) -> Value {
+        let verified = self.try_prove(robot_id, signer).await;
+        assert_eq!(verified["type"], "signalling.pki_verified", "{verified}");
         assert_eq!(verified["payload"]["agentId"], robot_id);
-        assert_eq!(verified["correlationId"], response["id"]);
-        self.recv_type("signalling.welcome").await;
+        self.recv_type("signalling.welcome").await
+    }
+
+    /// The login sequence up to the server's verdict, which is returned unchecked: a
+    /// refusal of the register itself, or the answer to the signed challenge.
+    pub async fn try_prove(&mut self, robot_id: &str, signer: &dyn Signer) -> Value {
+        let mut payload = json!({ "agentId": robot_id });
+        if let Some(chain) = signer.chain() {
+            payload["metadata"] = json!({ "certificate": chain, "model": "MR-5000" });
+        }
+        self.send(&envelope("signalling.register", Some(payload)))
+            .await;
+        let challenge = self.recv().await;
+        if challenge["type"] != "signalling.pki_challenge" {
+            return challenge;
+        }
+        let response = signed_response(&challenge, signer);
+        self.send(&response).await;
+        let answer = self.recv().await;
+        assert_eq!(answer["correlationId"], response["id"], "{answer}");
+        answer
+    }
+
+    /// register → pki_challenge → pki_response → pki_verified (+ second welcome).
+    pub async fn login_as_robot(&mut self, robot_id: &str, key: &dyn Signer) {
+        self.prove(robot_id, key).await;
     }
 
     /// Sends register, returns the challenge.
@@ -503,6 +531,102 @@ fn validated(text: &str) -> Value {
         panic!("server sent a message that breaks the spec: {e}\n{value}");
     }
     value
+}
+
+/// The bytes of a pki_challenge, checked against the contract: padded standard base64 of
+/// at least 32 bytes.
+pub fn challenge_bytes(challenge: &Value) -> Vec<u8> {
+    let text = challenge["payload"]["challenge"]
+        .as_str()
+        .expect("challenge");
+    let bytes = STANDARD.decode(text).expect("padded standard base64");
+    assert!(bytes.len() >= 32, "challenge has {} bytes", bytes.len());
+    bytes
+}
+
+/// A robot's private key, for any key type the server accepts.
+pub trait Signer {
+    /// The signature over a challenge, in the key type's wire format.
+    fn sign_challenge(&self, challenge: &[u8]) -> Vec<u8>;
+
+    /// How the signature travels in pki_response.
+    fn encode(&self, signature: &[u8]) -> String {
+        STANDARD.encode(signature)
+    }
+
+    /// A certificate chain to present in register (fleet certificates).
+    fn chain(&self) -> Option<&str> {
+        None
+    }
+}
+
+impl Signer for Ed25519KeyPair {
+    fn sign_challenge(&self, challenge: &[u8]) -> Vec<u8> {
+        self.sign(challenge).as_ref().to_vec()
+    }
+}
+
+/// ECDSA with ring: ASN.1 DER or fixed r‖s, as the key was made.
+impl Signer for EcdsaKeyPair {
+    fn sign_challenge(&self, challenge: &[u8]) -> Vec<u8> {
+        self.sign(&SystemRandom::new(), challenge)
+            .expect("ECDSA signature")
+            .as_ref()
+            .to_vec()
+    }
+}
+
+/// rcgen's keys (Ed25519 raw, ECDSA ASN.1 DER), as used for certificates.
+impl Signer for rcgen::KeyPair {
+    fn sign_challenge(&self, challenge: &[u8]) -> Vec<u8> {
+        rcgen::SigningKey::sign(self, challenge).expect("rcgen signature")
+    }
+}
+
+/// A key that presents its certificate chain at register.
+pub struct Certified<'a> {
+    pub chain: &'a str,
+    pub key: &'a dyn Signer,
+}
+
+impl<'a> Certified<'a> {
+    pub fn new(chain: &'a str, key: &'a dyn Signer) -> Self {
+        Certified { chain, key }
+    }
+}
+
+impl Signer for Certified<'_> {
+    fn sign_challenge(&self, challenge: &[u8]) -> Vec<u8> {
+        self.key.sign_challenge(challenge)
+    }
+    fn chain(&self) -> Option<&str> {
+        Some(self.chain)
+    }
+}
+
+/// A key whose signatures travel as unpadded base64, as the Modulr agent sends them.
+pub struct Unpadded<'a>(pub &'a dyn Signer);
+
+impl Signer for Unpadded<'_> {
+    fn sign_challenge(&self, challenge: &[u8]) -> Vec<u8> {
+        self.0.sign_challenge(challenge)
+    }
+    fn encode(&self, signature: &[u8]) -> String {
+        STANDARD_NO_PAD.encode(signature)
+    }
+}
+
+/// The pki_response to `challenge` signed by `signer`.
+pub fn signed_response(challenge: &Value, signer: &dyn Signer) -> Value {
+    let signature = signer.sign_challenge(&challenge_bytes(challenge));
+    pki_response(challenge, &signer.encode(&signature))
+}
+
+/// Expects a login refusal with `reason`.
+pub fn assert_refused(reply: &Value, reason: &str) {
+    assert_eq!(reply["type"], "signalling.error", "{reply}");
+    assert_eq!(reply["payload"]["code"], "UNAUTHORIZED", "{reply}");
+    assert_eq!(reply["payload"]["details"]["reason"], reason, "{reply}");
 }
 
 pub fn pki_response(challenge: &Value, signature: &str) -> Value {

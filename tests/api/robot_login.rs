@@ -7,16 +7,6 @@ use ring::rand::SystemRandom;
 use ring::signature::{EcdsaKeyPair, KeyPair, ECDSA_P256_SHA256_ASN1_SIGNING};
 use serde_json::json;
 
-fn challenge_bytes(challenge: &serde_json::Value) -> Vec<u8> {
-    let text = challenge["payload"]["challenge"]
-        .as_str()
-        .expect("challenge");
-    // The contract promises padded standard base64 of at least 32 bytes.
-    let bytes = STANDARD.decode(text).expect("padded standard base64");
-    assert!(bytes.len() >= 32, "challenge has {} bytes", bytes.len());
-    bytes
-}
-
 #[tokio::test]
 async fn ed25519_robot_logs_in_and_is_online() {
     let server = TestServer::start().await;
@@ -50,15 +40,7 @@ async fn unpadded_signature_and_unpadded_key_are_accepted() {
         .await;
     assert_eq!(status, 201);
     let mut robot = WsClient::connect(&server.ws_url()).await;
-    let challenge = robot.register("robot-np").await;
-    let signature = key.sign(&challenge_bytes(&challenge));
-    robot
-        .send(&pki_response(
-            &challenge,
-            &STANDARD_NO_PAD.encode(signature.as_ref()),
-        ))
-        .await;
-    robot.recv_type("signalling.pki_verified").await;
+    robot.prove("robot-np", &Unpadded(&key)).await;
 }
 
 #[tokio::test]
@@ -78,15 +60,7 @@ async fn ecdsa_p256_spki_key_with_der_signature() {
         .await;
     assert_eq!(status, 201, "{body}");
     let mut robot = WsClient::connect(&server.ws_url()).await;
-    let challenge = robot.register("robot-ec").await;
-    let signature = key.sign(&rng, &challenge_bytes(&challenge)).unwrap();
-    robot
-        .send(&pki_response(
-            &challenge,
-            &STANDARD.encode(signature.as_ref()),
-        ))
-        .await;
-    robot.recv_type("signalling.pki_verified").await;
+    robot.prove("robot-ec", &key).await;
     let (_, body) = server
         .admin(reqwest::Method::GET, "/v1/robots/robot-ec", None)
         .await;
@@ -111,14 +85,9 @@ async fn wrong_key_is_refused_and_socket_closed() {
     let server = TestServer::start().await;
     server.enrolled_robot("robot-1").await;
     let impostor = new_ed25519();
-    let mut robot = WsClient::connect(&server.ws_url()).await;
-    let challenge = robot.register("robot-1").await;
-    let signature = impostor.sign(&challenge_bytes(&challenge));
-    let response = pki_response(&challenge, &STANDARD.encode(signature.as_ref()));
-    robot.send(&response).await;
-    let error = robot.expect_error("UNAUTHORIZED").await;
-    assert_eq!(error["payload"]["details"]["reason"], "bad_signature");
-    assert_eq!(error["correlationId"], response["id"]);
+    // try_prove checks that the refusal answers the signed response.
+    let (mut robot, error) = server.robot_attempt("robot-1", &impostor).await;
+    assert_refused(&error, "bad_signature");
     robot.expect_close_with(1008).await;
     assert!(!server.state.hub.is_online("robot-1"));
     assert!(server
@@ -148,8 +117,8 @@ async fn replayed_signature_is_refused_on_a_new_connection() {
     // A genuine login, observed by an attacker...
     let mut genuine = WsClient::connect(&server.ws_url()).await;
     let challenge = genuine.register("robot-1").await;
-    let signature = STANDARD.encode(key.sign(&challenge_bytes(&challenge)).as_ref());
-    genuine.send(&pki_response(&challenge, &signature)).await;
+    let observed = signed_response(&challenge, &key);
+    genuine.send(&observed).await;
     genuine.recv_type("signalling.pki_verified").await;
     genuine.recv_type("signalling.welcome").await;
     // ...who replays the signature against a fresh challenge.
@@ -159,7 +128,8 @@ async fn replayed_signature_is_refused_on_a_new_connection() {
         fresh["payload"]["challenge"],
         challenge["payload"]["challenge"]
     );
-    attacker.send(&pki_response(&fresh, &signature)).await;
+    let signature = observed["payload"]["signature"].as_str().unwrap();
+    attacker.send(&pki_response(&fresh, signature)).await;
     let error = attacker.expect_error("UNAUTHORIZED").await;
     assert_eq!(error["payload"]["details"]["reason"], "bad_signature");
     attacker.expect_close_with(1008).await;
@@ -174,10 +144,7 @@ async fn a_challenge_is_single_use() {
     let key = server.enrolled_robot("robot-1").await;
     let mut robot = WsClient::connect(&server.ws_url()).await;
     let challenge = robot.register("robot-1").await;
-    let response = pki_response(
-        &challenge,
-        &STANDARD.encode(key.sign(&challenge_bytes(&challenge)).as_ref()),
-    );
+    let response = signed_response(&challenge, &key);
     robot.send(&response).await;
     robot.recv_type("signalling.pki_verified").await;
     robot.recv_type("signalling.welcome").await;
@@ -192,10 +159,7 @@ async fn response_must_correlate_with_the_challenge() {
     let key = server.enrolled_robot("robot-1").await;
     let mut robot = WsClient::connect(&server.ws_url()).await;
     let challenge = robot.register("robot-1").await;
-    let mut response = pki_response(
-        &challenge,
-        &STANDARD.encode(key.sign(&challenge_bytes(&challenge)).as_ref()),
-    );
+    let mut response = signed_response(&challenge, &key);
     response["correlationId"] = json!("something-else");
     robot.send(&response).await;
     let error = robot.expect_error("UNAUTHORIZED").await;
@@ -325,11 +289,7 @@ async fn second_welcome_carries_turn_credentials_only_after_verification() {
     let first = robot.recv_type("signalling.welcome").await;
     let servers = first["payload"]["iceServers"].as_array().unwrap();
     assert_eq!(servers.len(), 1, "STUN only before verification: {first}");
-    let challenge = robot.register("robot-1").await;
-    let signature = STANDARD.encode(key.sign(&challenge_bytes(&challenge)).as_ref());
-    robot.send(&pki_response(&challenge, &signature)).await;
-    robot.recv_type("signalling.pki_verified").await;
-    let second = robot.recv_type("signalling.welcome").await;
+    let second = robot.prove("robot-1", &key).await;
     let servers = second["payload"]["iceServers"].as_array().unwrap();
     assert_eq!(servers.len(), 2, "{second}");
     assert!(servers[1]["username"]
