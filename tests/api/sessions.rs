@@ -1,8 +1,6 @@
 //! Sessions: permission checks, the operator lock, and relay strictly between the two ends.
 
-mod common;
-
-use common::*;
+use crate::helpers::*;
 use serde_json::json;
 
 #[tokio::test]
@@ -318,7 +316,7 @@ async fn revoked_robot_is_cut_off_mid_session() {
     assert_eq!(body["disconnected"], true);
     let error = robot.expect_error("UNAUTHORIZED").await;
     assert_eq!(error["payload"]["details"]["reason"], "revoked");
-    robot.expect_close().await;
+    robot.expect_close_with(4003).await;
     let notice = alice.recv_type("signalling.disconnected").await;
     assert_eq!(notice["payload"]["connectionId"], session.as_str());
 
