@@ -46,7 +46,13 @@ pub struct Protocol {
     token_deadline: Option<Instant>,
     /// Replies for this socket itself, written by the socket loop in order.
     pub replies: Vec<String>,
+    /// A token-less socket asked for welcomes (`ready`, or `register` with
+    /// `metadata.wantsWelcome`): it gets a fresh one, with TURN credentials, once verified.
+    wants_welcome: bool,
 }
+
+/// Key in `signalling.register`'s `metadata` by which a robot asks for welcomes.
+pub const WANTS_WELCOME: &str = "wantsWelcome";
 
 impl Protocol {
     pub fn new(state: SharedState, conn: ConnId, client: Option<ClientIdentity>) -> Protocol {
@@ -64,6 +70,7 @@ impl Protocol {
             peer,
             token_deadline,
             replies: Vec::new(),
+            wants_welcome: false,
         }
     }
 
@@ -89,7 +96,10 @@ impl Protocol {
     /// `register` with `metadata.wantsWelcome` (the Modulr agent logs an error for every
     /// welcome it did not ask for).
     pub fn welcome_at_open(&self) -> Option<String> {
-        Some(self.welcome())
+        match self.peer {
+            Peer::Client(_) => Some(self.welcome()),
+            _ => None,
+        }
     }
 
     pub fn welcome(&self) -> String {
@@ -133,6 +143,7 @@ impl Protocol {
         // The legacy greeting is tiny; checking size first keeps a second JSON parse off
         // the relay path.
         if text.len() <= LEGACY_READY_MAX && is_legacy_ready(text) {
+            self.wants_welcome = true;
             let welcome = self.welcome();
             self.replies.push(welcome);
             return Ok(());
@@ -226,6 +237,15 @@ impl Protocol {
             }
             Peer::Unverified { .. } => {}
         }
+        if payload
+            .metadata
+            .as_ref()
+            .and_then(|m| m.get(WANTS_WELCOME))
+            .and_then(serde_json::Value::as_bool)
+            == Some(true)
+        {
+            self.wants_welcome = true;
+        }
         let mut challenge = match self
             .state
             .identity
@@ -303,9 +323,11 @@ impl Protocol {
         self.peer = Peer::Robot {
             robot_id: verified.robot_id,
         };
-        // Now that it is proven, the robot may have TURN credentials.
-        let welcome = self.welcome();
-        self.replies.push(welcome);
+        // Now that it is proven, the robot may have TURN credentials, if it wants them.
+        if self.wants_welcome {
+            let welcome = self.welcome();
+            self.replies.push(welcome);
+        }
         Ok(())
     }
 

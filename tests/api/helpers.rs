@@ -343,14 +343,27 @@ pub struct WsClient {
 }
 
 impl WsClient {
+    /// A token-less socket (a robot, before it proves itself): the server sends nothing
+    /// until asked (issue 15: no welcome unless wanted).
     pub async fn connect(url: &str) -> WsClient {
-        Self::connect_request(url.into_client_request().expect("request")).await
+        let request = url.into_client_request().expect("request");
+        let (ws, _) = tokio::time::timeout(WAIT, tokio_tungstenite::connect_async(request))
+            .await
+            .expect("connect in time")
+            .expect("WebSocket upgrade");
+        WsClient::over(ws)
     }
 
     pub async fn connect_with_token(url: &str, token: &str) -> WsClient {
-        Self::connect(&format!("{url}?token={token}")).await
+        Self::connect_request(
+            format!("{url}?token={token}")
+                .into_client_request()
+                .expect("request"),
+        )
+        .await
     }
 
+    /// A socket that logs in at the upgrade (a client): its welcome comes first.
     pub async fn connect_request(
         request: tokio_tungstenite::tungstenite::handshake::client::Request,
     ) -> WsClient {
@@ -473,9 +486,11 @@ impl WsClient {
     /// The login sequence up to the server's verdict, which is returned unchecked: a
     /// refusal of the register itself, or the answer to the signed challenge.
     pub async fn try_prove(&mut self, robot_id: &str, signer: &dyn Signer) -> Value {
-        let mut payload = json!({ "agentId": robot_id });
+        // Like robot-agent, ask for the welcome that carries TURN credentials.
+        let mut payload = json!({ "agentId": robot_id, "metadata": { "wantsWelcome": true } });
         if let Some(chain) = signer.chain() {
-            payload["metadata"] = json!({ "certificate": chain, "model": "MR-5000" });
+            payload["metadata"] =
+                json!({ "certificate": chain, "model": "MR-5000", "wantsWelcome": true });
         }
         self.send(&envelope("signalling.register", Some(payload)))
             .await;
@@ -499,7 +514,7 @@ impl WsClient {
     pub async fn register(&mut self, robot_id: &str) -> Value {
         self.send(&envelope(
             "signalling.register",
-            Some(json!({ "agentId": robot_id })),
+            Some(json!({ "agentId": robot_id, "metadata": { "wantsWelcome": true } })),
         ))
         .await;
         self.recv_type("signalling.pki_challenge").await
