@@ -413,6 +413,11 @@ async function main() {
     const b = snap.browser.sessions[connectionId];
     const r = snap.robot.sessions[connectionId];
 
+    // Chromium accepted every relayed candidate.
+    const refused = b.added.filter((a) => !a.ok);
+    assert(refused.length === 0, `Chromium refused ${refused.length} of ${b.added.length} relayed candidates: `
+      + refused.map((a) => `${JSON.stringify(a.payload)} -> ${a.error}`).join('; '));
+
     // Neither SDP carries a candidate: ICE used the relayed ones alone.
     const ofSession = (m, type) => m.type === type && m.payload?.connectionId === connectionId;
     const relayedOffer = snap.robot.received.find((m) => ofSession(m, 'signalling.offer'));
@@ -442,11 +447,7 @@ async function main() {
       else throw new Error(`candidate ${i}: sdpMid ${JSON.stringify(got.sdpMid)} is neither "" nor the offer's mid ${JSON.stringify(mids[got.sdpMLineIndex])}`);
     });
 
-    // Chromium accepted every relayed candidate.
     assert(b.added.length === relayed.length, `addIceCandidate called ${b.added.length} times for ${relayed.length} candidates`);
-    const refused = b.added.filter((a) => !a.ok);
-    assert(refused.length === 0, `Chromium refused ${refused.length} of ${relayed.length} relayed candidates: `
-      + refused.map((a) => `${JSON.stringify(a.payload)} -> ${a.error}`).join('; '));
 
     // The pair ICE selected has a relayed candidate as its remote end.
     const pair = await page.evaluate((id) => window.sdpmid.selectedPair(id), connectionId);
@@ -492,6 +493,7 @@ async function main() {
 let ok = false;
 const watchdog = setTimeout(async () => {
   log(`FAIL: the whole test took over ${WATCHDOG_MS} ms`);
+  if (browser) await Promise.race([browser.close().catch(() => {}), new Promise((r) => setTimeout(r, 2000))]);
   await stopChild(server, 1000);
   process.exit(1);
 }, WATCHDOG_MS);
