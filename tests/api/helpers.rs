@@ -397,6 +397,11 @@ impl WsClient {
         self.send_message(Message::Text(text.into())).await;
     }
 
+    /// Sends and reports whether the socket took it (false once the server closed it).
+    pub async fn try_send_text(&mut self, text: String) -> bool {
+        self.ws.send(Message::Text(text.into())).await.is_ok()
+    }
+
     pub async fn send_message(&mut self, message: Message) {
         self.ws.send(message).await.expect("send");
     }
@@ -651,4 +656,71 @@ pub fn pki_response(challenge: &Value, signature: &str) -> Value {
     );
     response["correlationId"] = challenge["id"].clone();
     response
+}
+
+/// The server binary as a separate process (for what only a real process shows: its log,
+/// signals), with JSON logs on stdout collected line by line.
+pub struct ServerProcess {
+    child: std::process::Child,
+    pub addr: String,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl ServerProcess {
+    /// Starts the binary on 127.0.0.1:0 with its own database, the test admin token and
+    /// `args`; returns once it announced its address.
+    pub async fn start(args: &[&str], env: &[(&str, &str)]) -> ServerProcess {
+        use std::io::BufRead;
+        let (database_url, _) = test_database().await;
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_signalling-server"));
+        command
+            .args(["--listen", "127.0.0.1:0", "--admin-token", ADMIN_TOKEN])
+            .args(["--log-format", "json", "--database-url", &database_url])
+            .args(args)
+            .env_remove("REDIS_URL")
+            .stdout(std::process::Stdio::piped());
+        for (key, value) in env {
+            command.env(key, value);
+        }
+        let mut child = command.spawn().expect("server binary");
+        let stdout = child.stdout.take().expect("stdout");
+        let (line_tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if line_tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut process = ServerProcess {
+            child,
+            addr: String::new(),
+            lines,
+        };
+        let deadline = std::time::Instant::now() + WAIT;
+        while process.addr.is_empty() {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let line = process
+                .lines
+                .recv_timeout(left)
+                .expect("server announces its address");
+            if let Ok(log) = serde_json::from_str::<Value>(&line) {
+                if log["fields"]["message"] == "listening" {
+                    process.addr = log["fields"]["addr"].as_str().unwrap_or_default().into();
+                }
+            }
+        }
+        process
+    }
+
+    /// Kills the process and returns everything it logged after announcing its address.
+    pub fn stop(mut self) -> String {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        // The reader thread ends at EOF, which closes the channel.
+        self.lines.iter().collect::<Vec<_>>().join("\n")
+    }
 }
