@@ -13,37 +13,9 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
-/// Role of a session, from the server's `meta.session.role`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    Viewer,
-    Operator,
-    Owner,
-}
-
-impl Role {
-    /// Anything the server did not vouch for is treated as a viewer: least
-    /// privilege is the only safe default for a machine that moves.
-    pub fn parse(role: Option<&str>) -> Role {
-        match role {
-            Some("owner") => Role::Owner,
-            Some("operator") => Role::Operator,
-            _ => Role::Viewer,
-        }
-    }
-
-    pub fn may_drive(self) -> bool {
-        matches!(self, Role::Operator | Role::Owner)
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Viewer => "viewer",
-            Role::Operator => "operator",
-            Role::Owner => "owner",
-        }
-    }
-}
+/// Role of a session, from the server's `meta.session.role`: the protocol
+/// crate's type, shared with the server that writes it.
+pub use signalling_protocol::Role;
 
 /// Configured limits; `[safety]` in the config file, `safety.*` at runtime.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -316,11 +288,11 @@ mod tests {
 
     #[test]
     fn roles() {
-        assert_eq!(Role::parse(Some("owner")), Role::Owner);
-        assert_eq!(Role::parse(Some("operator")), Role::Operator);
-        assert_eq!(Role::parse(Some("viewer")), Role::Viewer);
-        assert_eq!(Role::parse(Some("admin")), Role::Viewer);
-        assert_eq!(Role::parse(None), Role::Viewer);
+        assert_eq!(Role::parse_or_viewer(Some("owner")), Role::Owner);
+        assert_eq!(Role::parse_or_viewer(Some("operator")), Role::Operator);
+        assert_eq!(Role::parse_or_viewer(Some("viewer")), Role::Viewer);
+        assert_eq!(Role::parse_or_viewer(Some("admin")), Role::Viewer);
+        assert_eq!(Role::parse_or_viewer(None), Role::Viewer);
     }
 
     #[test]

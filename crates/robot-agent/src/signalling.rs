@@ -17,7 +17,7 @@ use ring::rand::{SecureRandom, SystemRandom};
 use serde_json::{Map, Value};
 use signalling_protocol::{
     Body, Envelope, IceCandidatePayload, IceServer, PkiResponsePayload, RegisterPayload,
-    Signalling, PROTOCOL_VERSION,
+    SessionMeta, Signalling, PROTOCOL_VERSION,
 };
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Message;
@@ -352,16 +352,10 @@ async fn dispatch(text: &str, ws: &mut Socket) -> Result<Option<Inbound>, Signal
     };
     Ok(match body {
         Signalling::Offer(offer) => {
-            let session = envelope
-                .meta
-                .as_ref()
-                .and_then(|m| m.get("session"))
-                .and_then(Value::as_object);
-            let role = Role::parse(session.and_then(|s| s.get("role")).and_then(Value::as_str));
-            let subject = session
-                .and_then(|s| s.get("subject"))
-                .and_then(Value::as_str)
-                .map(str::to_owned);
+            // Least privilege unless the server vouched for more.
+            let session = SessionMeta::from_meta(envelope.meta.as_ref());
+            let role = session.as_ref().map_or(Role::Viewer, |s| s.role);
+            let subject = session.map(|s| s.subject);
             Some(Inbound::Offer {
                 session: offer.connection_id,
                 sdp: offer.sdp,
