@@ -19,6 +19,7 @@ mod body;
 mod common;
 mod envelope;
 mod error;
+mod legacy;
 mod session;
 mod signalling;
 
@@ -34,6 +35,7 @@ pub use body::{requires_correlation_id, Body, MESSAGE_TYPES};
 pub use common::{CapabilitiesPayload, ErrorPayload};
 pub use envelope::{is_legacy_ready, Envelope};
 pub use error::{ErrorCode, ProtocolError};
+pub use legacy::{parse_legacy_movement, LEGACY_MOVEMENT_TYPE};
 pub use session::{Role, SessionMeta, SESSION_META_KEY};
 pub use signalling::{
     AnswerPayload, AnswerSdpType, ConnectedIceState, ConnectedPayload, DataChannelState,

@@ -7,11 +7,17 @@
 //!   speeds (and clamped, in case a caller skipped validation);
 //! * a dead-man watchdog stops the robot when movement commands stop coming;
 //! * commands are rate limited (token bucket);
-//! * an emergency stop from the driver latches until an operator resets it.
+//! * an emergency stop from the driver latches until an operator resets it;
+//! * no stale command moves the robot ([`freshness`], applied per session
+//!   before a command reaches this core).
 
 use std::time::{Duration, Instant};
 
 use serde::Deserialize;
+
+pub mod freshness;
+
+use freshness::FreshnessConfig;
 
 /// Role of a session, from the server's `meta.session.role`: the protocol
 /// crate's type, shared with the server that writes it.
@@ -32,6 +38,25 @@ pub struct SafetyLimits {
     pub watchdog: Duration,
     /// Sustained movement/navigation commands per second.
     pub max_command_rate: u32,
+    /// How far ahead of a session's clock estimate a timestamp may be
+    /// before the command counts as sent from the future (stale).
+    #[serde(rename = "future_tolerance_ms", with = "millis")]
+    pub future_tolerance: Duration,
+    /// Span of each session's sliding minimum of clock offset + delay.
+    #[serde(rename = "clock_window_ms", with = "millis")]
+    pub clock_window: Duration,
+}
+
+impl SafetyLimits {
+    /// The freshness rules' parameters; the window is the watchdog's, so a
+    /// command is stale exactly when it is older than the dead-man allows.
+    pub fn freshness(&self) -> FreshnessConfig {
+        FreshnessConfig {
+            window: self.watchdog,
+            future_tolerance: self.future_tolerance,
+            clock_window: self.clock_window,
+        }
+    }
 }
 
 impl Default for SafetyLimits {
@@ -41,6 +66,8 @@ impl Default for SafetyLimits {
             max_angular: 1.0,
             watchdog: Duration::from_millis(300),
             max_command_rate: 50,
+            future_tolerance: Duration::from_millis(500),
+            clock_window: Duration::from_secs(10),
         }
     }
 }
