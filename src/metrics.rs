@@ -37,6 +37,8 @@ pub struct Metrics {
     pub pki_results: IntCounterVec,
     /// `signalling.error` messages sent, by spec code.
     pub errors: IntCounterVec,
+    /// Loaded CRLs past their nextUpdate (still enforced; the issuer owes a newer one).
+    pub crl_stale: IntGauge,
     relay: Arc<[RelayMetrics]>,
 }
 
@@ -91,8 +93,11 @@ impl Metrics {
             &["code"],
         )
         .expect("valid metric");
+        let crl_stale = IntGauge::new("signalling_crl_stale", "Loaded CRLs past their nextUpdate")
+            .expect("valid metric");
         for collector in [
-            Box::new(connections.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(crl_stale.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(connections.clone()),
             Box::new(robots_online.clone()),
             Box::new(sessions_active.clone()),
             Box::new(messages_relayed.clone()),
@@ -119,6 +124,7 @@ impl Metrics {
             relay_latency,
             pki_results,
             errors,
+            crl_stale,
         }
     }
 

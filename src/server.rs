@@ -159,7 +159,7 @@ impl Server {
             ice,
             admin_token_hash,
         ));
-        crate::identity::crl_reload::start(&state)?;
+        crate::identity::crl_reload::start(&state).await?;
         Ok(Server { state, listener })
     }
 

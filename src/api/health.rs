@@ -18,14 +18,37 @@ pub async fn readyz(State(state): State<SharedState>) -> Result<Json<Value>, Api
         return Err(ApiError::Unavailable("shutting down".into()));
     }
     match tokio::time::timeout(Duration::from_secs(2), state.store.ping()).await {
-        Ok(Ok(())) => Ok(Json(
-            json!({ "status": "ready", "database": state.store.backend() }),
-        )),
+        Ok(Ok(())) => {
+            let mut answer = json!({ "status": "ready", "database": state.store.backend() });
+            if state.config.crl.is_some() {
+                answer["crl"] = crl_detail(&state);
+            }
+            Ok(Json(answer))
+        }
         Ok(Err(e)) => Err(ApiError::Unavailable(format!("database: {e}"))),
         Err(_) => Err(ApiError::Unavailable(
             "database: no answer within 2 s".into(),
         )),
     }
+}
+
+/// CRL freshness: a stale CRL is reported, not fatal (it still revokes what it lists, and
+/// failing readiness on every node at once would take the whole fleet offline).
+fn crl_detail(state: &SharedState) -> Value {
+    let status = state.identity.crl_status(crate::identity::unix_now());
+    let lists: Vec<Value> = status
+        .iter()
+        .map(|s| {
+            json!({
+                "issuer": s.issuer,
+                "thisUpdate": super::rfc3339(s.this_update_unix.saturating_mul(1000)),
+                "nextUpdate": super::rfc3339(s.next_update_unix.saturating_mul(1000)),
+                "stale": s.stale,
+            })
+        })
+        .collect();
+    let stale = status.iter().any(|s| s.stale);
+    json!({ "status": if stale { "stale" } else { "fresh" }, "lists": lists })
 }
 
 pub async fn metrics(State(state): State<SharedState>) -> impl IntoResponse {

@@ -1,56 +1,76 @@
 //! Keeps the imported CRL current: loaded at start, reloaded when the file changes or on
-//! SIGHUP. Newly listed serials are recorded as revoked and live robots using them are
-//! disconnected at once.
+//! SIGHUP. The rules (signers, rollback, persistence, staleness) are in `identity::crl`;
+//! this task reads the file, closes live robots whose certificate is newly listed, and
+//! reports staleness.
 
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
-use crate::pki::{parse_crl, TrustStore};
 use crate::relay::Kick;
 use crate::server::StartError;
 use crate::state::SharedState;
 
-/// How often the CRL file's modification time is checked.
+/// How often the CRL file's modification time (and the CRLs' freshness) is checked.
 const POLL: Duration = Duration::from_secs(2);
 
 /// Loads the CRL (a bad file at start is a start error: fail closed) and watches it.
-pub fn start(state: &SharedState) -> Result<(), StartError> {
+pub async fn start(state: &SharedState) -> Result<(), StartError> {
     let Some(path) = state.config.crl.clone() else {
         return Ok(());
     };
-    let modified = load(state, &path).map_err(|message| StartError::File {
-        path: path.display().to_string(),
-        message,
-    })?;
+    let modified = load(state, &path)
+        .await
+        .map_err(|message| StartError::File {
+            path: path.display().to_string(),
+            message,
+        })?;
     tokio::spawn(watch(state.clone(), path, modified));
     Ok(())
 }
 
 /// Parses and applies the CRL; returns the file's modification time.
-fn load(state: &SharedState, path: &PathBuf) -> Result<Option<SystemTime>, String> {
+async fn load(state: &SharedState, path: &PathBuf) -> Result<Option<SystemTime>, String> {
     let modified = std::fs::metadata(path).and_then(|m| m.modified()).ok();
     let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
-    let roots = state
+    let applied = state
         .identity
-        .trust()
-        .cloned()
-        .unwrap_or_else(TrustStore::new);
-    let list = parse_crl(&bytes, &roots, state.identity.ca()).map_err(|e| e.to_string())?;
-    let entries: Vec<String> = list
-        .serials
-        .iter()
-        .map(|s| crate::identity::serial_revocation_entry(s))
-        .collect();
-    state.identity.set_crl_serials(list.serials.clone());
+        .apply_crl_file(&bytes)
+        .await
+        .map_err(|e| e.to_string())?;
     let kicked = state
         .hub
-        .kick_robots_with_credentials(&entries, Kick::Revoked);
-    tracing::info!(issuer = %list.issuer, serials = list.serials.len(), disconnected = kicked, "CRL loaded");
+        .kick_robots_with_credentials(&applied.entries, Kick::Revoked);
+    tracing::info!(
+        lists = applied.lists,
+        entries = applied.entries.len(),
+        disconnected = kicked,
+        "CRL loaded"
+    );
+    report_staleness(state, &mut Vec::new());
     Ok(modified)
+}
+
+/// Sets the stale-CRL gauge and logs each issuer once when its CRL goes stale.
+fn report_staleness(state: &SharedState, reported: &mut Vec<String>) {
+    let status = state.identity.crl_status(crate::identity::unix_now());
+    let stale: Vec<_> = status.iter().filter(|s| s.stale).collect();
+    state.metrics.crl_stale.set(stale.len() as i64);
+    for s in &stale {
+        if !reported.contains(&s.issuer) {
+            tracing::warn!(
+                issuer = %s.issuer,
+                next_update = s.next_update_unix,
+                "CRL is stale: past its nextUpdate; still enforced, publish a newer one"
+            );
+            reported.push(s.issuer.clone());
+        }
+    }
+    reported.retain(|issuer| stale.iter().any(|s| &s.issuer == issuer));
 }
 
 async fn watch(state: SharedState, path: PathBuf, mut modified: Option<SystemTime>) {
     let mut poll = tokio::time::interval(POLL);
+    let mut reported = Vec::new();
     #[cfg(unix)]
     let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
     loop {
@@ -69,11 +89,12 @@ async fn watch(state: SharedState, path: PathBuf, mut modified: Option<SystemTim
             _ = poll.tick() => false,
             _ = forced => true,
         };
+        report_staleness(&state, &mut reported);
         let now = std::fs::metadata(&path).and_then(|m| m.modified()).ok();
         if !force && now == modified {
             continue;
         }
-        match load(&state, &path) {
+        match load(&state, &path).await {
             Ok(at) => modified = at,
             // Keep the previous list: a half-written or bad file must not un-revoke anything.
             Err(e) => {
