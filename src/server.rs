@@ -15,9 +15,9 @@ use crate::ice::IceConfig;
 use crate::identity::{Identity, IdentityConfig};
 use crate::metrics::Metrics;
 use crate::pki::{CertificateAuthority, TrustStore};
-use crate::relay::{Hub, LocalBus};
-use crate::state::{AppState, SharedState};
+use crate::state::{AppState, Components, SharedState};
 use crate::store::{Store, StoreError};
+use crate::tasks::{self, Tasks};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -36,6 +36,8 @@ pub enum StartError {
     Tls(String),
     #[error("--redis-url: the multi-node Redis bus is not available in this release; run one node without it")]
     RedisUnsupported,
+    #[error("CRL: {0}")]
+    Crl(#[from] crate::tasks::crl::CrlError),
     #[error("server: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -45,6 +47,7 @@ const ADMIN_TOKEN_SETTING: &str = "admin_token_sha256";
 pub struct Server {
     state: SharedState,
     listener: TcpListener,
+    tasks: Tasks,
 }
 
 fn read_file(path: &Path) -> Result<Vec<u8>, StartError> {
@@ -86,8 +89,9 @@ impl Server {
         } else {
             None
         };
+        let mut tasks = Tasks::default();
         if let Some(verifier) = jwt.clone().filter(|v| v.has_jwks_url()) {
-            tokio::spawn(refresh_jwks(verifier));
+            tasks.spawn("jwks-refresh", |stop| tasks::jwks::refresh(verifier, stop));
         }
 
         let trust = match &config.trust_anchors {
@@ -124,7 +128,6 @@ impl Server {
         })?;
 
         let metrics = Metrics::new();
-        let hub = Hub::new(Arc::new(LocalBus::default()), metrics.clone());
         let ice = IceConfig {
             stun_urls: config.stun_urls.clone(),
             turn_urls: config.turn_urls.clone(),
@@ -148,19 +151,28 @@ impl Server {
                     addr: config.listen,
                     source,
                 })?;
-        let state = Arc::new(AppState::new(
+        let state = Arc::new(AppState::new(Components {
             config,
             node_id,
             store,
-            hub,
             metrics,
             clients,
             identity,
             ice,
             admin_token_hash,
-        ));
-        crate::identity::crl_reload::start(&state).await?;
-        Ok(Server { state, listener })
+        }));
+        if let Some(path) = state.config.crl.clone() {
+            let modified = tasks::crl::load_at_start(&state, &path).await?;
+            let watched = state.clone();
+            tasks.spawn("crl-watch", move |stop| {
+                tasks::crl::watch(watched, path, modified, stop)
+            });
+        }
+        Ok(Server {
+            state,
+            listener,
+            tasks,
+        })
     }
 
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
@@ -178,8 +190,9 @@ impl Server {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), StartError> {
         let state = self.state.clone();
-        let app = crate::api::router(state.clone());
         let addr = self.local_addr()?;
+        let tasks = self.tasks;
+        let app = crate::app::router(state.clone());
         let (stopped_tx, stopped_rx) = tokio::sync::oneshot::channel::<()>();
         let drain_state = state.clone();
         let drain = async move {
@@ -224,6 +237,7 @@ impl Server {
                     .await?;
             }
         }
+        tasks.stop().await;
         state.store.close().await;
         Ok(())
     }
@@ -231,7 +245,7 @@ impl Server {
 
 async fn drain(state: &SharedState) {
     state.begin_shutdown();
-    let sockets = state.hub.shutdown();
+    let sockets = state.sessions.shutdown().await;
     tracing::info!(sockets, "shutting down: closing sockets");
     let grace = Duration::from_secs(state.config.shutdown_grace_secs);
     if tokio::time::timeout(grace, state.sockets_drained())
@@ -269,15 +283,4 @@ async fn admin_token_hash(config: &Config, store: &Store) -> Result<String, Star
         tracing::warn!(admin_token = %token, "generated the admin token; it is shown only this once");
     }
     Ok(stored)
-}
-
-async fn refresh_jwks(verifier: Arc<JwtVerifier>) {
-    let mut every = tokio::time::interval(crate::auth::jwt::JWKS_REFRESH);
-    every.tick().await;
-    loop {
-        every.tick().await;
-        if let Err(e) = verifier.fetch_jwks().await {
-            tracing::warn!(error = %e, "JWKS refresh failed; keeping the previous keys");
-        }
-    }
 }

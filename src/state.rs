@@ -10,14 +10,16 @@ use crate::config::Config;
 use crate::ice::IceConfig;
 use crate::identity::Identity;
 use crate::metrics::Metrics;
-use crate::relay::Hub;
+use crate::relay::{Hub, LocalBus, Sessions};
 use crate::store::Store;
 
 pub struct AppState {
     pub config: Config,
     pub node_id: String,
     pub store: Store,
-    pub hub: Hub,
+    /// Presence and the session table; session lives go through `sessions`.
+    pub hub: Arc<Hub>,
+    pub sessions: Sessions,
     pub metrics: Metrics,
     pub clients: ClientAuthenticator,
     pub identity: Identity,
@@ -31,29 +33,38 @@ pub struct AppState {
 
 pub type SharedState = Arc<AppState>;
 
+/// The parts an [`AppState`] is made of, prepared by the server at start.
+pub struct Components {
+    pub config: Config,
+    pub node_id: String,
+    pub store: Store,
+    pub metrics: Metrics,
+    pub clients: ClientAuthenticator,
+    pub identity: Identity,
+    pub ice: IceConfig,
+    pub admin_token_hash: String,
+}
+
 impl AppState {
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        config: Config,
-        node_id: String,
-        store: Store,
-        hub: Hub,
-        metrics: Metrics,
-        clients: ClientAuthenticator,
-        identity: Identity,
-        ice: IceConfig,
-        admin_token_hash: String,
-    ) -> AppState {
+    /// Builds the shared state; the hub and the session service are made here so that
+    /// both always share one hub.
+    pub fn new(parts: Components) -> AppState {
+        let hub = Arc::new(Hub::new(
+            Arc::new(LocalBus::default()),
+            parts.metrics.clone(),
+        ));
+        let sessions = Sessions::new(hub.clone(), parts.store.clone(), parts.node_id.clone());
         AppState {
-            config,
-            node_id,
-            store,
+            config: parts.config,
+            node_id: parts.node_id,
+            store: parts.store,
             hub,
-            metrics,
-            clients,
-            identity,
-            ice,
-            admin_token_hash,
+            sessions,
+            metrics: parts.metrics,
+            clients: parts.clients,
+            identity: parts.identity,
+            ice: parts.ice,
+            admin_token_hash: parts.admin_token_hash,
             shutting_down: AtomicBool::new(false),
             open_sockets: AtomicUsize::new(0),
             sockets_closed: Notify::new(),

@@ -4,27 +4,31 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
 use axum::Json;
+
 use serde_json::{json, Value};
 
+use super::views::Health;
 use super::ApiError;
 use crate::state::SharedState;
 
-pub async fn healthz() -> Json<Value> {
-    Json(json!({ "status": "ok" }))
+pub async fn healthz() -> Json<Health> {
+    Json(Health {
+        status: "ok",
+        database: None,
+        crl: None,
+    })
 }
 
-pub async fn readyz(State(state): State<SharedState>) -> Result<Json<Value>, ApiError> {
+pub async fn readyz(State(state): State<SharedState>) -> Result<Json<Health>, ApiError> {
     if state.is_shutting_down() {
         return Err(ApiError::Unavailable("shutting down".into()));
     }
     match tokio::time::timeout(Duration::from_secs(2), state.store.ping()).await {
-        Ok(Ok(())) => {
-            let mut answer = json!({ "status": "ready", "database": state.store.backend() });
-            if state.config.crl.is_some() {
-                answer["crl"] = crl_detail(&state);
-            }
-            Ok(Json(answer))
-        }
+        Ok(Ok(())) => Ok(Json(Health {
+            status: "ready",
+            database: Some(state.store.backend()),
+            crl: state.config.crl.is_some().then(|| crl_detail(&state)),
+        })),
         Ok(Err(e)) => Err(ApiError::Unavailable(format!("database: {e}"))),
         Err(_) => Err(ApiError::Unavailable(
             "database: no answer within 2 s".into(),

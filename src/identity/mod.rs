@@ -12,7 +12,6 @@
 //! means no login.
 
 pub mod crl;
-pub mod crl_reload;
 
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
@@ -34,7 +33,7 @@ pub const CHALLENGE_BYTES: usize = 32;
 
 #[derive(Debug, thiserror::Error)]
 pub enum IdentityError {
-    #[error("robot id must be 1-128 characters of letters, digits and . _ : -")]
+    #[error("{}", ROBOT_ID_RULE)]
     InvalidRobotId,
     #[error("unknown robot")]
     UnknownRobot,
@@ -173,6 +172,9 @@ pub struct IdentityConfig {
     pub cert_lifetime: Duration,
 }
 
+/// The robot id rule, as every error that enforces it states it.
+pub const ROBOT_ID_RULE: &str = "robot id must be 1-128 characters of letters, digits and . _ : -";
+
 pub fn valid_robot_id(id: &str) -> bool {
     !id.is_empty()
         && id.len() <= 128
@@ -211,10 +213,7 @@ fn chain_entries(chain: &VerifiedChain) -> Vec<String> {
 }
 
 pub(crate) fn unix_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0)
+    i64::try_from(crate::clock::now_secs()).unwrap_or(i64::MAX)
 }
 
 impl Identity {

@@ -383,10 +383,10 @@ impl Hub {
         conns.len()
     }
 
-    /// Ends the sessions `subject` has with `robot_id` (its grant was withdrawn); both ends
-    /// are to be told.
-    pub fn end_sessions_of(&self, robot_id: &str, subject: &str) -> Vec<EndedSession> {
-        let ended: Vec<EndedSession> = {
+    /// Ends the sessions `subject` has with `robot_id` (its grant was withdrawn or
+    /// changed); both ends are to be told, with `cause` as the notice's reason.
+    pub fn end_sessions_of(&self, robot_id: &str, subject: &str, cause: &str) -> Vec<EndedSession> {
+        let ended = {
             let mut state = self.state();
             let ids: Vec<String> = state
                 .sessions
@@ -394,47 +394,28 @@ impl Hub {
                 .filter(|(_, s)| s.robot_id == robot_id && &*s.subject == subject)
                 .map(|(id, _)| id.clone())
                 .collect();
-            ids.into_iter()
-                .filter_map(|id| {
-                    let session = remove_session(&mut state, &id)?;
-                    let text = messages::disconnected(&id, Some("grant_revoked"));
-                    Some(EndedSession {
-                        session_id: id,
-                        record_id: session.record_id.to_string(),
-                        notices: vec![
-                            (session.client_conn, text.clone()),
-                            (session.robot_conn, text),
-                        ],
-                    })
-                })
-                .collect()
+            end_both_ways(&mut state, ids, cause)
         };
         self.metrics.sessions_active.sub(ended.len() as i64);
         ended
     }
 
-    /// Ends every session, telling both ends, then closes every socket. The caller ends the
-    /// session records.
-    pub fn shutdown(&self) -> usize {
-        let (notices, conns) = {
+    /// Ends every session (shutdown); both ends of each are to be told.
+    pub fn end_all(&self, cause: &str) -> Vec<EndedSession> {
+        let ended = {
             let mut state = self.state();
-            let mut notices = Vec::new();
             let ids: Vec<String> = state.sessions.keys().cloned().collect();
-            for id in ids {
-                if let Some(session) = remove_session(&mut state, &id) {
-                    let text = messages::disconnected(&id, Some("server_shutdown"));
-                    notices.push((session.client_conn, text.clone()));
-                    notices.push((session.robot_conn, text));
-                }
-            }
-            self.metrics.sessions_active.set(0);
-            (notices, state.conns.keys().cloned().collect::<Vec<_>>())
+            end_both_ways(&mut state, ids, cause)
         };
-        for (to, text) in notices {
-            self.deliver(&to, Outbound::Text(text));
-        }
+        self.metrics.sessions_active.sub(ended.len() as i64);
+        ended
+    }
+
+    /// Asks every socket to close; returns how many were asked.
+    pub fn close_all(&self, reason: Kick) -> usize {
+        let conns: Vec<ConnId> = self.state().conns.keys().cloned().collect();
         for conn in &conns {
-            self.bus.kick(conn, Kick::Shutdown);
+            self.bus.kick(conn, reason);
         }
         conns.len()
     }
@@ -442,6 +423,24 @@ impl Hub {
     pub fn connection_count(&self) -> usize {
         self.state().conns.len()
     }
+}
+
+/// Removes the sessions `ids`, with a notice to both ends of each.
+fn end_both_ways(state: &mut State, ids: Vec<String>, cause: &str) -> Vec<EndedSession> {
+    ids.into_iter()
+        .filter_map(|id| {
+            let session = remove_session(state, &id)?;
+            let text = messages::disconnected(&id, Some(cause));
+            Some(EndedSession {
+                session_id: id,
+                record_id: session.record_id.to_string(),
+                notices: vec![
+                    (session.client_conn, text.clone()),
+                    (session.robot_conn, text),
+                ],
+            })
+        })
+        .collect()
 }
 
 fn remove_session(state: &mut State, session_id: &str) -> Option<Session> {

@@ -168,13 +168,7 @@ pub async fn run(state: SharedState, socket: WebSocket, client: Option<ClientIde
     }
 
     state.metrics.connections.with_label_values(&[role]).dec();
-    let ended = state.hub.detach(&conn);
-    for session in &ended {
-        if let Err(e) = state.store.end_session(&session.record_id, "closed").await {
-            tracing::error!(session = %session.session_id, error = %e, "cannot end session record");
-        }
-    }
-    state.hub.notify(&ended);
+    state.sessions.detach(&conn).await;
     if let Peer::Robot { robot_id } = &protocol.peer {
         tracing::info!(robot = %robot_id, conn = %conn, "robot disconnected");
     }

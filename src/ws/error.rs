@@ -2,7 +2,7 @@ use serde_json::{json, Map, Value};
 use signalling_protocol::{ErrorCode, ProtocolError};
 
 use crate::identity::IdentityError;
-use crate::relay::RelayError;
+use crate::relay::{RelayError, SessionError};
 use crate::store::StoreError;
 
 /// Everything that can go wrong with one message on a socket; mapped to the wire once, in
@@ -41,6 +41,15 @@ pub enum WsError {
     TokenExpired,
     #[error("internal error")]
     Store(#[from] StoreError),
+}
+
+impl From<SessionError> for WsError {
+    fn from(e: SessionError) -> Self {
+        match e {
+            SessionError::Relay(e) => e.into(),
+            SessionError::Store(e) => e.into(),
+        }
+    }
 }
 
 impl WsError {

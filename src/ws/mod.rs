@@ -8,14 +8,48 @@ mod rate_limit;
 
 use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::{Query, State};
-use axum::http::{header, HeaderMap};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
 use serde::Deserialize;
 
-use crate::api::ApiError;
+use crate::auth::AuthError;
 use crate::state::SharedState;
 
 pub use error::WsError;
+
+/// The `/ws` route, merged into the app at the top.
+pub fn router() -> Router<SharedState> {
+    Router::new().route("/ws", get(upgrade))
+}
+
+/// Why an upgrade is refused, answered as plain HTTP before any socket exists.
+#[derive(Debug, thiserror::Error)]
+pub enum UpgradeError {
+    #[error("server is shutting down")]
+    ShuttingDown,
+    #[error("{0}")]
+    Auth(#[from] AuthError),
+}
+
+impl IntoResponse for UpgradeError {
+    fn into_response(self) -> Response {
+        let (status, code) = match &self {
+            UpgradeError::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE"),
+            UpgradeError::Auth(AuthError::Store(e)) => {
+                tracing::error!(error = %e, "client login failed");
+                return crate::http_error::response(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "INTERNAL_ERROR",
+                    "internal error",
+                );
+            }
+            UpgradeError::Auth(_) => (StatusCode::UNAUTHORIZED, "UNAUTHORIZED"),
+        };
+        crate::http_error::response(status, code, &self.to_string())
+    }
+}
 
 #[derive(Debug, Deserialize)]
 pub struct WsQuery {
@@ -53,14 +87,14 @@ fn find_token(query: &WsQuery, headers: &HeaderMap) -> (Option<String>, Option<S
     }
 }
 
-pub async fn upgrade(
+async fn upgrade(
     State(state): State<SharedState>,
     Query(query): Query<WsQuery>,
     headers: HeaderMap,
     ws: WebSocketUpgrade,
 ) -> Response {
     if state.is_shutting_down() {
-        return ApiError::Unavailable("server is shutting down".into()).into_response();
+        return UpgradeError::ShuttingDown.into_response();
     }
     let (token, protocol) = find_token(&query, &headers);
     let client = match token {
@@ -72,7 +106,7 @@ pub async fn upgrade(
             Ok(identity) => Some(identity),
             Err(e) => {
                 tracing::info!(error = %e, "client login refused");
-                return ApiError::from(e).into_response();
+                return UpgradeError::from(e).into_response();
             }
         },
         None => None,

@@ -11,7 +11,7 @@ use super::error::WsError;
 use crate::auth::ClientIdentity;
 use crate::identity::Challenge;
 use crate::messages;
-use crate::relay::{ConnId, OpenSession, Outbound, SessionOpened};
+use crate::relay::{ConnId, EndReason, OpenSession, Outbound};
 use crate::state::SharedState;
 
 /// Longest text considered as a legacy `{"type":"ready"}` greeting.
@@ -78,8 +78,14 @@ impl Protocol {
     pub fn welcome(&self) -> String {
         let servers = match &self.peer {
             Peer::Unverified { .. } => self.state.ice.public_servers(),
-            Peer::Robot { robot_id } => self.state.ice.servers_for(robot_id, unix_now()),
-            Peer::Client(identity) => self.state.ice.servers_for(&identity.subject, unix_now()),
+            Peer::Robot { robot_id } => self
+                .state
+                .ice
+                .servers_for(robot_id, crate::clock::now_secs()),
+            Peer::Client(identity) => self
+                .state
+                .ice
+                .servers_for(&identity.subject, crate::clock::now_secs()),
         };
         messages::welcome(&self.conn, servers)
     }
@@ -310,40 +316,20 @@ impl Protocol {
             .grant(&payload.robot_id, &identity.subject)
             .await?
             .ok_or_else(|| WsError::NoGrant(payload.robot_id.clone()))?;
-        let opened = self.state.hub.open_session(
-            &self.conn,
-            OpenSession {
-                session_id: &payload.connection_id,
-                robot_id: &payload.robot_id,
-                subject: &identity.subject,
-                role,
-            },
-        )?;
-        let robot_conn = match opened {
-            SessionOpened::New {
-                record_id,
-                robot_conn,
-            } => {
-                if let Err(e) = self
-                    .state
-                    .store
-                    .start_session(
-                        &record_id,
-                        &payload.connection_id,
-                        &payload.robot_id,
-                        &identity.subject,
-                        role.as_str(),
-                        &self.state.node_id,
-                    )
-                    .await
-                {
-                    self.state.hub.end_session(&payload.connection_id);
-                    return Err(e.into());
-                }
-                robot_conn
-            }
-            SessionOpened::Existing { robot_conn } => robot_conn,
-        };
+        let opened = self
+            .state
+            .sessions
+            .open(
+                &self.conn,
+                OpenSession {
+                    session_id: &payload.connection_id,
+                    robot_id: &payload.robot_id,
+                    subject: &identity.subject,
+                    role,
+                },
+            )
+            .await?;
+        let robot_conn = opened.robot_conn;
         envelope.meta = Some(messages::session_meta(&identity.subject, role.as_str()));
         self.forward(&robot_conn, &envelope, received);
         Ok(())
@@ -364,7 +350,7 @@ impl Protocol {
                 message: "register and answer the PKI challenge first",
             });
         }
-        let route = self.state.hub.route(&self.conn, session_id)?;
+        let route = self.state.sessions.route(&self.conn, session_id)?;
         match kind {
             Relay::FromRobot if !route.from_robot => {
                 return Err(WsError::Forbidden {
@@ -372,19 +358,14 @@ impl Protocol {
                     message: "only the robot of a session sends its answer",
                 })
             }
-            Relay::Connected => self.state.store.session_connected(&route.record_id).await?,
+            Relay::Connected => self.state.sessions.connected(&route).await?,
             Relay::Ends(reason) => {
-                if let Some(ended) = self.state.hub.end_session(session_id) {
-                    let reason = match reason {
-                        DisconnectReason::Closed => "closed",
-                        DisconnectReason::Failed => "failed",
-                        DisconnectReason::Timeout => "timeout",
-                    };
-                    self.state
-                        .store
-                        .end_session(&ended.record_id, reason)
-                        .await?;
-                }
+                let reason = match reason {
+                    DisconnectReason::Closed => EndReason::Closed,
+                    DisconnectReason::Failed => EndReason::Failed,
+                    DisconnectReason::Timeout => EndReason::Timeout,
+                };
+                self.state.sessions.end_by_peer(session_id, reason).await?;
             }
             Relay::FromRobot | Relay::Plain => {}
         }
@@ -419,11 +400,4 @@ fn raw_id(text: &str) -> Option<String> {
         .get("id")?
         .as_str()
         .map(str::to_string)
-}
-
-fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
 }
