@@ -474,4 +474,91 @@ mod tests {
             "malformed"
         );
     }
+
+    #[test]
+    fn crl_signed_by_an_intermediate_shipped_in_the_file() {
+        let root = TestCa::root("Fleet Root", p256());
+        let inter = root.intermediate("Factory 7", p256());
+        let store = store_of(&root.pem);
+        let crl = crl_params(&[&[5]]).signed_by(&inter.issuer()).unwrap();
+        let crl_pem = crl.pem().unwrap();
+
+        // Without the intermediate, nothing vouches for the CRL's issuer.
+        assert_eq!(
+            load_crls(crl_pem.as_bytes(), &store, None, NOW)
+                .unwrap_err()
+                .reason(),
+            "untrusted"
+        );
+        let file = format!("{crl_pem}{}", inter.pem);
+        let lists = load_crls(file.as_bytes(), &store, None, NOW).expect("with intermediate");
+        assert_eq!(lists.len(), 1);
+        assert_eq!(lists[0].issuer, "CN=Factory 7");
+        assert_eq!(lists[0].serials, vec!["5"]);
+
+        // An intermediate that does not chain to an anchor is refused, CRL or not.
+        let stranger = TestCa::root("Stranger", p256()).intermediate("Factory 7", p256());
+        let file = format!("{crl_pem}{}", stranger.pem);
+        assert_eq!(
+            load_crls(file.as_bytes(), &store, None, NOW)
+                .unwrap_err()
+                .reason(),
+            "untrusted"
+        );
+
+        // Several CRLs in one file: the root's and the intermediate's.
+        let root_crl = crl_params(&[&[9]]).signed_by(&root.issuer()).unwrap();
+        let file = format!("{}{crl_pem}{}", root_crl.pem().unwrap(), inter.pem);
+        let lists = load_crls(file.as_bytes(), &store, None, NOW).expect("two CRLs");
+        assert_eq!(lists.len(), 2);
+        assert_ne!(lists[0].issuer_id, lists[1].issuer_id);
+    }
+
+    #[test]
+    fn crl_times_are_honoured() {
+        let root = TestCa::root("Fleet Root", p256());
+        let store = store_of(&root.pem);
+        let crl = crl_params(&[&[1]]).signed_by(&root.issuer()).unwrap();
+        // thisUpdate is NOW - 60: one second earlier the CRL is from the future.
+        assert_eq!(
+            load_crls(crl.der(), &store, None, NOW - 61)
+                .unwrap_err()
+                .reason(),
+            "not_yet_valid"
+        );
+        let list = parse_crl(crl.der(), &store, None).expect("crl");
+        assert_eq!(list.this_update_unix, NOW - 60);
+        assert!(!list.is_stale(NOW + 3600));
+        assert!(list.is_stale(NOW + 3601));
+    }
+
+    #[test]
+    fn crl_entries_name_their_issuer() {
+        let a = TestCa::root("Root A", p256());
+        let b = TestCa::root("Root B", p256());
+        let store = store_of(&format!("{}{}", a.pem, b.pem));
+        let chain = b.issue(&leaf_params("robot-7"), &p256());
+        let vc = super::super::verify_chain(&chain, &store, "robot-7", NOW).expect("chain");
+        let der = pem::parse(&chain).unwrap().into_contents();
+        let (_, cert) = x509_parser::parse_x509_certificate(&der).unwrap();
+        // The same serial revoked by A does not name B's certificate.
+        let from_a = crl_params(&[cert.raw_serial()])
+            .signed_by(&a.issuer())
+            .unwrap();
+        let list = parse_crl(from_a.der(), &store, None).expect("crl");
+        assert!(!list.ids().any(|id| id == vc.chain_ids[0]));
+        let from_b = crl_params(&[cert.raw_serial()])
+            .signed_by(&b.issuer())
+            .unwrap();
+        let list = parse_crl(from_b.der(), &store, None).expect("crl");
+        assert!(list.ids().any(|id| id == vc.chain_ids[0]));
+        // webpki enforces it on the path too.
+        let err =
+            super::super::verify_chain_with_crls(&chain, &store, "robot-7", NOW, &[list.webpki()])
+                .unwrap_err();
+        assert_eq!(err.reason(), "revoked");
+        let other = parse_crl(from_a.der(), &store, None).expect("crl");
+        super::super::verify_chain_with_crls(&chain, &store, "robot-7", NOW, &[other.webpki()])
+            .expect("A's CRL does not speak for B's certificate");
+    }
 }
