@@ -42,6 +42,8 @@ pub struct Metrics {
     pub late_messages: IntCounterVec,
     /// Sockets closed for earning too many errors or exceeding the rate limit.
     pub peers_cut_off: IntCounter,
+    /// Loaded CRLs past their nextUpdate (still enforced; the issuer owes a newer one).
+    pub crl_stale: IntGauge,
     relay: Arc<[RelayMetrics]>,
 }
 
@@ -109,8 +111,11 @@ impl Metrics {
             "Sockets closed for too many errors or messages over the rate limit",
         )
         .expect("valid metric");
+        let crl_stale = IntGauge::new("signalling_crl_stale", "Loaded CRLs past their nextUpdate")
+            .expect("valid metric");
         for collector in [
-            Box::new(connections.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(crl_stale.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(connections.clone()),
             Box::new(robots_online.clone()),
             Box::new(sessions_active.clone()),
             Box::new(messages_relayed.clone()),
@@ -141,6 +146,7 @@ impl Metrics {
             errors,
             late_messages,
             peers_cut_off,
+            crl_stale,
         }
     }
 

@@ -165,7 +165,7 @@ impl Server {
             admin_token_hash,
         }));
         if let Some(path) = state.config.crl.clone() {
-            let modified = tasks::crl::load_at_start(&state, &path)?;
+            let modified = tasks::crl::load_at_start(&state, &path).await?;
             let watched = state.clone();
             tasks.spawn("crl-watch", move |stop| {
                 tasks::crl::watch(watched, path, modified, stop)

@@ -126,4 +126,7 @@ pub struct Health {
     pub status: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub database: Option<&'static str>,
+    /// Freshness of the loaded CRLs, when `--crl` is set (a stale CRL shows here).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub crl: Option<serde_json::Value>,
 }

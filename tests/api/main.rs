@@ -11,4 +11,5 @@ mod robot_login;
 mod robustness;
 mod session_end;
 mod sessions;
+mod trust;
 mod x509;
