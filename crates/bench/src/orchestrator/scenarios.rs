@@ -185,15 +185,14 @@ pub async fn setup(opts: &Options, running: &Running, rows: &mut Vec<Row>) -> an
         secs: p.setup_secs,
     };
     let (result, latency) = run_worker(opts, running, scenario, "setup").await?;
-    let mut r = row(
+    rows.push(rate_row(
         "session setup (offer → answer)",
-        &running.info.name,
+        running,
         "rate",
-        result["per_sec"].as_f64().unwrap_or(0.0),
         "offers/s",
-    );
-    r.latency = Some((&latency).into());
-    rows.push(r);
+        &result,
+        &latency,
+    ));
     Ok(())
 }
 
@@ -216,16 +215,35 @@ pub async fn storm(
     } else {
         "registration storm, Ed25519"
     };
-    let mut r = row(
+    rows.push(rate_row(
         label,
-        &running.info.name,
+        running,
         "verified registrations",
-        result["per_sec"].as_f64().unwrap_or(0.0),
         "per s",
-    );
-    r.latency = Some((&latency).into());
-    rows.push(r);
+        &result,
+        &latency,
+    ));
     Ok(())
+}
+
+/// A worker's `per_sec` figure with its latency distribution.
+fn rate_row(
+    benchmark: &str,
+    running: &Running,
+    metric: &str,
+    unit: &str,
+    result: &Value,
+    latency: &Latency,
+) -> Row {
+    let mut r = row(
+        benchmark,
+        &running.info.name,
+        metric,
+        result["per_sec"].as_f64().unwrap_or(0.0),
+        unit,
+    );
+    r.latency = Some(latency.into());
+    r
 }
 
 #[cfg(test)]
