@@ -36,7 +36,7 @@ pub fn run(command: PkiCommand) -> anyhow::Result<()> {
             days,
         } => {
             if !crate::identity::valid_robot_id(&robot_id) {
-                bail!("robot id must be 1-128 characters of letters, digits and . _ : -");
+                bail!("{}", crate::identity::ROBOT_ID_RULE);
             }
             let ca = load_ca(&out)?;
             let now = std::time::SystemTime::now()

@@ -5,6 +5,8 @@
 //! Layout, one job per module:
 //! - [`config`]: flags and environment.
 //! - [`server`]: startup, listening (plain or TLS) and graceful shutdown.
+//! - [`app`]: the router, wired in one place from every module's routes.
+//! - [`tasks`]: background work (CRL watcher, JWKS refresh), stopped on shutdown.
 //! - [`api`]: the HTTP API (admin, enrollment, health, metrics).
 //! - [`ws`]: the `/ws` endpoint: socket loop and the signalling protocol.
 //! - [`relay`]: presence, sessions and message delivery between sockets.
@@ -17,18 +19,23 @@
 //! - [`ice`], [`metrics`].
 
 pub mod api;
+pub mod app;
 pub mod auth;
+pub mod clock;
 pub mod config;
 pub mod dev_pki;
+mod http_error;
 pub mod ice;
 pub mod identity;
 pub mod messages;
 pub mod metrics;
 pub mod pki;
+pub mod rate_limit;
 pub mod relay;
 pub mod server;
 pub mod state;
 pub mod store;
+pub mod tasks;
 pub mod ws;
 
 pub use config::Config;

@@ -37,6 +37,13 @@ pub struct Metrics {
     pub pki_results: IntCounterVec,
     /// `signalling.error` messages sent, by spec code.
     pub errors: IntCounterVec,
+    /// Messages about a session that had just ended, from one of its ends, accepted
+    /// silently (a late `disconnected` is an idempotent end), by type.
+    pub late_messages: IntCounterVec,
+    /// Sockets closed for earning too many errors or exceeding the rate limit.
+    pub peers_cut_off: IntCounter,
+    /// Loaded CRLs past their nextUpdate (still enforced; the issuer owes a newer one).
+    pub crl_stale: IntGauge,
     relay: Arc<[RelayMetrics]>,
 }
 
@@ -91,14 +98,32 @@ impl Metrics {
             &["code"],
         )
         .expect("valid metric");
+        let late_messages = IntCounterVec::new(
+            Opts::new(
+                "signalling_late_messages_total",
+                "Messages about a just-ended session from one of its ends, accepted silently",
+            ),
+            &["type"],
+        )
+        .expect("valid metric");
+        let peers_cut_off = IntCounter::new(
+            "signalling_peers_cut_off_total",
+            "Sockets closed for too many errors or messages over the rate limit",
+        )
+        .expect("valid metric");
+        let crl_stale = IntGauge::new("signalling_crl_stale", "Loaded CRLs past their nextUpdate")
+            .expect("valid metric");
         for collector in [
-            Box::new(connections.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(crl_stale.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(connections.clone()),
             Box::new(robots_online.clone()),
             Box::new(sessions_active.clone()),
             Box::new(messages_relayed.clone()),
             Box::new(relay_latency.clone()),
             Box::new(pki_results.clone()),
             Box::new(errors.clone()),
+            Box::new(late_messages.clone()),
+            Box::new(peers_cut_off.clone()),
         ] {
             registry.register(collector).expect("unique metric names");
         }
@@ -119,6 +144,9 @@ impl Metrics {
             relay_latency,
             pki_results,
             errors,
+            late_messages,
+            peers_cut_off,
+            crl_stale,
         }
     }
 

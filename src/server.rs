@@ -6,7 +6,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::serve::ListenerExt;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use hyper_util::server::conn::auto::Builder as HttpBuilder;
 use tokio::net::TcpListener;
 
 use crate::auth::{random_token, sha256_hex, ClientAuthenticator, JwtConfig, JwtVerifier};
@@ -15,9 +16,9 @@ use crate::ice::IceConfig;
 use crate::identity::{Identity, IdentityConfig};
 use crate::metrics::Metrics;
 use crate::pki::{CertificateAuthority, TrustStore};
-use crate::relay::{Hub, LocalBus};
-use crate::state::{AppState, SharedState};
+use crate::state::{AppState, Components, SharedState};
 use crate::store::{Store, StoreError};
+use crate::tasks::{self, Tasks};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -36,6 +37,10 @@ pub enum StartError {
     Tls(String),
     #[error("--redis-url: the multi-node Redis bus is not available in this release; run one node without it")]
     RedisUnsupported,
+    #[error("--admin-token (SIGNALLING_ADMIN_TOKEN) must be at least {MIN_ADMIN_TOKEN_LEN} characters; leave it unset to have one generated")]
+    WeakAdminToken,
+    #[error("CRL: {0}")]
+    Crl(#[from] crate::tasks::crl::CrlError),
     #[error("server: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -45,6 +50,7 @@ const ADMIN_TOKEN_SETTING: &str = "admin_token_sha256";
 pub struct Server {
     state: SharedState,
     listener: TcpListener,
+    tasks: Tasks,
 }
 
 fn read_file(path: &Path) -> Result<Vec<u8>, StartError> {
@@ -86,8 +92,9 @@ impl Server {
         } else {
             None
         };
+        let mut tasks = Tasks::default();
         if let Some(verifier) = jwt.clone().filter(|v| v.has_jwks_url()) {
-            tokio::spawn(refresh_jwks(verifier));
+            tasks.spawn("jwks-refresh", |stop| tasks::jwks::refresh(verifier, stop));
         }
 
         let trust = match &config.trust_anchors {
@@ -124,7 +131,6 @@ impl Server {
         })?;
 
         let metrics = Metrics::new();
-        let hub = Hub::new(Arc::new(LocalBus::default()), metrics.clone());
         let ice = IceConfig {
             stun_urls: config.stun_urls.clone(),
             turn_urls: config.turn_urls.clone(),
@@ -148,19 +154,28 @@ impl Server {
                     addr: config.listen,
                     source,
                 })?;
-        let state = Arc::new(AppState::new(
+        let state = Arc::new(AppState::new(Components {
             config,
             node_id,
             store,
-            hub,
             metrics,
             clients,
             identity,
             ice,
             admin_token_hash,
-        ));
-        crate::identity::crl_reload::start(&state)?;
-        Ok(Server { state, listener })
+        }));
+        if let Some(path) = state.config.crl.clone() {
+            let modified = tasks::crl::load_at_start(&state, &path).await?;
+            let watched = state.clone();
+            tasks.spawn("crl-watch", move |stop| {
+                tasks::crl::watch(watched, path, modified, stop)
+            });
+        }
+        Ok(Server {
+            state,
+            listener,
+            tasks,
+        })
     }
 
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
@@ -178,60 +193,67 @@ impl Server {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), StartError> {
         let state = self.state.clone();
-        let app = crate::api::router(state.clone());
         let addr = self.local_addr()?;
-        let (stopped_tx, stopped_rx) = tokio::sync::oneshot::channel::<()>();
+        let tasks = self.tasks;
+        let app = crate::app::router(state.clone());
         let drain_state = state.clone();
         let drain = async move {
             shutdown.await;
             drain(&drain_state).await;
-            let _ = stopped_tx.send(());
         };
 
+        let handle = axum_server::Handle::new();
+        let stopper = handle.clone();
+        tokio::spawn(async move {
+            drain.await;
+            stopper.graceful_shutdown(Some(Duration::from_secs(1)));
+        });
+        let std_listener = self.listener.into_std()?;
+        // The socket layer needs the peer's address (connection limits per address).
+        let service = app.into_make_service_with_connect_info::<SocketAddr>();
+        let header_timeout = Duration::from_secs(state.config.header_read_timeout_secs.max(1));
+        // Signalling messages are small and latency-bound: no Nagle delays.
+        let no_delay = axum_server::accept::NoDelayAcceptor::new();
         match (&state.config.tls_cert, &state.config.tls_key) {
             (Some(cert), Some(key)) => {
                 let tls = axum_server::tls_rustls::RustlsConfig::from_pem_file(cert, key)
                     .await
                     .map_err(|e| StartError::Tls(e.to_string()))?;
-                let handle = axum_server::Handle::new();
-                let stopper = handle.clone();
-                tokio::spawn(async move {
-                    drain.await;
-                    stopper.graceful_shutdown(Some(Duration::from_secs(1)));
-                });
                 tracing::info!(%addr, node = %state.node_id, "listening (TLS)");
-                let std_listener = self.listener.into_std()?;
-                // Signalling messages are small and latency-bound: no Nagle delays.
-                let acceptor = axum_server::tls_rustls::RustlsAcceptor::new(tls)
-                    .acceptor(axum_server::accept::NoDelayAcceptor::new());
-                axum_server::from_tcp(std_listener)
+                let acceptor = axum_server::tls_rustls::RustlsAcceptor::new(tls).acceptor(no_delay);
+                let mut server = axum_server::from_tcp(std_listener)
                     .acceptor(acceptor)
-                    .handle(handle)
-                    .serve(app.into_make_service())
-                    .await?;
+                    .handle(handle);
+                limit_header_time(server.http_builder(), header_timeout);
+                server.serve(service).await?;
             }
             _ => {
                 tracing::info!(%addr, node = %state.node_id, "listening");
-                tokio::spawn(drain);
-                // Signalling messages are small and latency-bound: no Nagle delays.
-                let listener = self.listener.tap_io(|tcp| {
-                    let _ = tcp.set_nodelay(true);
-                });
-                axum::serve(listener, app)
-                    .with_graceful_shutdown(async move {
-                        let _ = stopped_rx.await;
-                    })
-                    .await?;
+                let mut server = axum_server::from_tcp(std_listener)
+                    .acceptor(no_delay)
+                    .handle(handle);
+                limit_header_time(server.http_builder(), header_timeout);
+                server.serve(service).await?;
             }
         }
+        tasks.stop().await;
         state.store.close().await;
         Ok(())
     }
 }
 
+/// A client that has not sent a request's headers within `timeout` is disconnected, so
+/// slow-header connections cannot pile up.
+fn limit_header_time(builder: &mut HttpBuilder<TokioExecutor>, timeout: Duration) {
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(timeout);
+}
+
 async fn drain(state: &SharedState) {
     state.begin_shutdown();
-    let sockets = state.hub.shutdown();
+    let sockets = state.sessions.shutdown().await;
     tracing::info!(sockets, "shutting down: closing sockets");
     let grace = Duration::from_secs(state.config.shutdown_grace_secs);
     if tokio::time::timeout(grace, state.sockets_drained())
@@ -251,8 +273,16 @@ async fn drain(state: &SharedState) {
     }
 }
 
+/// Shortest admin token accepted: guessing it must be out of reach.
+pub const MIN_ADMIN_TOKEN_LEN: usize = 16;
+
 async fn admin_token_hash(config: &Config, store: &Store) -> Result<String, StartError> {
     if let Some(token) = &config.admin_token {
+        // An empty or short token is a mistake (an unset variable, a placeholder), never
+        // a choice: refuse to start rather than serve an unusable or guessable admin API.
+        if token.trim().len() < MIN_ADMIN_TOKEN_LEN {
+            return Err(StartError::WeakAdminToken);
+        }
         return Ok(sha256_hex(token.as_bytes()));
     }
     if let Some(hash) = store.setting(ADMIN_TOKEN_SETTING).await? {
@@ -269,15 +299,4 @@ async fn admin_token_hash(config: &Config, store: &Store) -> Result<String, Star
         tracing::warn!(admin_token = %token, "generated the admin token; it is shown only this once");
     }
     Ok(stored)
-}
-
-async fn refresh_jwks(verifier: Arc<JwtVerifier>) {
-    let mut every = tokio::time::interval(crate::auth::jwt::JWKS_REFRESH);
-    every.tick().await;
-    loop {
-        every.tick().await;
-        if let Err(e) = verifier.fetch_jwks().await {
-            tracing::warn!(error = %e, "JWKS refresh failed; keeping the previous keys");
-        }
-    }
 }

@@ -2,6 +2,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::Notify;
 
@@ -10,20 +11,25 @@ use crate::config::Config;
 use crate::ice::IceConfig;
 use crate::identity::Identity;
 use crate::metrics::Metrics;
-use crate::relay::Hub;
+use crate::relay::{Hub, HubLimits, LocalBus, Sessions};
 use crate::store::Store;
+use crate::ws::Admission;
 
 pub struct AppState {
     pub config: Config,
     pub node_id: String,
     pub store: Store,
-    pub hub: Hub,
+    /// Presence and the session table; session lives go through `sessions`.
+    pub hub: Arc<Hub>,
+    pub sessions: Sessions,
     pub metrics: Metrics,
     pub clients: ClientAuthenticator,
     pub identity: Identity,
     pub ice: IceConfig,
     /// SHA-256 (hex) of the admin bearer token.
     pub admin_token_hash: String,
+    /// Limits on open sockets, in all and per source address.
+    pub admission: Admission,
     shutting_down: AtomicBool,
     open_sockets: AtomicUsize,
     sockets_closed: Notify,
@@ -31,29 +37,48 @@ pub struct AppState {
 
 pub type SharedState = Arc<AppState>;
 
+/// The parts an [`AppState`] is made of, prepared by the server at start.
+pub struct Components {
+    pub config: Config,
+    pub node_id: String,
+    pub store: Store,
+    pub metrics: Metrics,
+    pub clients: ClientAuthenticator,
+    pub identity: Identity,
+    pub ice: IceConfig,
+    pub admin_token_hash: String,
+}
+
 impl AppState {
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        config: Config,
-        node_id: String,
-        store: Store,
-        hub: Hub,
-        metrics: Metrics,
-        clients: ClientAuthenticator,
-        identity: Identity,
-        ice: IceConfig,
-        admin_token_hash: String,
-    ) -> AppState {
+    /// Builds the shared state; the hub and the session service are made here so that
+    /// both always share one hub.
+    pub fn new(parts: Components) -> AppState {
+        let limits = HubLimits {
+            sessions_per_conn: parts.config.max_sessions_per_connection,
+            grace: Duration::from_secs(parts.config.session_grace_secs),
+        };
+        let hub = Arc::new(Hub::new(
+            Arc::new(LocalBus::default()),
+            parts.metrics.clone(),
+            limits,
+        ));
+        let sessions = Sessions::new(hub.clone(), parts.store.clone(), parts.node_id.clone());
+        let admission = Admission::new(
+            parts.config.max_connections,
+            parts.config.max_connections_per_ip,
+        );
         AppState {
-            config,
-            node_id,
-            store,
+            admission,
+            config: parts.config,
+            node_id: parts.node_id,
+            store: parts.store,
             hub,
-            metrics,
-            clients,
-            identity,
-            ice,
-            admin_token_hash,
+            sessions,
+            metrics: parts.metrics,
+            clients: parts.clients,
+            identity: parts.identity,
+            ice: parts.ice,
+            admin_token_hash: parts.admin_token_hash,
             shutting_down: AtomicBool::new(false),
             open_sockets: AtomicUsize::new(0),
             sockets_closed: Notify::new(),

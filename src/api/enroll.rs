@@ -6,6 +6,7 @@ use serde_json::{json, Value};
 
 use super::extract::ApiJson;
 use super::ApiError;
+use crate::relay::Kick;
 use crate::state::SharedState;
 
 #[derive(Deserialize)]
@@ -30,7 +31,11 @@ pub async fn enroll(
             body.csr.as_deref(),
         )
         .await?;
-    tracing::info!(robot = %body.robot_id, csr = certificate.is_some(), "robot enrolled");
+    // The new credential supersedes every earlier one, so a socket that proved an older
+    // key must not stay online: close it at once, like revoke (the robot reconnects with
+    // its new credential).
+    let disconnected = state.hub.kick_robot(&body.robot_id, Kick::Revoked);
+    tracing::info!(robot = %body.robot_id, csr = certificate.is_some(), disconnected, "robot enrolled");
     let mut answer = json!({ "robotId": body.robot_id, "enrolled": true });
     if let Some(chain) = certificate {
         answer["certificate"] = Value::String(chain);

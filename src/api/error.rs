@@ -1,7 +1,5 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::Json;
-use serde_json::json;
 
 use crate::auth::AuthError;
 use crate::identity::{EnrollError, IdentityError};
@@ -70,8 +68,7 @@ impl IntoResponse for ApiError {
             // The detail goes to the log, never to the caller.
             tracing::error!(error = %detail, "request failed");
         }
-        let body = Json(json!({ "error": self.code(), "message": self.to_string() }));
-        (self.status(), body).into_response()
+        crate::http_error::response(self.status(), self.code(), &self.to_string())
     }
 }
 

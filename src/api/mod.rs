@@ -7,22 +7,21 @@ mod health;
 mod robots;
 mod sessions;
 mod tokens;
+mod views;
 
-use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post, put};
 use axum::Router;
-use tower_http::trace::TraceLayer;
 
 pub use error::ApiError;
 
 use crate::state::SharedState;
 
 /// Request bodies are small JSON documents; CSRs included.
-const MAX_BODY_BYTES: usize = 64 * 1024;
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
 
-pub fn router(state: SharedState) -> Router {
+/// The HTTP API's routes, merged into the app at the top.
+pub fn router() -> Router<SharedState> {
     Router::new()
-        .route("/ws", get(crate::ws::upgrade))
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(health::metrics))
@@ -45,13 +44,6 @@ pub fn router(state: SharedState) -> Router {
             axum::routing::delete(tokens::revoke),
         )
         .route("/v1/sessions", get(sessions::list))
-        .fallback(|| async { ApiError::NotFound("no such route".into()) })
-        .method_not_allowed_fallback(|| async {
-            ApiError::MethodNotAllowed("method not allowed on this route".into())
-        })
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .layer(TraceLayer::new_for_http())
-        .with_state(state)
 }
 
 /// RFC 3339 rendering of stored unix milliseconds.

@@ -1,14 +1,16 @@
 use axum::extract::State;
 use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::extract::{Admin, ApiJson, ApiPath};
+use super::views::{EnrollmentToken, GrantView, Revoked, RobotCreated, RobotView};
 use super::{rfc3339, ApiError};
 use crate::auth::{random_token, sha256_hex};
-use crate::identity::valid_robot_id;
-use crate::relay::Kick;
+use crate::identity::{valid_robot_id, ROBOT_ID_RULE};
+use crate::relay::{EndReason, Kick};
 use crate::state::SharedState;
 use crate::store::{now_ms, NewRobot, RobotRecord, Role};
 
@@ -22,20 +24,6 @@ pub struct CreateRobot {
 
 const ENROLLMENT_TOKEN_PREFIX: &str = "set_";
 
-fn robot_json(state: &SharedState, robot: &RobotRecord) -> Value {
-    json!({
-        "robotId": robot.robot_id,
-        "name": robot.name,
-        "metadata": robot.metadata,
-        "online": state.hub.is_online(&robot.robot_id),
-        "credential": robot.credential_kind(),
-        "credentialRevoked": robot.credential_revoked,
-        "createdAt": rfc3339(robot.created_at),
-        "lastSeenAt": robot.last_seen_at.and_then(rfc3339),
-        "node": robot.node,
-    })
-}
-
 fn fresh_enrollment_token(state: &SharedState) -> (String, String, i64) {
     let token = random_token(ENROLLMENT_TOKEN_PREFIX);
     let hash = sha256_hex(token.as_bytes());
@@ -47,11 +35,9 @@ pub async fn create(
     _: Admin,
     State(state): State<SharedState>,
     ApiJson(body): ApiJson<CreateRobot>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Json<RobotCreated>), ApiError> {
     if !valid_robot_id(&body.robot_id) {
-        return Err(ApiError::Unprocessable(
-            "robotId must be 1-128 characters of letters, digits and . _ : -".into(),
-        ));
+        return Err(ApiError::Unprocessable(format!("robotId: {ROBOT_ID_RULE}")));
     }
     let (token, hash, expires_at) = fresh_enrollment_token(&state);
     let metadata = body.metadata.map(Value::Object);
@@ -73,19 +59,21 @@ pub async fn create(
     }
     Ok((
         StatusCode::CREATED,
-        Json(json!({
-            "robotId": body.robot_id,
-            "enrollmentToken": token,
-            "enrollmentTokenExpiresAt": rfc3339(expires_at),
-        })),
+        Json(RobotCreated {
+            robot_id: body.robot_id,
+            enrollment_token: token,
+            enrollment_token_expires_at: rfc3339(expires_at),
+        }),
     ))
 }
 
-pub async fn list(_: Admin, State(state): State<SharedState>) -> Result<Json<Value>, ApiError> {
+pub async fn list(_: Admin, State(state): State<SharedState>) -> Result<Response, ApiError> {
     let robots = state.store.robots().await?;
-    Ok(Json(Value::Array(
-        robots.iter().map(|r| robot_json(&state, r)).collect(),
-    )))
+    let views: Vec<RobotView> = robots
+        .iter()
+        .map(|r| RobotView::new(r, state.hub.is_online(&r.robot_id)))
+        .collect();
+    Ok(Json(views).into_response())
 }
 
 async fn existing(state: &SharedState, id: &str) -> Result<RobotRecord, ApiError> {
@@ -100,9 +88,10 @@ pub async fn show(
     _: Admin,
     State(state): State<SharedState>,
     ApiPath(id): ApiPath<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     let robot = existing(&state, &id).await?;
-    Ok(Json(robot_json(&state, &robot)))
+    let online = state.hub.is_online(&robot.robot_id);
+    Ok(Json(RobotView::new(&robot, online)).into_response())
 }
 
 pub async fn delete(
@@ -121,7 +110,7 @@ pub async fn new_enrollment_token(
     _: Admin,
     State(state): State<SharedState>,
     ApiPath(id): ApiPath<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<EnrollmentToken>, ApiError> {
     let (token, hash, expires_at) = fresh_enrollment_token(&state);
     if !state
         .store
@@ -130,39 +119,38 @@ pub async fn new_enrollment_token(
     {
         return Err(ApiError::NotFound(format!("no robot {id}")));
     }
-    Ok(Json(
-        json!({ "enrollmentToken": token, "expiresAt": rfc3339(expires_at) }),
-    ))
+    Ok(Json(EnrollmentToken {
+        enrollment_token: token,
+        expires_at: rfc3339(expires_at),
+    }))
 }
 
 pub async fn revoke(
     _: Admin,
     State(state): State<SharedState>,
     ApiPath(id): ApiPath<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Revoked>, ApiError> {
     if !state.identity.revoke(&id, "admin").await? {
         return Err(ApiError::NotFound(format!("no robot {id}")));
     }
     let disconnected = state.hub.kick_robot(&id, Kick::Revoked);
     tracing::warn!(robot = %id, disconnected, "robot credential revoked");
-    Ok(Json(
-        json!({ "robotId": id, "revoked": true, "disconnected": disconnected }),
-    ))
+    Ok(Json(Revoked {
+        robot_id: id,
+        revoked: true,
+        disconnected,
+    }))
 }
 
 pub async fn grants(
     _: Admin,
     State(state): State<SharedState>,
     ApiPath(id): ApiPath<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     existing(&state, &id).await?;
     let grants = state.store.grants(&id).await?;
-    Ok(Json(Value::Array(
-        grants
-            .iter()
-            .map(|g| json!({ "robotId": g.robot_id, "subject": g.subject, "role": g.role, "createdAt": rfc3339(g.created_at) }))
-            .collect(),
-    )))
+    let views: Vec<GrantView> = grants.iter().map(GrantView::new).collect();
+    Ok(Json(views).into_response())
 }
 
 #[derive(Deserialize)]
@@ -176,7 +164,7 @@ pub async fn put_grant(
     State(state): State<SharedState>,
     ApiPath((id, subject)): ApiPath<(String, String)>,
     ApiJson(body): ApiJson<PutGrant>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     if subject.is_empty() || subject.len() > 256 {
         return Err(ApiError::Unprocessable(
             "subject must be 1-256 characters".into(),
@@ -184,9 +172,19 @@ pub async fn put_grant(
     }
     existing(&state, &id).await?;
     state.store.put_grant(&id, &subject, body.role).await?;
-    Ok(Json(
-        json!({ "robotId": id, "subject": subject, "role": body.role }),
-    ))
+    // A lowered grant ends the live sessions that hold more than it now allows, freeing
+    // the control lock; the client is told why and may open a session with its new role.
+    state
+        .sessions
+        .end_for_subject(&id, &subject, Some(body.role), EndReason::GrantChanged)
+        .await?;
+    Ok(Json(GrantView {
+        robot_id: &id,
+        subject: &subject,
+        role: body.role,
+        created_at: None,
+    })
+    .into_response())
 }
 
 pub async fn delete_grant(
@@ -200,13 +198,9 @@ pub async fn delete_grant(
         )));
     }
     // A withdrawn grant also ends what it allowed.
-    let ended = state.hub.end_sessions_of(&id, &subject);
-    for session in &ended {
-        state
-            .store
-            .end_session(&session.record_id, "grant_revoked")
-            .await?;
-    }
-    state.hub.notify(&ended);
+    state
+        .sessions
+        .end_for_subject(&id, &subject, None, EndReason::GrantRevoked)
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }

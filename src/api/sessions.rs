@@ -1,10 +1,11 @@
 use axum::extract::State;
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
-use serde_json::{json, Value};
 
 use super::extract::{Admin, ApiQuery};
-use super::{rfc3339, ApiError};
+use super::views::SessionView;
+use super::ApiError;
 use crate::state::SharedState;
 use crate::store::SessionFilter;
 
@@ -21,7 +22,7 @@ pub async fn list(
     _: Admin,
     State(state): State<SharedState>,
     ApiQuery(query): ApiQuery<SessionQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     let limit = query.limit.unwrap_or(500);
     if !(1..=10_000).contains(&limit) {
         return Err(ApiError::BadRequest(
@@ -37,22 +38,6 @@ pub async fn list(
             limit,
         })
         .await?;
-    Ok(Json(Value::Array(
-        records
-            .iter()
-            .map(|s| {
-                json!({
-                    "connectionId": s.connection_id,
-                    "robotId": s.robot_id,
-                    "subject": s.subject,
-                    "role": s.role,
-                    "node": s.node,
-                    "startedAt": rfc3339(s.started_at),
-                    "connectedAt": s.connected_at.and_then(rfc3339),
-                    "endedAt": s.ended_at.and_then(rfc3339),
-                    "endReason": s.end_reason,
-                })
-            })
-            .collect(),
-    )))
+    let views: Vec<SessionView> = records.iter().map(SessionView::new).collect();
+    Ok(Json(views).into_response())
 }

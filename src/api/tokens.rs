@@ -2,9 +2,9 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 use serde::Deserialize;
-use serde_json::{json, Value};
 
 use super::extract::{Admin, ApiJson, ApiPath};
+use super::views::TokenCreated;
 use super::{rfc3339, ApiError};
 use crate::auth::{random_token, sha256_hex, CLIENT_TOKEN_PREFIX};
 use crate::state::SharedState;
@@ -24,7 +24,7 @@ pub async fn create(
     _: Admin,
     State(state): State<SharedState>,
     ApiJson(body): ApiJson<CreateToken>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Json<TokenCreated>), ApiError> {
     if body.subject.is_empty() || body.subject.len() > 256 {
         return Err(ApiError::Unprocessable(
             "subject must be 1-256 characters".into(),
@@ -50,12 +50,12 @@ pub async fn create(
         .await?;
     Ok((
         StatusCode::CREATED,
-        Json(json!({
-            "tokenId": token_id,
-            "token": token,
-            "subject": body.subject,
-            "expiresAt": rfc3339(expires_at),
-        })),
+        Json(TokenCreated {
+            token_id,
+            token,
+            subject: body.subject,
+            expires_at: rfc3339(expires_at),
+        }),
     ))
 }
 

@@ -146,14 +146,21 @@ impl JwtVerifier {
         let mut validation = Validation::new(algorithm);
         validation.leeway = 30;
         validation.validate_nbf = true;
-        validation.set_required_spec_claims(&["exp", "sub"]);
+        // jsonwebtoken checks iss/aud only when the claim is present; when we are
+        // configured to check them, a token without the claim must fail, not pass.
+        let mut required = vec!["exp", "sub"];
         match &self.config.audience {
-            Some(aud) => validation.set_audience(&[aud]),
+            Some(aud) => {
+                validation.set_audience(&[aud]);
+                required.push("aud");
+            }
             None => validation.validate_aud = false,
         }
         if let Some(iss) = &self.config.issuer {
             validation.set_issuer(&[iss]);
+            required.push("iss");
         }
+        validation.set_required_spec_claims(&required);
         validation
     }
 

@@ -3,11 +3,17 @@
 //! A robot proves possession of a private key by signing a fresh challenge. The public half
 //! is either enrolled as a bare key, or carried by an X.509 certificate that chains to a
 //! configured trust anchor (presented at register time, or issued by our CA at enrollment).
-//! Every check fails closed: an error anywhere means no login.
+//!
+//! The rule that ties the two together: a robot with an enrolled credential logs in only
+//! with that credential — its key, or a certificate whose leaf key is that key (or the
+//! stored certificate's leaf key). A chain presented by a robot we have no credential for
+//! is accepted (with `--auto-register`, or for a record without one) and then recorded, so
+//! the next enrollment or revoke supersedes it. Every check fails closed: an error anywhere
+//! means no login.
 
-pub mod crl_reload;
+pub mod crl;
 
-use std::sync::RwLock;
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use base64::engine::general_purpose::STANDARD;
@@ -16,7 +22,8 @@ use ring::rand::{SecureRandom, SystemRandom};
 use serde_json::{Map, Value};
 
 use crate::pki::{
-    decode_signature, verify_chain, CaError, CertificateAuthority, KeyError, PublicKey, TrustStore,
+    decode_signature, leaf_key_of_chain, verify_chain_with_crls, CaError, CertId,
+    CertificateAuthority, KeyError, PublicKey, RevocationList, TrustStore, VerifiedChain,
     X509Error,
 };
 use crate::store::{Credential, RobotRecord, Store, StoreError};
@@ -26,7 +33,7 @@ pub const CHALLENGE_BYTES: usize = 32;
 
 #[derive(Debug, thiserror::Error)]
 pub enum IdentityError {
-    #[error("robot id must be 1-128 characters of letters, digits and . _ : -")]
+    #[error("{}", ROBOT_ID_RULE)]
     InvalidRobotId,
     #[error("unknown robot")]
     UnknownRobot,
@@ -34,6 +41,10 @@ pub enum IdentityError {
     NotEnrolled,
     #[error("credential revoked")]
     Revoked,
+    /// The presented certificate is not the robot's enrolled credential (an older
+    /// certificate, or one for another key): superseded credentials never log in.
+    #[error("this certificate is not the robot's enrolled credential")]
+    CredentialMismatch,
     #[error("no challenge is pending on this connection")]
     NoChallenge,
     #[error("challenge expired")]
@@ -46,6 +57,8 @@ pub enum IdentityError {
     Certificate(#[from] X509Error),
     #[error("stored credential is unusable: {0}")]
     StoredKey(KeyError),
+    #[error("certificate verification did not finish: {0}")]
+    Verifier(String),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -58,19 +71,23 @@ impl IdentityError {
             IdentityError::UnknownRobot => "unknown_robot",
             IdentityError::NotEnrolled => "not_enrolled",
             IdentityError::Revoked => "revoked",
+            IdentityError::CredentialMismatch => "credential_mismatch",
             IdentityError::NoChallenge => "no_challenge",
             IdentityError::ChallengeExpired => "challenge_expired",
             IdentityError::CorrelationMismatch => "correlation_mismatch",
             IdentityError::BadSignature => "bad_signature",
             IdentityError::Certificate(e) => e.reason(),
-            IdentityError::StoredKey(_) => "internal",
+            IdentityError::StoredKey(_) | IdentityError::Verifier(_) => "internal",
             IdentityError::Store(_) => "internal",
         }
     }
 
     /// Failures that are the server's fault, not the robot's.
     pub fn is_internal(&self) -> bool {
-        matches!(self, IdentityError::StoredKey(_) | IdentityError::Store(_))
+        matches!(
+            self,
+            IdentityError::StoredKey(_) | IdentityError::Store(_) | IdentityError::Verifier(_)
+        )
     }
 }
 
@@ -104,8 +121,16 @@ pub struct Challenge {
     /// Revocation-list entries to re-check when the proof arrives.
     revocation_keys: Vec<String>,
     expires_at: Instant,
-    /// Set when the chain came from `register` of a robot we have no record of yet.
-    auto_register: Option<Credential>,
+    /// A presented chain to record as the robot's credential once the proof succeeds
+    /// (auto-registration, or a record that had no credential yet).
+    record_chain: Option<RecordChain>,
+}
+
+#[derive(Debug)]
+struct RecordChain {
+    credential: Credential,
+    /// No record existed: create one (only with `--auto-register`).
+    create: bool,
 }
 
 impl Challenge {
@@ -127,12 +152,15 @@ pub struct Identity {
     challenge_ttl: Duration,
     trust: Option<TrustStore>,
     ca: Option<CertificateAuthority>,
-    /// `trust` and our CA together, built once.
-    roots: Option<TrustStore>,
+    /// `trust` and our CA together, built once; shared with the verification threads.
+    roots: Option<Arc<TrustStore>>,
     auto_register: bool,
     cert_lifetime: Duration,
-    /// Serials revoked by the imported CRL (replaced wholesale on reload).
-    crl_serials: RwLock<Vec<String>>,
+    /// CRLs in force, replaced wholesale on reload; their entries are also persisted.
+    crls: RwLock<Arc<Vec<RevocationList>>>,
+    /// Chain verification runs on blocking threads, at most this many at once, so a burst
+    /// of registrations cannot starve the async workers or spawn unbounded threads.
+    verify_slots: Arc<tokio::sync::Semaphore>,
     rng: SystemRandom,
 }
 
@@ -143,6 +171,9 @@ pub struct IdentityConfig {
     pub auto_register: bool,
     pub cert_lifetime: Duration,
 }
+
+/// The robot id rule, as every error that enforces it states it.
+pub const ROBOT_ID_RULE: &str = "robot id must be 1-128 characters of letters, digits and . _ : -";
 
 pub fn valid_robot_id(id: &str) -> bool {
     !id.is_empty()
@@ -156,15 +187,33 @@ pub fn key_revocation_entry(key: &PublicKey) -> String {
     format!("key:{}", key.fingerprint())
 }
 
+/// Serial without issuer: the form revocations were recorded in before issuer+serial
+/// matching. Still checked so rows written by older versions keep refusing.
 pub fn serial_revocation_entry(serial_hex: &str) -> String {
     format!("serial:{serial_hex}")
 }
 
-fn unix_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0)
+/// A certificate named by issuer and serial (admin revoke, CRL entries).
+pub fn cert_revocation_entry(id: &CertId) -> String {
+    format!("cert:{}:{}", id.issuer, id.serial)
+}
+
+/// Every entry that, when revoked, must refuse this verified chain: each certificate on
+/// the path by issuer+serial (and the legacy serial form), and the leaf's key.
+fn chain_entries(chain: &VerifiedChain) -> Vec<String> {
+    let mut entries: Vec<String> = chain.chain_ids.iter().map(cert_revocation_entry).collect();
+    entries.extend(
+        chain
+            .chain_serials
+            .iter()
+            .map(|s| serial_revocation_entry(s)),
+    );
+    entries.push(key_revocation_entry(&chain.leaf_key));
+    entries
+}
+
+pub(crate) fn unix_now() -> i64 {
+    i64::try_from(crate::clock::now_secs()).unwrap_or(i64::MAX)
 }
 
 impl Identity {
@@ -174,15 +223,17 @@ impl Identity {
             let certificate = pem::parse(ca.cert_pem()).map_err(|_| X509Error::Untrusted)?;
             roots.add_der(certificate.contents())?;
         }
+        let slots = std::thread::available_parallelism().map_or(2, |n| n.get());
         Ok(Identity {
-            roots: (!roots.is_empty()).then_some(roots),
+            roots: (!roots.is_empty()).then(|| Arc::new(roots)),
             store,
             challenge_ttl: config.challenge_ttl,
             trust: config.trust,
             ca: config.ca,
             auto_register: config.auto_register,
             cert_lifetime: config.cert_lifetime,
-            crl_serials: RwLock::new(Vec::new()),
+            crls: RwLock::new(Arc::new(Vec::new())),
+            verify_slots: Arc::new(tokio::sync::Semaphore::new(slots)),
             rng: SystemRandom::new(),
         })
     }
@@ -193,25 +244,6 @@ impl Identity {
 
     pub fn trust(&self) -> Option<&TrustStore> {
         self.trust.as_ref()
-    }
-
-    pub fn set_crl_serials(&self, serials: Vec<String>) {
-        if let Ok(mut slot) = self.crl_serials.write() {
-            *slot = serials;
-        }
-    }
-
-    fn crl_lists(&self, serials: &[String]) -> bool {
-        self.crl_serials
-            .read()
-            .map(|listed| serials.iter().any(|s| listed.contains(s)))
-            // A poisoned lock means we cannot tell: refuse.
-            .unwrap_or(true)
-    }
-
-    /// Trust anchors plus our own CA: the roots a robot certificate may chain to.
-    fn roots(&self) -> Option<&TrustStore> {
-        self.roots.as_ref()
     }
 
     /// Works out which key the robot must prove and makes its challenge.
@@ -227,28 +259,54 @@ impl Identity {
         let presented = metadata
             .and_then(|m| m.get("certificate"))
             .and_then(Value::as_str);
+        if record.as_ref().is_some_and(|r| r.credential_revoked) {
+            return Err(IdentityError::Revoked);
+        }
 
-        let (key, kind, revocation_keys, auto_register) = match (presented, &record) {
-            // A presented chain is checked against the roots every time.
-            (Some(chain_pem), _) => {
-                if record.is_none() && !self.auto_register {
-                    return Err(IdentityError::UnknownRobot);
-                }
-                if record.as_ref().is_some_and(|r| r.credential_revoked) {
-                    return Err(IdentityError::Revoked);
-                }
-                let (key, serials) = self.verify_certificate(chain_pem, robot_id)?;
-                let auto = record.is_none().then(|| Credential::Certificate {
-                    chain_pem: chain_pem.to_string(),
-                    serial: serials.first().cloned().unwrap_or_default(),
-                });
-                let entries = serials.iter().map(|s| serial_revocation_entry(s)).collect();
-                (key, "x509", entries, auto)
-            }
+        let (key, kind, revocation_keys, record_chain) = match (presented, &record) {
             (None, None) => return Err(IdentityError::UnknownRobot),
             (None, Some(record)) => {
-                let (key, kind, entries) = self.stored_credential(record)?;
+                let (key, kind, entries) = self.stored_credential(record).await?;
                 (key, kind, entries, None)
+            }
+            (Some(chain_pem), None) => {
+                if !self.auto_register {
+                    return Err(IdentityError::UnknownRobot);
+                }
+                let verified = self.verify_certificate(chain_pem, robot_id).await?;
+                let record = RecordChain {
+                    credential: Credential::Certificate {
+                        chain_pem: chain_pem.to_string(),
+                        serial: verified.serial_hex.clone(),
+                    },
+                    create: true,
+                };
+                let entries = chain_entries(&verified);
+                (verified.leaf_key, "x509", entries, Some(record))
+            }
+            (Some(chain_pem), Some(record)) => {
+                // Compared before any signature work: a superseded certificate costs us
+                // one parse.
+                let (leaf_key, _) = leaf_key_of_chain(chain_pem)?;
+                let record_it = match &record.credential {
+                    None => true,
+                    Some(credential) => {
+                        if self.enrolled_key(credential)? != leaf_key {
+                            return Err(IdentityError::CredentialMismatch);
+                        }
+                        false
+                    }
+                };
+                let verified = self.verify_certificate(chain_pem, robot_id).await?;
+                let record = record_it.then(|| RecordChain {
+                    credential: Credential::Certificate {
+                        chain_pem: chain_pem.to_string(),
+                        serial: verified.serial_hex.clone(),
+                    },
+                    create: false,
+                });
+                let entries = chain_entries(&verified);
+                (verified.leaf_key, "x509", entries, record)
             }
         };
         if self.store.is_revoked(&revocation_keys).await? {
@@ -268,17 +326,25 @@ impl Identity {
             credential_kind: kind,
             revocation_keys,
             expires_at: Instant::now() + self.challenge_ttl,
-            auto_register,
+            record_chain,
         })
     }
 
-    fn stored_credential(
+    /// The key a stored credential stands for: the enrolled key, or the stored
+    /// certificate's leaf key. Parsing only.
+    fn enrolled_key(&self, credential: &Credential) -> Result<PublicKey, IdentityError> {
+        match credential {
+            Credential::PublicKey { stored, .. } => {
+                PublicKey::from_stored(stored).map_err(IdentityError::StoredKey)
+            }
+            Credential::Certificate { chain_pem, .. } => Ok(leaf_key_of_chain(chain_pem)?.0),
+        }
+    }
+
+    async fn stored_credential(
         &self,
         record: &RobotRecord,
     ) -> Result<(PublicKey, &'static str, Vec<String>), IdentityError> {
-        if record.credential_revoked {
-            return Err(IdentityError::Revoked);
-        }
         match &record.credential {
             None => Err(IdentityError::NotEnrolled),
             Some(Credential::PublicKey { stored, .. }) => {
@@ -287,29 +353,46 @@ impl Identity {
                 Ok((key.clone(), key.kind(), vec![entry]))
             }
             Some(Credential::Certificate { chain_pem, .. }) => {
-                let (key, serials) = self.verify_certificate(chain_pem, &record.robot_id)?;
-                let entries = serials.iter().map(|s| serial_revocation_entry(s)).collect();
-                Ok((key, "x509", entries))
+                let verified = self.verify_certificate(chain_pem, &record.robot_id).await?;
+                let entries = chain_entries(&verified);
+                Ok((verified.leaf_key, "x509", entries))
             }
         }
     }
 
-    /// Verifies a chain against the roots; returns the leaf key and the chain's serials.
-    fn verify_certificate(
+    /// Verifies a chain against the roots and the CRLs in force, on a blocking thread.
+    async fn verify_certificate(
         &self,
         chain_pem: &str,
         robot_id: &str,
-    ) -> Result<(PublicKey, Vec<String>), IdentityError> {
+    ) -> Result<VerifiedChain, IdentityError> {
         let roots = self
-            .roots()
+            .roots
+            .clone()
             .ok_or(IdentityError::Certificate(X509Error::Untrusted))?;
-        let verified = verify_chain(chain_pem, roots, robot_id, unix_now())?;
-        let mut serials = vec![verified.serial_hex.clone()];
-        serials.extend(verified.chain_serials.iter().cloned());
-        if self.crl_lists(&serials) {
-            return Err(IdentityError::Revoked);
+        let crls = self.crl_snapshot();
+        let permit = Arc::clone(&self.verify_slots)
+            .acquire_owned()
+            .await
+            .map_err(|e| IdentityError::Verifier(e.to_string()))?;
+        let chain_pem = chain_pem.to_string();
+        let robot_id = robot_id.to_string();
+        let verified = tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            let lists: Vec<_> = crls.iter().map(RevocationList::webpki).collect();
+            verify_chain_with_crls(&chain_pem, &roots, &robot_id, unix_now(), &lists)
+        })
+        .await
+        .map_err(|e| IdentityError::Verifier(e.to_string()))??;
+        Ok(verified)
+    }
+
+    fn crl_snapshot(&self) -> Arc<Vec<RevocationList>> {
+        match self.crls.read() {
+            Ok(guard) => Arc::clone(&guard),
+            // A poisoned lock: the writer panicked mid-swap, but the Arc it held is whole.
+            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
         }
-        Ok((verified.leaf_key, serials))
     }
 
     /// Checks the signed challenge. The challenge is consumed whatever the outcome.
@@ -330,25 +413,29 @@ impl Identity {
             .key
             .verify(&challenge.bytes, &signature)
             .map_err(|_| IdentityError::BadSignature)?;
-        // Revocation may have happened while the robot was signing.
-        match &challenge.auto_register {
-            Some(credential) => {
-                if self.store.is_revoked(&challenge.revocation_keys).await? {
-                    return Err(IdentityError::Revoked);
-                }
-                self.store
-                    .auto_register_robot(&challenge.robot_id, credential)
-                    .await?
+        if let Some(record) = &challenge.record_chain {
+            // Record the chain so a later enrollment or revoke supersedes it. If another
+            // login or an enrollment got there first, the re-check below decides.
+            self.store
+                .record_presented_certificate(
+                    &challenge.robot_id,
+                    &record.credential,
+                    record.create,
+                )
+                .await?;
+            if !self.presented_chain_is_the_credential(&challenge).await? {
+                return Err(IdentityError::CredentialMismatch);
             }
-            None => match self
-                .store
-                .credential_still_valid(&challenge.robot_id, &challenge.revocation_keys)
-                .await?
-            {
-                None => return Err(IdentityError::UnknownRobot),
-                Some(false) => return Err(IdentityError::Revoked),
-                Some(true) => {}
-            },
+        }
+        // Revocation may have happened while the robot was signing.
+        match self
+            .store
+            .credential_still_valid(&challenge.robot_id, &challenge.revocation_keys)
+            .await?
+        {
+            None => return Err(IdentityError::UnknownRobot),
+            Some(false) => return Err(IdentityError::Revoked),
+            Some(true) => {}
         }
         Ok(VerifiedRobot {
             robot_id: challenge.robot_id,
@@ -357,8 +444,23 @@ impl Identity {
         })
     }
 
+    /// After recording: is the robot's credential now the key this challenge proves?
+    async fn presented_chain_is_the_credential(
+        &self,
+        challenge: &Challenge,
+    ) -> Result<bool, IdentityError> {
+        let Some(record) = self.store.robot(&challenge.robot_id).await? else {
+            return Ok(false);
+        };
+        match &record.credential {
+            Some(credential) => Ok(self.enrolled_key(credential)? == challenge.key),
+            None => Ok(false),
+        }
+    }
+
     /// `POST /v1/enroll`: checks the single-use token, then stores a key or signs a CSR.
-    /// Returns the issued certificate chain for CSR enrollment.
+    /// Returns the issued certificate chain for CSR enrollment. The new credential
+    /// supersedes every earlier one: only it logs in from now on.
     pub async fn enroll(
         &self,
         robot_id: &str,
@@ -393,6 +495,14 @@ impl Identity {
             (None, Some(csr)) => {
                 let ca = self.ca.as_ref().ok_or(EnrollError::NoCa)?;
                 let issued = ca.sign_csr(csr, robot_id, self.cert_lifetime, unix_now())?;
+                // A key revoked as a bare key stays revoked inside a certificate.
+                if self
+                    .store
+                    .is_revoked(&[key_revocation_entry(&issued.public_key)])
+                    .await?
+                {
+                    return Err(EnrollError::Revoked);
+                }
                 let credential = Credential::Certificate {
                     chain_pem: issued.chain_pem.clone(),
                     serial: issued.serial_hex.clone(),
@@ -412,35 +522,34 @@ impl Identity {
         Ok(issued)
     }
 
-    /// Revokes the robot's current credential; returns false if the robot does not exist.
+    /// Revokes the robot's current credential — its key, or its certificate by issuer and
+    /// serial and the certificate's key — and marks the robot revoked until it enrolls
+    /// again. Returns false if the robot does not exist.
     pub async fn revoke(&self, robot_id: &str, source: &str) -> Result<bool, IdentityError> {
         let Some(record) = self.store.robot(robot_id).await? else {
             return Ok(false);
         };
+        let mut entries: Vec<(String, &str)> = Vec::new();
         match &record.credential {
             Some(Credential::PublicKey { stored, .. }) => {
                 if let Ok(key) = PublicKey::from_stored(stored) {
-                    self.store
-                        .revoke_credential(
-                            &key_revocation_entry(&key),
-                            "key",
-                            Some(robot_id),
-                            source,
-                        )
-                        .await?;
+                    entries.push((key_revocation_entry(&key), "key"));
                 }
             }
-            Some(Credential::Certificate { serial, .. }) if !serial.is_empty() => {
-                self.store
-                    .revoke_credential(
-                        &serial_revocation_entry(serial),
-                        "serial",
-                        Some(robot_id),
-                        source,
-                    )
-                    .await?;
+            Some(Credential::Certificate { chain_pem, serial }) => {
+                if let Ok((key, id)) = leaf_key_of_chain(chain_pem) {
+                    entries.push((cert_revocation_entry(&id), "serial"));
+                    entries.push((key_revocation_entry(&key), "key"));
+                } else if !serial.is_empty() {
+                    entries.push((serial_revocation_entry(serial), "serial"));
+                }
             }
-            _ => {}
+            None => {}
+        }
+        for (entry, kind) in &entries {
+            self.store
+                .revoke_credential(entry, kind, Some(robot_id), source)
+                .await?;
         }
         self.store.mark_credential_revoked(robot_id).await?;
         Ok(true)

@@ -62,6 +62,8 @@ pub struct IssuedCertificate {
     /// Same format as [`super::VerifiedChain::serial_hex`].
     pub serial_hex: String,
     pub not_after_unix: i64,
+    /// The certified key (the CSR's), so callers can check it against revocations.
+    pub public_key: PublicKey,
 }
 
 /// Our CA: certificate plus matching private key.
@@ -174,8 +176,11 @@ impl CertificateAuthority {
         }
         let key = PublicKey::from_spki(&info.subject_pki)
             .map_err(|e| CaError::Malformed(format!("CSR public key: {e}")))?;
+        // The key was parsed above (supported type, RSA ≥ 2048); the signature check uses
+        // webpki's algorithm table.
+        let _ = key;
         x509::verify_signed_data(
-            &key,
+            &info.subject_pki,
             &csr.signature_algorithm,
             info.raw,
             &csr.signature_value,
@@ -267,6 +272,8 @@ impl CertificateAuthority {
         }
         chain_pem.push_str(&self.cert_pem);
         Ok(IssuedCertificate {
+            public_key: PublicKey::from_spki(parsed.public_key())
+                .map_err(|e| CaError::Malformed(format!("issued key: {e}")))?,
             chain_pem,
             serial_hex: x509::serial_hex(parsed.raw_serial()),
             not_after_unix: parsed.validity().not_after.timestamp(),

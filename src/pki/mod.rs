@@ -10,9 +10,9 @@
 //!   lead to a configured fleet CA ([`TrustStore`]) or to our own CA
 //!   ([`CertificateAuthority`], which signs robot CSRs). The leaf must name the
 //!   robot (subject CN, or a SAN dNSName/URI equal to `robot_id`); its key is
-//!   then used for the same challenge signature. Revocation is by serial
-//!   number: the caller compares [`VerifiedChain::chain_serials`] against
-//!   [`RevocationList`]s it has loaded with [`parse_crl`].
+//!   then used for the same challenge signature. Paths, signatures and CRLs are
+//!   checked by rustls-webpki ([`verify_chain_with_crls`]); revocation is by
+//!   issuer and serial ([`CertId`]), CRLs are loaded with [`load_crls`].
 //!
 //! Everything here fails closed: any input we cannot fully parse or check is
 //! refused with a typed error whose `reason()` is a stable string code.
@@ -23,9 +23,12 @@ pub mod keys;
 pub mod x509;
 
 pub use ca::{generate_ca, CaError, CertificateAuthority, IssuedCertificate};
-pub use crl::{parse_crl, CrlError, RevocationList};
+pub use crl::{load_crls, CrlError, RevocationList};
 pub use keys::{decode_signature, KeyError, PublicKey};
-pub use x509::{serial_hex, verify_chain, TrustStore, VerifiedChain, X509Error, MAX_CHAIN_LEN};
+pub use x509::{
+    cert_id, issuer_id, leaf_key_of_chain, serial_hex, verify_chain, verify_chain_with_crls,
+    CertId, TrustStore, VerifiedChain, X509Error, MAX_CHAIN_LEN,
+};
 
 /// Test fixtures and rcgen helpers. Neither ring nor rcgen (ring backend)
 /// can generate RSA keys or sign RSA-PSS certificates, so those paths use

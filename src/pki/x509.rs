@@ -1,22 +1,29 @@
-//! Fleet CA trust: certificate chain verification against configured anchors.
+//! Fleet CA trust: robot certificate chains checked with rustls-webpki.
 //!
-//! Signatures are checked with ring through our own algorithm table rather
-//! than x509-parser's, which also accepts SHA-1 and 1024-bit RSA.
+//! webpki does the path work: building a path through the presented intermediates to an
+//! anchor, every signature (Ed25519, ECDSA P-256/P-384, RSA ≥ 2048 PKCS#1 v1.5 and PSS),
+//! validity, basicConstraints and pathLen of intermediates, the clientAuth EKU, unknown
+//! critical extensions, and CRLs (matched by issuer and serial, signed by the issuing CA of
+//! each certificate on the path). We keep only what it does not do:
+//!
+//! * the robot-name binding (subject CN, SAN dNSName or URI equal to the robot id);
+//! * anchor bookkeeping: webpki treats anchors as bare (name, key) pairs, so the anchor's
+//!   validity, pathLenConstraint and keyUsage are checked here;
+//! * keyCertSign on issuers and digitalSignature on the leaf (webpki ignores keyUsage);
+//! * refusing name constraints: our name binding uses the CN, which name constraints do
+//!   not cover, so a name-constrained CA could still certify any robot name.
+//!
+//! Cheap checks (parsing, name, a plausible anchor) run before any signature work, so a
+//! hostile chain that cannot succeed costs no public-key operations.
 
-use ring::signature::{self, UnparsedPublicKey, VerificationAlgorithm};
-use x509_parser::asn1_rs::{BitString, Tag};
+use std::cell::RefCell;
+
+use rustls_pki_types::{CertificateDer, SignatureVerificationAlgorithm, TrustAnchor, UnixTime};
+use webpki::{CertRevocationList, EndEntityCert, KeyUsage, RevocationOptionsBuilder};
 use x509_parser::certificate::X509Certificate;
 use x509_parser::extensions::{GeneralName, ParsedExtension, X509Extension};
-use x509_parser::oid_registry::{
-    Oid, OID_NIST_HASH_SHA256, OID_NIST_HASH_SHA384, OID_NIST_HASH_SHA512, OID_PKCS1_RSASSAPSS,
-    OID_PKCS1_SHA256WITHRSA, OID_PKCS1_SHA384WITHRSA, OID_PKCS1_SHA512WITHRSA,
-    OID_SIG_ECDSA_WITH_SHA256, OID_SIG_ECDSA_WITH_SHA384, OID_SIG_ED25519,
-    OID_X509_EXT_AUTHORITY_KEY_IDENTIFIER, OID_X509_EXT_BASIC_CONSTRAINTS,
-    OID_X509_EXT_EXTENDED_KEY_USAGE, OID_X509_EXT_KEY_USAGE, OID_X509_EXT_NAME_CONSTRAINTS,
-    OID_X509_EXT_SUBJECT_ALT_NAME, OID_X509_EXT_SUBJECT_KEY_IDENTIFIER,
-};
-use x509_parser::signature_algorithm::RsaSsaPssParams;
-use x509_parser::x509::{AlgorithmIdentifier, X509Name, X509Version};
+use x509_parser::oid_registry::OID_X509_EXT_NAME_CONSTRAINTS;
+use x509_parser::x509::{AlgorithmIdentifier, X509Name};
 
 use super::keys::{hex_lower, KeyError, PublicKey};
 
@@ -26,7 +33,26 @@ pub const MAX_CHAIN_LEN: usize = 8;
 /// while bounding parsing work on hostile input.
 const MAX_CHAIN_PEM_BYTES: usize = 128 * 1024;
 const MAX_TRUST_PEM_BYTES: usize = 4 * 1024 * 1024;
-const OID_MGF1: &str = "1.2.840.113549.1.1.8";
+
+/// The signature algorithms we accept anywhere in a chain, a CRL or a CSR: webpki's own
+/// table, so algorithm identifiers are matched byte for byte by well-reviewed code.
+/// No SHA-1, no RSA below 2048 bits.
+pub(super) static SIGNATURE_ALGS: &[&dyn SignatureVerificationAlgorithm] = &[
+    webpki::ring::ED25519,
+    webpki::ring::ECDSA_P256_SHA256,
+    webpki::ring::ECDSA_P384_SHA384,
+    webpki::ring::ECDSA_P256_SHA384,
+    webpki::ring::ECDSA_P384_SHA256,
+    webpki::ring::RSA_PKCS1_2048_8192_SHA256,
+    webpki::ring::RSA_PKCS1_2048_8192_SHA384,
+    webpki::ring::RSA_PKCS1_2048_8192_SHA512,
+    webpki::ring::RSA_PKCS1_2048_8192_SHA256_ABSENT_PARAMS,
+    webpki::ring::RSA_PKCS1_2048_8192_SHA384_ABSENT_PARAMS,
+    webpki::ring::RSA_PKCS1_2048_8192_SHA512_ABSENT_PARAMS,
+    webpki::ring::RSA_PSS_2048_8192_SHA256_LEGACY_KEY,
+    webpki::ring::RSA_PSS_2048_8192_SHA384_LEGACY_KEY,
+    webpki::ring::RSA_PSS_2048_8192_SHA512_LEGACY_KEY,
+];
 
 /// Why a certificate or chain was refused. [`X509Error::reason`] gives the
 /// stable code reported to clients and logs.
@@ -90,6 +116,31 @@ impl From<KeyError> for X509Error {
     }
 }
 
+/// One certificate as revocation sees it: who issued it and its serial. RFC 5280 makes a
+/// serial unique per issuer only, so a serial alone never identifies a certificate.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CertId {
+    /// Lowercase hex SHA-256 of the issuer Name (DER contents, as webpki compares them).
+    pub issuer: String,
+    /// Same format as [`serial_hex`].
+    pub serial: String,
+}
+
+/// Issuer fingerprint used by [`CertId`] and CRL entries.
+pub fn issuer_id(issuer_name_der: &[u8]) -> String {
+    hex_lower(ring::digest::digest(&ring::digest::SHA256, issuer_name_der).as_ref())
+}
+
+/// The issuer and serial of a DER certificate (parsed by webpki, without verification).
+pub fn cert_id(der: &[u8]) -> Result<CertId, X509Error> {
+    let der = CertificateDer::from(der);
+    let cert = EndEntityCert::try_from(&der).map_err(|e| malformed(&e))?;
+    Ok(CertId {
+        issuer: issuer_id(cert.issuer()),
+        serial: serial_hex(cert.serial()),
+    })
+}
+
 /// Result of a successful [`verify_chain`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VerifiedChain {
@@ -101,6 +152,10 @@ pub struct VerifiedChain {
     /// leaf first. The trust anchor is not included: it is trusted by
     /// configuration, not by a CRL.
     pub chain_serials: Vec<String>,
+    /// Issuer and serial of the leaf and every intermediate on the path, leaf first.
+    pub chain_ids: Vec<CertId>,
+    /// DER of the intermediates on the verified path (CAs that may sign CRLs).
+    pub intermediates: Vec<Vec<u8>>,
     pub not_after_unix: i64,
     pub subject_cn: Option<String>,
 }
@@ -118,9 +173,10 @@ pub fn serial_hex(raw: &[u8]) -> String {
     }
 }
 
-/// A configured CA certificate, reduced to what verification needs.
+/// A configured CA certificate, reduced to what our bookkeeping needs.
 #[derive(Debug, Clone)]
 pub(super) struct Anchor {
+    pub(super) der: Vec<u8>,
     pub(super) subject_raw: Vec<u8>,
     pub(super) subject: String,
     pub(super) ski: Option<Vec<u8>>,
@@ -130,6 +186,8 @@ pub(super) struct Anchor {
     pub(super) path_len: Option<u32>,
     /// keyUsage absent or includes cRLSign.
     pub(super) crl_sign: bool,
+    /// The same certificate as webpki's anchor.
+    webpki: TrustAnchor<'static>,
 }
 
 impl Anchor {
@@ -151,7 +209,12 @@ impl Anchor {
                 cert.subject()
             )));
         }
+        let webpki = webpki::anchor_from_trusted_cert(&CertificateDer::from(der))
+            .map(|a| a.to_owned())
+            .map_err(|e| malformed(&e))?;
         Ok(Anchor {
+            webpki,
+            der: der.to_vec(),
             subject_raw: cert.subject().as_raw().to_vec(),
             subject: cert.subject().to_string(),
             ski: subject_key_id(&cert).map(<[u8]>::to_vec),
@@ -164,7 +227,7 @@ impl Anchor {
     }
 
     /// Whether this CA could have issued an object with this issuer name and
-    /// (optional) authority key identifier.
+    /// (optional) authority key identifier. Names and key ids only: no signature work.
     pub(super) fn may_have_issued(&self, issuer_raw: &[u8], aki: Option<&[u8]>) -> bool {
         self.subject_raw == issuer_raw && key_ids_match(aki, self.ski.as_deref())
     }
@@ -174,6 +237,8 @@ impl Anchor {
 #[derive(Debug, Clone, Default)]
 pub struct TrustStore {
     anchors: Vec<Anchor>,
+    /// The same anchors in webpki's form, index for index.
+    webpki: Vec<TrustAnchor<'static>>,
 }
 
 impl TrustStore {
@@ -208,11 +273,12 @@ impl TrustStore {
 
     /// Add one DER CA certificate.
     pub fn add_der(&mut self, der: &[u8]) -> Result<(), X509Error> {
-        self.anchors.push(Anchor::from_der(der)?);
+        self.push_anchor(Anchor::from_der(der)?);
         Ok(())
     }
 
     pub(super) fn push_anchor(&mut self, anchor: Anchor) {
+        self.webpki.push(anchor.webpki.clone());
         self.anchors.push(anchor);
     }
 
@@ -229,28 +295,155 @@ impl TrustStore {
         self.anchors.iter().map(|a| a.subject.as_str())
     }
 
-    pub(super) fn candidates<'s>(
-        &'s self,
-        issuer_raw: &'s [u8],
-        aki: Option<&'s [u8]>,
-    ) -> impl Iterator<Item = &'s Anchor> + 's {
+    /// DER of every anchor (CAs that may sign CRLs).
+    pub fn anchor_ders(&self) -> impl Iterator<Item = &[u8]> {
+        self.anchors.iter().map(|a| a.der.as_slice())
+    }
+
+    pub(super) fn anchors(&self) -> &[Anchor] {
+        &self.anchors
+    }
+
+    fn any_may_have_issued(&self, issuer_raw: &[u8], aki: Option<&[u8]>) -> bool {
         self.anchors
             .iter()
-            .filter(move |a| a.may_have_issued(issuer_raw, aki))
+            .any(|a| a.may_have_issued(issuer_raw, aki))
     }
 }
 
-/// Verify a robot's certificate chain (PEM, leaf first, then intermediates)
-/// against `store` at time `now_unix`, and check it names `robot_id`.
-///
-/// Revocation is not checked here: compare [`VerifiedChain::chain_serials`]
-/// with loaded CRLs and report [`X509Error::Revoked`].
+/// Verify a robot's certificate chain (PEM, leaf first, then intermediates in any order)
+/// against `store` at time `now_unix`, and check it names `robot_id`. No CRLs: see
+/// [`verify_chain_with_crls`].
 pub fn verify_chain(
     chain_pem: &str,
     store: &TrustStore,
     robot_id: &str,
     now_unix: i64,
 ) -> Result<VerifiedChain, X509Error> {
+    verify_chain_with_crls(chain_pem, store, robot_id, now_unix, &[])
+}
+
+/// [`verify_chain`], and no certificate on the path may be listed by one of `crls` (which
+/// webpki matches by issuer and serial, verifying each CRL's signature with the key of the
+/// CA on the path that issued the certificate: anchors and intermediates alike).
+pub fn verify_chain_with_crls(
+    chain_pem: &str,
+    store: &TrustStore,
+    robot_id: &str,
+    now_unix: i64,
+    crls: &[&CertRevocationList<'_>],
+) -> Result<VerifiedChain, X509Error> {
+    let ders = split_chain_pem(chain_pem)?;
+    let certs = ders
+        .iter()
+        .map(|d| parse_cert(d))
+        .collect::<Result<Vec<_>, _>>()?;
+    let leaf = certs
+        .first()
+        .ok_or_else(|| X509Error::Malformed("no certificate in chain".into()))?;
+
+    // Everything below, up to webpki, is names and flags: no public-key operation.
+    if !names_robot(leaf, robot_id)? {
+        return Err(X509Error::NameMismatch);
+    }
+    let (leaf_ca, _) = basic_constraints(leaf)?;
+    if leaf_ca {
+        return Err(X509Error::KeyUsage("leaf certificate is a CA".into()));
+    }
+    if key_usage(leaf)?.is_some_and(|k| !k.digital_signature()) {
+        return Err(X509Error::KeyUsage("leaf lacks digitalSignature".into()));
+    }
+    let leaf_key = PublicKey::from_spki(leaf.public_key())?;
+    let plausible = certs
+        .iter()
+        .any(|c| store.any_may_have_issued(c.issuer().as_raw(), authority_key_id(c.extensions())));
+    if !plausible {
+        return Err(X509Error::Untrusted);
+    }
+
+    let leaf_der = CertificateDer::from(ders[0].as_slice());
+    let end_entity =
+        EndEntityCert::try_from(&leaf_der).map_err(|e| map_webpki_error(&e, leaf, now_unix))?;
+    let intermediates: Vec<CertificateDer<'_>> = ders[1..]
+        .iter()
+        .map(|d| CertificateDer::from(d.as_slice()))
+        .collect();
+    let revocation = match RevocationOptionsBuilder::new(crls) {
+        Ok(builder) => Some(
+            builder
+                .with_depth(webpki::RevocationCheckDepth::Chain)
+                // A certificate no CRL speaks for is fine: CRLs are optional.
+                .with_status_policy(webpki::UnknownStatusPolicy::Allow)
+                // A stale CRL still revokes what it lists; staleness is reported elsewhere.
+                .with_expiration_policy(webpki::ExpirationPolicy::Ignore)
+                .build(),
+        ),
+        Err(_) => None,
+    };
+    let time = UnixTime::since_unix_epoch(std::time::Duration::from_secs(
+        u64::try_from(now_unix).unwrap_or(0),
+    ));
+    // Our own checks on a candidate path; the most specific failure is kept for the report.
+    let refused: RefCell<Option<X509Error>> = RefCell::new(None);
+    let check_path = |path: &webpki::VerifiedPath<'_>| -> Result<(), webpki::Error> {
+        let result = anchor_bookkeeping(store, path, now_unix);
+        match result {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                *refused.borrow_mut() = Some(e);
+                // Any error makes webpki try other paths; ours is reported if none works.
+                Err(webpki::Error::UnknownIssuer)
+            }
+        }
+    };
+    let path = end_entity
+        .verify_for_usage(
+            SIGNATURE_ALGS,
+            &store.webpki,
+            &intermediates,
+            time,
+            KeyUsage::client_auth(),
+            revocation,
+            Some(&check_path),
+        )
+        .map_err(|e| match refused.borrow_mut().take() {
+            Some(ours) => ours,
+            None => map_webpki_error(&e, leaf, now_unix),
+        })?;
+
+    let mut chain_ids = vec![CertId {
+        issuer: issuer_id(end_entity.issuer()),
+        serial: serial_hex(end_entity.serial()),
+    }];
+    let mut intermediates_der = Vec::new();
+    for cert in path.intermediate_certificates() {
+        chain_ids.push(CertId {
+            issuer: issuer_id(cert.issuer()),
+            serial: serial_hex(cert.serial()),
+        });
+        intermediates_der.push(cert.der().to_vec());
+    }
+    Ok(VerifiedChain {
+        leaf_key,
+        serial_hex: serial_hex(leaf.raw_serial()),
+        chain_serials: chain_ids.iter().map(|c| c.serial.clone()).collect(),
+        chain_ids,
+        intermediates: intermediates_der,
+        not_after_unix: leaf.validity().not_after.timestamp(),
+        subject_cn: single_common_name(leaf.subject()).map(str::to_string),
+    })
+}
+
+/// The leaf of a chain and the key it certifies, without any verification: used to compare
+/// a presented chain with a robot's stored credential before doing signature work.
+pub fn leaf_key_of_chain(chain_pem: &str) -> Result<(PublicKey, CertId), X509Error> {
+    let ders = split_chain_pem(chain_pem)?;
+    let leaf = parse_cert(&ders[0])?;
+    Ok((PublicKey::from_spki(leaf.public_key())?, cert_id(&ders[0])?))
+}
+
+/// PEM chain → DER certificates, with the size and count limits applied first.
+fn split_chain_pem(chain_pem: &str) -> Result<Vec<Vec<u8>>, X509Error> {
     if chain_pem.len() > MAX_CHAIN_PEM_BYTES {
         return Err(X509Error::Malformed("certificate chain too large".into()));
     }
@@ -271,48 +464,37 @@ pub fn verify_chain(
             b.tag()
         )));
     }
-    let certs = blocks
+    Ok(blocks.into_iter().map(pem::Pem::into_contents).collect())
+}
+
+/// What webpki does not check about a path it has verified: the anchor's own validity and
+/// pathLenConstraint (webpki's anchors are name + key only) and keyCertSign on issuers.
+fn anchor_bookkeeping(
+    store: &TrustStore,
+    path: &webpki::VerifiedPath<'_>,
+    now_unix: i64,
+) -> Result<(), X509Error> {
+    let anchor = store
+        .webpki
         .iter()
-        .map(|b| parse_cert(b.contents()))
-        .collect::<Result<Vec<_>, _>>()?;
-    let leaf = certs
-        .first()
-        .ok_or_else(|| X509Error::Malformed("no certificate in chain".into()))?;
-
-    let (path, anchor) = build_path(&certs, store)?;
-
-    // Validity of every certificate used, exactly as stated (no skew).
-    check_validity(leaf, now_unix, "leaf")?;
-    for cert in path.iter().skip(1) {
-        check_validity(cert, now_unix, "intermediate")?;
-    }
+        .position(|a| std::ptr::eq(a, path.anchor()))
+        .and_then(|i| store.anchors.get(i))
+        .ok_or(X509Error::Untrusted)?;
     if now_unix < anchor.not_before {
         return Err(X509Error::NotYetValid("trust anchor"));
     }
     if now_unix > anchor.not_after {
         return Err(X509Error::Expired("trust anchor"));
     }
-
-    // Issuer constraints. path[i] (i ≥ 1) has i-1 intermediates below it.
-    let intermediates = path.len().saturating_sub(1);
-    for (i, cert) in path.iter().enumerate().skip(1) {
-        let (ca, path_len) = basic_constraints(cert)?;
-        if !ca {
-            return Err(X509Error::NotCa(format!(
-                "{} lacks basicConstraints CA:TRUE",
-                cert.subject()
-            )));
-        }
-        if path_len.is_some_and(|n| (n as usize) < i.saturating_sub(1)) {
-            return Err(X509Error::ChainTooLong(format!(
-                "pathLenConstraint of {} exceeded",
-                cert.subject()
-            )));
-        }
-        if key_usage(cert)?.is_some_and(|k| !k.key_cert_sign()) {
+    let mut intermediates = 0usize;
+    for cert in path.intermediate_certificates() {
+        intermediates += 1;
+        let der = cert.der();
+        let parsed = parse_cert(der.as_ref())?;
+        if key_usage(&parsed)?.is_some_and(|k| !k.key_cert_sign()) {
             return Err(X509Error::KeyUsage(format!(
                 "{} lacks keyCertSign",
-                cert.subject()
+                parsed.subject()
             )));
         }
     }
@@ -325,227 +507,117 @@ pub fn verify_chain(
             anchor.subject
         )));
     }
-
-    // Leaf constraints.
-    let (leaf_ca, _) = basic_constraints(leaf)?;
-    if leaf_ca {
-        return Err(X509Error::KeyUsage("leaf certificate is a CA".into()));
-    }
-    if key_usage(leaf)?.is_some_and(|k| !k.digital_signature()) {
-        return Err(X509Error::KeyUsage("leaf lacks digitalSignature".into()));
-    }
-    // Robots authenticate as clients; a certificate restricted to other
-    // purposes (e.g. serverAuth only) must not be usable for that.
-    let eku = leaf
-        .extended_key_usage()
-        .map_err(|e| X509Error::Malformed(format!("extendedKeyUsage: {e}")))?;
-    if eku.is_some_and(|e| !e.value.client_auth && !e.value.any) {
-        return Err(X509Error::KeyUsage(
-            "leaf extendedKeyUsage lacks clientAuth".into(),
-        ));
-    }
-
-    if !names_robot(leaf, robot_id)? {
-        return Err(X509Error::NameMismatch);
-    }
-
-    let leaf_key = PublicKey::from_spki(leaf.public_key())?;
-    Ok(VerifiedChain {
-        leaf_key,
-        serial_hex: serial_hex(leaf.raw_serial()),
-        chain_serials: path.iter().map(|c| serial_hex(c.raw_serial())).collect(),
-        not_after_unix: leaf.validity().not_after.timestamp(),
-        subject_cn: single_common_name(leaf.subject()).map(str::to_string),
-    })
+    Ok(())
 }
 
-/// Walk from the leaf towards an anchor, checking each signature. At every
-/// step an anchor that issued the current certificate ends the walk;
-/// otherwise the next presented certificate must be its issuer.
-fn build_path<'c, 'a>(
-    certs: &'c [X509Certificate<'a>],
-    store: &'c TrustStore,
-) -> Result<(Vec<&'c X509Certificate<'a>>, &'c Anchor), X509Error> {
-    let mut path: Vec<&X509Certificate<'a>> = Vec::with_capacity(certs.len());
-    let mut current = certs
-        .first()
-        .ok_or_else(|| X509Error::Malformed("no certificate in chain".into()))?;
-    // A name-matching issuer whose signature did not verify: report that
-    // rather than "untrusted" if no other path is found.
-    let mut bad_signature = false;
-    loop {
-        path.push(current);
-        let issuer_raw = current.issuer().as_raw();
-        let aki = authority_key_id(current.extensions());
-        for anchor in store.candidates(issuer_raw, aki) {
-            match verify_cert_signature(&anchor.key, current) {
-                Ok(()) => return Ok((path, anchor)),
-                Err(X509Error::BadSignature) => bad_signature = true,
-                Err(e) => return Err(e),
-            }
+fn malformed(e: &webpki::Error) -> X509Error {
+    X509Error::Malformed(format!("{e:?}"))
+}
+
+/// webpki's verdict in our stable reasons. Validity errors do not say which certificate
+/// failed; the leaf is checked here to tell "leaf" from "intermediate".
+fn map_webpki_error(e: &webpki::Error, leaf: &X509Certificate<'_>, now: i64) -> X509Error {
+    use webpki::Error as W;
+    let which = || {
+        let v = leaf.validity();
+        if now < v.not_before.timestamp() || now > v.not_after.timestamp() {
+            "leaf"
+        } else {
+            "intermediate"
         }
-        let Some(next) = certs.get(path.len()) else {
-            break;
-        };
-        if next.subject().as_raw() != issuer_raw || !key_ids_match(aki, subject_key_id(next)) {
-            break;
+    };
+    match e {
+        W::CertExpired { .. } => X509Error::Expired(which()),
+        W::CertNotValidYet { .. } => X509Error::NotYetValid(which()),
+        W::UnknownIssuer | W::CertDistrusted => X509Error::Untrusted,
+        W::InvalidSignatureForPublicKey => X509Error::BadSignature,
+        W::UnsupportedSignatureAlgorithmContext(_)
+        | W::UnsupportedSignatureAlgorithmForPublicKeyContext(_) => {
+            X509Error::UnsupportedAlgorithm(format!("{e:?}"))
         }
-        let next_key = PublicKey::from_spki(next.public_key())?;
-        verify_cert_signature(&next_key, current)?;
-        current = next;
+        W::CaUsedAsEndEntity => X509Error::KeyUsage("leaf certificate is a CA".into()),
+        W::EndEntityUsedAsCa => X509Error::NotCa("an issuer lacks basicConstraints CA:TRUE".into()),
+        W::PathLenConstraintViolated
+        | W::MaximumPathDepthExceeded
+        | W::MaximumSignatureChecksExceeded
+        | W::MaximumPathBuildCallsExceeded => X509Error::ChainTooLong(format!("{e:?}")),
+        W::RequiredEkuNotFoundContext(_) | W::EmptyEkuExtension => {
+            X509Error::KeyUsage("leaf extendedKeyUsage lacks clientAuth".into())
+        }
+        W::UnsupportedCriticalExtension => X509Error::UnsupportedExtension(format!("{e:?}")),
+        W::NameConstraintViolation => X509Error::UnsupportedExtension(format!("{e:?}")),
+        W::CertRevoked => X509Error::Revoked,
+        // A CRL that cannot be checked against the path (bad signature, issuer not allowed
+        // to sign CRLs, unsupported form): we cannot tell, so refuse.
+        W::InvalidCrlSignatureForPublicKey
+        | W::IssuerNotCrlSigner
+        | W::UnsupportedCrlSignatureAlgorithmContext(_)
+        | W::UnsupportedCrlSignatureAlgorithmForPublicKeyContext(_)
+        | W::UnknownRevocationStatus => X509Error::Revoked,
+        other => X509Error::Malformed(format!("{other:?}")),
     }
-    Err(if bad_signature {
-        X509Error::BadSignature
-    } else {
-        X509Error::Untrusted
-    })
 }
 
-fn verify_cert_signature(
-    issuer_key: &PublicKey,
-    cert: &X509Certificate<'_>,
-) -> Result<(), X509Error> {
-    verify_signed_data(
-        issuer_key,
-        &cert.signature_algorithm,
-        cert.tbs_certificate.as_ref(),
-        &cert.signature_value,
-    )
+/// The DER contents of an AlgorithmIdentifier (OID and parameters), the form webpki's
+/// algorithm table is keyed by.
+pub(super) fn algorithm_id_contents(alg: &AlgorithmIdentifier<'_>) -> Result<Vec<u8>, X509Error> {
+    use x509_parser::asn1_rs::ToDer;
+    let mut out = alg
+        .algorithm
+        .to_der_vec()
+        .map_err(|_| X509Error::Malformed("algorithm identifier".into()))?;
+    if let Some(params) = &alg.parameters {
+        out.extend(
+            params
+                .to_der_vec()
+                .map_err(|_| X509Error::Malformed("algorithm parameters".into()))?,
+        );
+    }
+    Ok(out)
 }
 
-/// Verify an X.509-style signature (certificate, CRL or CSR) made by
-/// `signer` over `data`.
+/// Verify a signature made by the key in `spki` (a parsed SubjectPublicKeyInfo) with the
+/// algorithm named by `alg`, using webpki's algorithm table (CSRs, CRLs, CA certificates).
 pub(super) fn verify_signed_data(
-    signer: &PublicKey,
+    spki: &x509_parser::x509::SubjectPublicKeyInfo<'_>,
     alg: &AlgorithmIdentifier<'_>,
     data: &[u8],
-    sig: &BitString<'_>,
+    sig: &x509_parser::asn1_rs::BitString<'_>,
 ) -> Result<(), X509Error> {
-    if sig.unused_bits != 0 {
-        return Err(X509Error::Malformed(
-            "signature bit string not byte aligned".into(),
-        ));
+    if sig.unused_bits != 0 || spki.subject_public_key.unused_bits != 0 {
+        return Err(X509Error::Malformed("bit string not byte aligned".into()));
     }
-    let ring_alg = ring_algorithm(signer, alg)?;
-    UnparsedPublicKey::new(ring_alg, signer.bytes())
-        .verify(data, &sig.data)
-        .map_err(|_| X509Error::BadSignature)
-}
-
-#[derive(Clone, Copy)]
-enum SigFamily {
-    Ed25519,
-    EcdsaSha256,
-    EcdsaSha384,
-    RsaPkcs1(&'static dyn VerificationAlgorithm),
-    RsaPss(&'static dyn VerificationAlgorithm),
-}
-
-/// Map a signature AlgorithmIdentifier plus the signer's key to a ring
-/// algorithm. Unknown algorithms are unsupported; a known algorithm that
-/// does not fit the signer's key type cannot have produced a valid
-/// signature, so that is a bad signature.
-fn ring_algorithm(
-    signer: &PublicKey,
-    alg: &AlgorithmIdentifier<'_>,
-) -> Result<&'static dyn VerificationAlgorithm, X509Error> {
-    let oid = &alg.algorithm;
-    let params = alg.parameters.as_ref();
-    let null_or_absent = params.is_none_or(|p| p.tag() == Tag::Null && p.data.is_empty());
-    let family = if *oid == OID_SIG_ED25519 {
-        SigFamily::Ed25519
-    } else if *oid == OID_SIG_ECDSA_WITH_SHA256 {
-        SigFamily::EcdsaSha256
-    } else if *oid == OID_SIG_ECDSA_WITH_SHA384 {
-        SigFamily::EcdsaSha384
-    } else if *oid == OID_PKCS1_SHA256WITHRSA {
-        SigFamily::RsaPkcs1(&signature::RSA_PKCS1_2048_8192_SHA256)
-    } else if *oid == OID_PKCS1_SHA384WITHRSA {
-        SigFamily::RsaPkcs1(&signature::RSA_PKCS1_2048_8192_SHA384)
-    } else if *oid == OID_PKCS1_SHA512WITHRSA {
-        SigFamily::RsaPkcs1(&signature::RSA_PKCS1_2048_8192_SHA512)
-    } else if *oid == OID_PKCS1_RSASSAPSS {
-        SigFamily::RsaPss(pss_algorithm(alg)?)
-    } else {
-        return Err(X509Error::UnsupportedAlgorithm(format!(
-            "signature algorithm {oid}"
-        )));
-    };
-    match family {
-        // RFC 8410 / RFC 5758: parameters MUST be absent.
-        SigFamily::Ed25519 | SigFamily::EcdsaSha256 | SigFamily::EcdsaSha384
-            if params.is_some() =>
-        {
-            Err(X509Error::Malformed(
-                "unexpected signature algorithm parameters".into(),
-            ))
+    let sig_alg = algorithm_id_contents(alg)?;
+    let key_alg = algorithm_id_contents(&spki.algorithm)?;
+    let mut known = false;
+    for candidate in SIGNATURE_ALGS
+        .iter()
+        .filter(|a| a.signature_alg_id().as_ref() == sig_alg.as_slice())
+    {
+        known = true;
+        if candidate.public_key_alg_id().as_ref() != key_alg.as_slice() {
+            continue;
         }
-        SigFamily::RsaPkcs1(_) if !null_or_absent => Err(X509Error::Malformed(
-            "unexpected signature algorithm parameters".into(),
-        )),
-        SigFamily::Ed25519 => match signer {
-            PublicKey::Ed25519(_) => Ok(&signature::ED25519),
-            _ => Err(X509Error::BadSignature),
-        },
-        SigFamily::EcdsaSha256 => match signer {
-            PublicKey::EcdsaP256(_) => Ok(&signature::ECDSA_P256_SHA256_ASN1),
-            PublicKey::EcdsaP384(_) => Ok(&signature::ECDSA_P384_SHA256_ASN1),
-            _ => Err(X509Error::BadSignature),
-        },
-        SigFamily::EcdsaSha384 => match signer {
-            PublicKey::EcdsaP256(_) => Ok(&signature::ECDSA_P256_SHA384_ASN1),
-            PublicKey::EcdsaP384(_) => Ok(&signature::ECDSA_P384_SHA384_ASN1),
-            _ => Err(X509Error::BadSignature),
-        },
-        SigFamily::RsaPkcs1(a) | SigFamily::RsaPss(a) => match signer {
-            PublicKey::Rsa(_) => Ok(a),
-            _ => Err(X509Error::BadSignature),
-        },
+        if candidate
+            .verify_signature(&spki.subject_public_key.data, data, &sig.data)
+            .is_ok()
+        {
+            return Ok(());
+        }
     }
-}
-
-/// RSASSA-PSS parameters ring can verify: SHA-256/384/512, MGF1 with the
-/// same hash, salt length equal to the hash length, trailer field 1.
-fn pss_algorithm(
-    alg: &AlgorithmIdentifier<'_>,
-) -> Result<&'static dyn VerificationAlgorithm, X509Error> {
-    let params = alg
-        .parameters
-        .as_ref()
-        .ok_or_else(|| X509Error::Malformed("RSASSA-PSS without parameters".into()))?;
-    let params = RsaSsaPssParams::try_from(params)
-        .map_err(|_| X509Error::Malformed("invalid RSASSA-PSS parameters".into()))?;
-    let hash = params.hash_algorithm_oid();
-    let (ring_alg, hash_len): (&'static dyn VerificationAlgorithm, u32) =
-        if *hash == OID_NIST_HASH_SHA256 {
-            (&signature::RSA_PSS_2048_8192_SHA256, 32)
-        } else if *hash == OID_NIST_HASH_SHA384 {
-            (&signature::RSA_PSS_2048_8192_SHA384, 48)
-        } else if *hash == OID_NIST_HASH_SHA512 {
-            (&signature::RSA_PSS_2048_8192_SHA512, 64)
-        } else {
-            return Err(X509Error::UnsupportedAlgorithm(format!(
-                "RSASSA-PSS with hash {hash}"
-            )));
-        };
-    let mgf = params
-        .mask_gen_algorithm()
-        .map_err(|_| X509Error::Malformed("invalid RSASSA-PSS mask generation".into()))?;
-    if mgf.mgf.to_id_string() != OID_MGF1 || mgf.hash != *hash {
-        return Err(X509Error::UnsupportedAlgorithm(
-            "RSASSA-PSS mask generation must be MGF1 with the message hash".into(),
-        ));
+    if known {
+        // A known algorithm that fails, or that does not fit the key: no valid signature.
+        Err(X509Error::BadSignature)
+    } else {
+        Err(X509Error::UnsupportedAlgorithm(format!(
+            "signature algorithm {}",
+            alg.algorithm
+        )))
     }
-    if params.salt_length() != hash_len || params.trailer_field() != 1 {
-        return Err(X509Error::UnsupportedAlgorithm(
-            "RSASSA-PSS salt length must equal the hash length".into(),
-        ));
-    }
-    Ok(ring_alg)
 }
 
 /// Parse one DER certificate and check structure we rely on later.
-fn parse_cert(der: &[u8]) -> Result<X509Certificate<'_>, X509Error> {
+pub(super) fn parse_cert(der: &[u8]) -> Result<X509Certificate<'_>, X509Error> {
     let (rest, cert) = x509_parser::parse_x509_certificate(der)
         .map_err(|e| X509Error::Malformed(format!("certificate: {e}")))?;
     if !rest.is_empty() {
@@ -553,32 +625,8 @@ fn parse_cert(der: &[u8]) -> Result<X509Certificate<'_>, X509Error> {
             "trailing data after certificate".into(),
         ));
     }
-    // RFC 5280 4.1.1.2: the signed and unsigned algorithm fields must agree,
-    // otherwise an attacker could steer which algorithm we check.
-    if cert.tbs_certificate.signature != cert.signature_algorithm {
-        return Err(X509Error::Malformed(
-            "signature algorithm mismatch inside certificate".into(),
-        ));
-    }
-    if !cert.extensions().is_empty() && cert.version() != X509Version::V3 {
-        return Err(X509Error::Malformed(
-            "extensions in a non-v3 certificate".into(),
-        ));
-    }
-    check_extensions(
-        cert.extensions(),
-        &[
-            &OID_X509_EXT_BASIC_CONSTRAINTS,
-            &OID_X509_EXT_KEY_USAGE,
-            &OID_X509_EXT_EXTENDED_KEY_USAGE,
-            &OID_X509_EXT_SUBJECT_ALT_NAME,
-            &OID_X509_EXT_SUBJECT_KEY_IDENTIFIER,
-            &OID_X509_EXT_AUTHORITY_KEY_IDENTIFIER,
-        ],
-    )?;
-    // Name constraints would restrict what an issuer may certify; we do not
-    // enforce them, so refuse rather than silently ignore (even if marked
-    // non-critical).
+    // Name constraints would restrict what an issuer may certify, but not the CN our name
+    // binding uses: refuse rather than half-enforce (even if marked non-critical).
     if cert
         .extensions()
         .iter()
@@ -589,65 +637,23 @@ fn parse_cert(der: &[u8]) -> Result<X509Certificate<'_>, X509Error> {
     Ok(cert)
 }
 
-/// Refuse duplicate or unparsable extensions, and critical extensions not
-/// in `handled` (RFC 5280 4.2).
-pub(super) fn check_extensions(
-    exts: &[X509Extension<'_>],
-    handled: &[&Oid<'static>],
-) -> Result<(), X509Error> {
-    for (i, ext) in exts.iter().enumerate() {
-        if exts[..i].iter().any(|e| e.oid == ext.oid) {
-            return Err(X509Error::Malformed(format!(
-                "duplicate extension {}",
-                ext.oid
-            )));
-        }
-        if let ParsedExtension::ParseError { .. } = ext.parsed_extension() {
-            return Err(X509Error::Malformed(format!(
-                "invalid extension {}",
-                ext.oid
-            )));
-        }
-        if ext.critical && !handled.iter().any(|h| **h == ext.oid) {
-            return Err(X509Error::UnsupportedExtension(format!(
-                "critical extension {}",
-                ext.oid
-            )));
-        }
-    }
-    Ok(())
-}
-
 /// (CA flag, pathLenConstraint); absent extension means not a CA.
-fn basic_constraints(cert: &X509Certificate<'_>) -> Result<(bool, Option<u32>), X509Error> {
+pub(super) fn basic_constraints(
+    cert: &X509Certificate<'_>,
+) -> Result<(bool, Option<u32>), X509Error> {
     let bc = cert
         .basic_constraints()
         .map_err(|e| X509Error::Malformed(format!("basicConstraints: {e}")))?;
     Ok(bc.map_or((false, None), |b| (b.value.ca, b.value.path_len_constraint)))
 }
 
-fn key_usage(
+pub(super) fn key_usage(
     cert: &X509Certificate<'_>,
 ) -> Result<Option<x509_parser::extensions::KeyUsage>, X509Error> {
     let ku = cert
         .key_usage()
         .map_err(|e| X509Error::Malformed(format!("keyUsage: {e}")))?;
     Ok(ku.map(|k| *k.value))
-}
-
-fn check_validity(
-    cert: &X509Certificate<'_>,
-    now: i64,
-    what: &'static str,
-) -> Result<(), X509Error> {
-    let validity = cert.validity();
-    if now < validity.not_before.timestamp() {
-        return Err(X509Error::NotYetValid(what));
-    }
-    if now > validity.not_after.timestamp() {
-        return Err(X509Error::Expired(what));
-    }
-    Ok(())
 }
 
 /// Empty key identifiers carry no information and are treated as absent.
@@ -662,7 +668,7 @@ pub(super) fn authority_key_id<'a>(exts: &'a [X509Extension<'_>]) -> Option<&'a 
         .filter(|k| !k.is_empty())
 }
 
-fn subject_key_id<'a>(cert: &'a X509Certificate<'_>) -> Option<&'a [u8]> {
+pub(super) fn subject_key_id<'a>(cert: &'a X509Certificate<'_>) -> Option<&'a [u8]> {
     cert.extensions()
         .iter()
         .find_map(|e| match e.parsed_extension() {
@@ -674,7 +680,7 @@ fn subject_key_id<'a>(cert: &'a X509Certificate<'_>) -> Option<&'a [u8]> {
 
 /// Key identifiers only disambiguate; when either side lacks one, the
 /// signature check decides.
-fn key_ids_match(aki: Option<&[u8]>, ski: Option<&[u8]>) -> bool {
+pub(super) fn key_ids_match(aki: Option<&[u8]>, ski: Option<&[u8]>) -> bool {
     match (aki, ski) {
         (Some(a), Some(s)) => a == s,
         _ => true,
@@ -838,16 +844,19 @@ mod tests {
 
         // Missing intermediate → untrusted.
         assert_eq!(reason(verify_chain(&leaf, &store, ROBOT, NOW)), "untrusted");
-        // Intermediates in the wrong order → untrusted.
+        // webpki builds the path from the presented intermediates in any order (as TLS
+        // stacks do); the order used to matter with the hand-written verifier.
         let inter2 = inter.intermediate("Fleet Sub", p256());
         let leaf2 = inter2.issue(&leaf_params(ROBOT), &p256());
         let good = format!("{leaf2}{}{}", inter2.pem, inter.pem);
-        verify_chain(&good, &store, ROBOT, NOW).expect("two intermediates");
+        let vc = verify_chain(&good, &store, ROBOT, NOW).expect("two intermediates");
+        assert_eq!(vc.chain_ids.len(), 3);
+        assert_eq!(vc.intermediates.len(), 2);
         let swapped = format!("{leaf2}{}{}", inter.pem, inter2.pem);
-        assert_eq!(
-            reason(verify_chain(&swapped, &store, ROBOT, NOW)),
-            "untrusted"
-        );
+        verify_chain(&swapped, &store, ROBOT, NOW).expect("any order");
+        // Without the middle CA there is no path.
+        let gap = format!("{leaf2}{}", inter.pem);
+        assert_eq!(reason(verify_chain(&gap, &store, ROBOT, NOW)), "untrusted");
     }
 
     #[test]
@@ -1109,6 +1118,37 @@ mod tests {
         let tampered = pem::encode(&pem::Pem::new("CERTIFICATE", der));
         assert_eq!(
             reason(verify_chain(&tampered, &store, "robot-8", NOW)),
+            "bad_signature"
+        );
+    }
+
+    #[test]
+    fn cheap_checks_come_before_signature_work() {
+        let root = TestCa::root("Fleet Root", p256());
+        let store = store_of(&[&root.pem]);
+        // A leaf whose signature is broken (one byte of its body changed)...
+        let good = root.issue(&leaf_params(ROBOT), &p256());
+        let mut der = pem::parse(&good).unwrap().into_contents();
+        let pos = der
+            .windows(ROBOT.len())
+            .position(|w| w == ROBOT.as_bytes())
+            .unwrap();
+        der[pos + ROBOT.len() - 1] = b'8';
+        let broken = pem::encode(&pem::Pem::new("CERTIFICATE", der));
+        // ...presented for another robot is refused on the name, before any signature.
+        assert_eq!(
+            reason(verify_chain(&broken, &store, ROBOT, NOW)),
+            "name_mismatch"
+        );
+        // ...and from an issuer no anchor is named like: untrusted, before any signature.
+        let other = store_of(&[&TestCa::root("Other Root", p256()).pem]);
+        assert_eq!(
+            reason(verify_chain(&broken, &other, "robot-8", NOW)),
+            "untrusted"
+        );
+        // Only a plausible chain reaches the signature check.
+        assert_eq!(
+            reason(verify_chain(&broken, &store, "robot-8", NOW)),
             "bad_signature"
         );
     }

@@ -153,12 +153,7 @@ fn prepare_sqlite_url(url: &str) -> Result<String, StoreError> {
     })
 }
 
-pub(crate) fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
+pub(crate) use crate::clock::now_ms;
 
 #[cfg(test)]
 mod tests {

@@ -23,18 +23,46 @@ impl Store {
         Ok(())
     }
 
-    pub async fn is_revoked(&self, fingerprints: &[String]) -> Result<bool, StoreError> {
-        for fingerprint in fingerprints {
-            let hit: Option<(String,)> = sqlx::query_as(
-                "SELECT fingerprint FROM revoked_credentials WHERE fingerprint = $1",
+    /// Records many revoked entries (a CRL's) in one transaction; idempotent.
+    pub async fn revoke_many(
+        &self,
+        entries: &[String],
+        kind: &str,
+        source: &str,
+    ) -> Result<(), StoreError> {
+        let at = now_ms();
+        let mut tx = self.writer.begin().await?;
+        for entry in entries {
+            sqlx::query(
+                "INSERT INTO revoked_credentials (fingerprint, kind, robot_id, revoked_at, \
+                 source) VALUES ($1, $2, NULL, $3, $4) ON CONFLICT (fingerprint) DO NOTHING",
             )
-            .bind(fingerprint)
-            .fetch_optional(&self.pool)
+            .bind(entry)
+            .bind(kind)
+            .bind(at)
+            .bind(source)
+            .execute(&mut *tx)
             .await?;
-            if hit.is_some() {
-                return Ok(true);
-            }
         }
-        Ok(false)
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Whether any of `fingerprints` is revoked: one query.
+    pub async fn is_revoked(&self, fingerprints: &[String]) -> Result<bool, StoreError> {
+        if fingerprints.is_empty() {
+            return Ok(false);
+        }
+        let placeholders: Vec<String> = (1..=fingerprints.len()).map(|i| format!("${i}")).collect();
+        let sql = format!(
+            "SELECT COUNT(*) FROM revoked_credentials WHERE fingerprint IN ({})",
+            placeholders.join(", ")
+        );
+        let mut query = sqlx::query_as::<_, (i64,)>(&sql);
+        for fingerprint in fingerprints {
+            query = query.bind(fingerprint);
+        }
+        let (count,) = query.fetch_one(&self.pool).await?;
+        Ok(count > 0)
     }
 }

@@ -210,25 +210,42 @@ impl Store {
         Ok(result.rows_affected() == 1)
     }
 
-    /// Just-in-time record for a robot whose certificate chains to a trust anchor.
-    pub async fn auto_register_robot(
+    /// Records a certificate chain a robot proved at login as its credential: a new record
+    /// (`create`, auto-registration) or a record that had no credential yet. Never replaces
+    /// an existing credential: enrollment does that. The caller re-reads the record to see
+    /// whose credential won a race.
+    pub async fn record_presented_certificate(
         &self,
         robot_id: &str,
         credential: &Credential,
+        create: bool,
     ) -> Result<(), StoreError> {
         let Credential::Certificate { chain_pem, serial } = credential else {
-            return Err(StoreError::Corrupt("auto-registration needs a certificate"));
+            return Err(StoreError::Corrupt(
+                "a presented credential is a certificate",
+            ));
         };
-        sqlx::query(
-            "INSERT INTO robots (robot_id, credential_kind, certificate_pem, certificate_serial, \
-             created_at) VALUES ($1, 'x509', $2, $3, $4) ON CONFLICT (robot_id) DO NOTHING",
-        )
-        .bind(robot_id)
-        .bind(chain_pem)
-        .bind(serial)
-        .bind(now_ms())
-        .execute(&self.writer)
-        .await?;
+        let query = if create {
+            sqlx::query(
+                "INSERT INTO robots (robot_id, credential_kind, certificate_pem, \
+                 certificate_serial, created_at) VALUES ($1, 'x509', $2, $3, $4) \
+                 ON CONFLICT (robot_id) DO NOTHING",
+            )
+            .bind(robot_id)
+            .bind(chain_pem)
+            .bind(serial)
+            .bind(now_ms())
+        } else {
+            sqlx::query(
+                "UPDATE robots SET credential_kind = 'x509', certificate_pem = $2, \
+                 certificate_serial = $3 WHERE robot_id = $1 AND credential_kind IS NULL \
+                 AND credential_revoked = 0",
+            )
+            .bind(robot_id)
+            .bind(chain_pem)
+            .bind(serial)
+        };
+        query.execute(&self.writer).await?;
         Ok(())
     }
 

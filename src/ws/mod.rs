@@ -1,21 +1,65 @@
 //! The `/ws` endpoint: authentication at upgrade, the per-socket loop, and the signalling
 //! protocol spoken on it.
 
+mod admission;
 mod connection;
 mod error;
 mod protocol;
-mod rate_limit;
 
 use axum::extract::ws::WebSocketUpgrade;
-use axum::extract::{Query, State};
-use axum::http::{header, HeaderMap};
+use std::net::SocketAddr;
+
+use axum::extract::{ConnectInfo, Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
 use serde::Deserialize;
 
-use crate::api::ApiError;
+use crate::auth::AuthError;
 use crate::state::SharedState;
 
+pub use admission::{Admission, AdmissionError, Permit};
 pub use error::WsError;
+
+/// The `/ws` route, merged into the app at the top.
+pub fn router() -> Router<SharedState> {
+    Router::new().route("/ws", get(upgrade))
+}
+
+/// Why an upgrade is refused, answered as plain HTTP before any socket exists.
+#[derive(Debug, thiserror::Error)]
+pub enum UpgradeError {
+    #[error("server is shutting down")]
+    ShuttingDown,
+    #[error("{0}")]
+    Auth(#[from] AuthError),
+    #[error("{0}")]
+    Admission(#[from] AdmissionError),
+}
+
+impl IntoResponse for UpgradeError {
+    fn into_response(self) -> Response {
+        let (status, code) = match &self {
+            UpgradeError::ShuttingDown | UpgradeError::Admission(AdmissionError::ServerFull) => {
+                (StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE")
+            }
+            UpgradeError::Admission(AdmissionError::AddressFull) => {
+                (StatusCode::TOO_MANY_REQUESTS, "TOO_MANY_REQUESTS")
+            }
+            UpgradeError::Auth(AuthError::Store(e)) => {
+                tracing::error!(error = %e, "client login failed");
+                return crate::http_error::response(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "INTERNAL_ERROR",
+                    "internal error",
+                );
+            }
+            UpgradeError::Auth(_) => (StatusCode::UNAUTHORIZED, "UNAUTHORIZED"),
+        };
+        crate::http_error::response(status, code, &self.to_string())
+    }
+}
 
 #[derive(Debug, Deserialize)]
 pub struct WsQuery {
@@ -53,15 +97,23 @@ fn find_token(query: &WsQuery, headers: &HeaderMap) -> (Option<String>, Option<S
     }
 }
 
-pub async fn upgrade(
+async fn upgrade(
     State(state): State<SharedState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Query(query): Query<WsQuery>,
     headers: HeaderMap,
     ws: WebSocketUpgrade,
 ) -> Response {
     if state.is_shutting_down() {
-        return ApiError::Unavailable("server is shutting down".into()).into_response();
+        return UpgradeError::ShuttingDown.into_response();
     }
+    let permit = match state.admission.admit(peer.ip()) {
+        Ok(permit) => permit,
+        Err(e) => {
+            tracing::debug!(%peer, error = %e, "connection refused");
+            return UpgradeError::from(e).into_response();
+        }
+    };
     let (token, protocol) = find_token(&query, &headers);
     let client = match token {
         Some(token) => match state
@@ -72,7 +124,7 @@ pub async fn upgrade(
             Ok(identity) => Some(identity),
             Err(e) => {
                 tracing::info!(error = %e, "client login refused");
-                return ApiError::from(e).into_response();
+                return UpgradeError::from(e).into_response();
             }
         },
         None => None,
@@ -91,5 +143,5 @@ pub async fn upgrade(
     if let Some(protocol) = protocol {
         ws = ws.protocols([protocol]);
     }
-    ws.on_upgrade(move |socket| connection::run(state, socket, client))
+    ws.on_upgrade(move |socket| connection::run(state, socket, client, permit))
 }

@@ -11,7 +11,7 @@ use super::error::WsError;
 use crate::auth::ClientIdentity;
 use crate::identity::Challenge;
 use crate::messages;
-use crate::relay::{ConnId, OpenSession, Outbound, SessionOpened};
+use crate::relay::{ConnId, DeliveryError, EndReason, OpenSession, Outbound, RelayError};
 use crate::state::SharedState;
 
 /// Longest text considered as a legacy `{"type":"ready"}` greeting.
@@ -46,7 +46,13 @@ pub struct Protocol {
     token_deadline: Option<Instant>,
     /// Replies for this socket itself, written by the socket loop in order.
     pub replies: Vec<String>,
+    /// A token-less socket asked for welcomes (`ready`, or `register` with
+    /// `metadata.wantsWelcome`): it gets a fresh one, with TURN credentials, once verified.
+    wants_welcome: bool,
 }
+
+/// Key in `signalling.register`'s `metadata` by which a robot asks for welcomes.
+pub const WANTS_WELCOME: &str = "wantsWelcome";
 
 impl Protocol {
     pub fn new(state: SharedState, conn: ConnId, client: Option<ClientIdentity>) -> Protocol {
@@ -64,6 +70,7 @@ impl Protocol {
             peer,
             token_deadline,
             replies: Vec::new(),
+            wants_welcome: false,
         }
     }
 
@@ -75,11 +82,37 @@ impl Protocol {
         }
     }
 
+    /// Who the peer is, for log lines that must name it.
+    pub fn peer_label(&self) -> String {
+        match &self.peer {
+            Peer::Unverified { .. } => "unverified".to_string(),
+            Peer::Robot { robot_id } => format!("robot {robot_id}"),
+            Peer::Client(identity) => format!("client {}", identity.subject),
+        }
+    }
+
+    /// The welcome sent as soon as the socket opens: to clients only. A socket without a
+    /// token is a robot (or a legacy browser) and gets one when it asks: `ready`, or
+    /// `register` with `metadata.wantsWelcome` (the Modulr agent logs an error for every
+    /// welcome it did not ask for).
+    pub fn welcome_at_open(&self) -> Option<String> {
+        match self.peer {
+            Peer::Client(_) => Some(self.welcome()),
+            _ => None,
+        }
+    }
+
     pub fn welcome(&self) -> String {
         let servers = match &self.peer {
             Peer::Unverified { .. } => self.state.ice.public_servers(),
-            Peer::Robot { robot_id } => self.state.ice.servers_for(robot_id, unix_now()),
-            Peer::Client(identity) => self.state.ice.servers_for(&identity.subject, unix_now()),
+            Peer::Robot { robot_id } => self
+                .state
+                .ice
+                .servers_for(robot_id, crate::clock::now_secs()),
+            Peer::Client(identity) => self
+                .state
+                .ice
+                .servers_for(&identity.subject, crate::clock::now_secs()),
         };
         messages::welcome(&self.conn, servers)
     }
@@ -110,11 +143,21 @@ impl Protocol {
         // The legacy greeting is tiny; checking size first keeps a second JSON parse off
         // the relay path.
         if text.len() <= LEGACY_READY_MAX && is_legacy_ready(text) {
+            self.wants_welcome = true;
             let welcome = self.welcome();
             self.replies.push(welcome);
             return Ok(());
         }
-        let envelope = Envelope::parse(text).map_err(|e| (e.into(), raw_id(text)))?;
+        let envelope = match Envelope::parse(text) {
+            Ok(envelope) => envelope,
+            // A peer's error is never answered, even a malformed one: that is how error
+            // ping-pong starts.
+            Err(e) if raw_type(text).as_deref() == Some("signalling.error") => {
+                tracing::debug!(error = %e, "ignoring a malformed error report");
+                return Ok(());
+            }
+            Err(e) => return Err((e.into(), raw_id(text))),
+        };
         let id = envelope.id.clone();
         self.dispatch(envelope, received)
             .await
@@ -194,6 +237,15 @@ impl Protocol {
             }
             Peer::Unverified { .. } => {}
         }
+        if payload
+            .metadata
+            .as_ref()
+            .and_then(|m| m.get(WANTS_WELCOME))
+            .and_then(serde_json::Value::as_bool)
+            == Some(true)
+        {
+            self.wants_welcome = true;
+        }
         let mut challenge = match self
             .state
             .identity
@@ -271,9 +323,11 @@ impl Protocol {
         self.peer = Peer::Robot {
             robot_id: verified.robot_id,
         };
-        // Now that it is proven, the robot may have TURN credentials.
-        let welcome = self.welcome();
-        self.replies.push(welcome);
+        // Now that it is proven, the robot may have TURN credentials, if it wants them.
+        if self.wants_welcome {
+            let welcome = self.welcome();
+            self.replies.push(welcome);
+        }
         Ok(())
     }
 
@@ -310,43 +364,22 @@ impl Protocol {
             .grant(&payload.robot_id, &identity.subject)
             .await?
             .ok_or_else(|| WsError::NoGrant(payload.robot_id.clone()))?;
-        let opened = self.state.hub.open_session(
-            &self.conn,
-            OpenSession {
-                session_id: &payload.connection_id,
-                robot_id: &payload.robot_id,
-                subject: &identity.subject,
-                role,
-            },
-        )?;
-        let robot_conn = match opened {
-            SessionOpened::New {
-                record_id,
-                robot_conn,
-            } => {
-                if let Err(e) = self
-                    .state
-                    .store
-                    .start_session(
-                        &record_id,
-                        &payload.connection_id,
-                        &payload.robot_id,
-                        &identity.subject,
-                        role.as_str(),
-                        &self.state.node_id,
-                    )
-                    .await
-                {
-                    self.state.hub.end_session(&payload.connection_id);
-                    return Err(e.into());
-                }
-                robot_conn
-            }
-            SessionOpened::Existing { robot_conn } => robot_conn,
-        };
+        let opened = self
+            .state
+            .sessions
+            .open(
+                &self.conn,
+                OpenSession {
+                    session_id: &payload.connection_id,
+                    robot_id: &payload.robot_id,
+                    subject: &identity.subject,
+                    role,
+                },
+            )
+            .await?;
+        let robot_conn = opened.robot_conn;
         envelope.meta = Some(messages::session_meta(&identity.subject, role.as_str()));
-        self.forward(&robot_conn, &envelope, received);
-        Ok(())
+        self.forward(&robot_conn, &envelope, received)
     }
 
     /// Relays a session message to the other end, after recording what it means for the
@@ -364,7 +397,21 @@ impl Protocol {
                 message: "register and answer the PKI challenge first",
             });
         }
-        let route = self.state.hub.route(&self.conn, session_id)?;
+        let route = match self.state.sessions.route(&self.conn, session_id) {
+            Ok(route) => route,
+            // One end of a session that just ended: a late `disconnected` is an idempotent
+            // end, a late candidate or report is moot. Answering either with an error is
+            // how the Modulr agent's endless disconnect loop started.
+            Err(RelayError::Ended(_)) => {
+                self.state
+                    .metrics
+                    .late_messages
+                    .with_label_values(&[envelope.kind.as_str()])
+                    .inc();
+                return Ok(());
+            }
+            Err(e) => return Err(e.into()),
+        };
         match kind {
             Relay::FromRobot if !route.from_robot => {
                 return Err(WsError::Forbidden {
@@ -372,19 +419,14 @@ impl Protocol {
                     message: "only the robot of a session sends its answer",
                 })
             }
-            Relay::Connected => self.state.store.session_connected(&route.record_id).await?,
+            Relay::Connected => self.state.sessions.connected(&route).await?,
             Relay::Ends(reason) => {
-                if let Some(ended) = self.state.hub.end_session(session_id) {
-                    let reason = match reason {
-                        DisconnectReason::Closed => "closed",
-                        DisconnectReason::Failed => "failed",
-                        DisconnectReason::Timeout => "timeout",
-                    };
-                    self.state
-                        .store
-                        .end_session(&ended.record_id, reason)
-                        .await?;
-                }
+                let reason = match reason {
+                    DisconnectReason::Closed => EndReason::Closed,
+                    DisconnectReason::Failed => EndReason::Failed,
+                    DisconnectReason::Timeout => EndReason::Timeout,
+                };
+                self.state.sessions.end_by_peer(session_id, reason).await?;
             }
             Relay::FromRobot | Relay::Plain => {}
         }
@@ -394,36 +436,43 @@ impl Protocol {
         } else {
             Some(messages::session_meta(&route.subject, route.role.as_str()))
         };
-        self.forward(&route.target, &envelope, received);
-        Ok(())
+        self.forward(&route.target, &envelope, received)
     }
 
-    fn forward(&self, to: &ConnId, envelope: &Envelope, received: Instant) {
-        let delivered = self
-            .state
-            .hub
-            .deliver(to, Outbound::Text(envelope.to_json()));
-        if delivered {
-            if let Some(metrics) = self.state.metrics.relay(&envelope.kind) {
-                metrics.relayed.inc();
-                metrics.latency.observe(received.elapsed().as_secs_f64());
+    /// Queues the message for the other end. A sender over its share at the receiver is
+    /// told to slow down; a receiver that is gone or too slow is not the sender's error.
+    fn forward(&self, to: &ConnId, envelope: &Envelope, received: Instant) -> Result<(), WsError> {
+        let delivered =
+            self.state
+                .hub
+                .deliver(Some(&self.conn), to, Outbound::Text(envelope.to_json()));
+        match delivered {
+            Ok(()) => {
+                if let Some(metrics) = self.state.metrics.relay(&envelope.kind) {
+                    metrics.relayed.inc();
+                    metrics.latency.observe(received.elapsed().as_secs_f64());
+                }
+                Ok(())
             }
+            Err(DeliveryError::SenderThrottled) => Err(WsError::Throttled),
+            Err(DeliveryError::Full | DeliveryError::Gone) => Ok(()),
         }
     }
 }
 
 /// The `id` of a message that failed to parse, so the error can still be correlated.
 fn raw_id(text: &str) -> Option<String> {
-    serde_json::from_str::<serde_json::Value>(text)
-        .ok()?
-        .get("id")?
-        .as_str()
-        .map(str::to_string)
+    raw_field(text, "id")
 }
 
-fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
+fn raw_type(text: &str) -> Option<String> {
+    raw_field(text, "type")
+}
+
+fn raw_field(text: &str, field: &str) -> Option<String> {
+    serde_json::from_str::<serde_json::Value>(text)
+        .ok()?
+        .get(field)?
+        .as_str()
+        .map(str::to_string)
 }

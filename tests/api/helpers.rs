@@ -343,14 +343,27 @@ pub struct WsClient {
 }
 
 impl WsClient {
+    /// A token-less socket (a robot, before it proves itself): the server sends nothing
+    /// until asked (issue 15: no welcome unless wanted).
     pub async fn connect(url: &str) -> WsClient {
-        Self::connect_request(url.into_client_request().expect("request")).await
+        let request = url.into_client_request().expect("request");
+        let (ws, _) = tokio::time::timeout(WAIT, tokio_tungstenite::connect_async(request))
+            .await
+            .expect("connect in time")
+            .expect("WebSocket upgrade");
+        WsClient::over(ws)
     }
 
     pub async fn connect_with_token(url: &str, token: &str) -> WsClient {
-        Self::connect(&format!("{url}?token={token}")).await
+        Self::connect_request(
+            format!("{url}?token={token}")
+                .into_client_request()
+                .expect("request"),
+        )
+        .await
     }
 
+    /// A socket that logs in at the upgrade (a client): its welcome comes first.
     pub async fn connect_request(
         request: tokio_tungstenite::tungstenite::handshake::client::Request,
     ) -> WsClient {
@@ -382,6 +395,11 @@ impl WsClient {
 
     pub async fn send_text(&mut self, text: String) {
         self.send_message(Message::Text(text.into())).await;
+    }
+
+    /// Sends and reports whether the socket took it (false once the server closed it).
+    pub async fn try_send_text(&mut self, text: String) -> bool {
+        self.ws.send(Message::Text(text.into())).await.is_ok()
     }
 
     pub async fn send_message(&mut self, message: Message) {
@@ -473,9 +491,11 @@ impl WsClient {
     /// The login sequence up to the server's verdict, which is returned unchecked: a
     /// refusal of the register itself, or the answer to the signed challenge.
     pub async fn try_prove(&mut self, robot_id: &str, signer: &dyn Signer) -> Value {
-        let mut payload = json!({ "agentId": robot_id });
+        // Like robot-agent, ask for the welcome that carries TURN credentials.
+        let mut payload = json!({ "agentId": robot_id, "metadata": { "wantsWelcome": true } });
         if let Some(chain) = signer.chain() {
-            payload["metadata"] = json!({ "certificate": chain, "model": "MR-5000" });
+            payload["metadata"] =
+                json!({ "certificate": chain, "model": "MR-5000", "wantsWelcome": true });
         }
         self.send(&envelope("signalling.register", Some(payload)))
             .await;
@@ -499,7 +519,7 @@ impl WsClient {
     pub async fn register(&mut self, robot_id: &str) -> Value {
         self.send(&envelope(
             "signalling.register",
-            Some(json!({ "agentId": robot_id })),
+            Some(json!({ "agentId": robot_id, "metadata": { "wantsWelcome": true } })),
         ))
         .await;
         self.recv_type("signalling.pki_challenge").await
@@ -636,4 +656,71 @@ pub fn pki_response(challenge: &Value, signature: &str) -> Value {
     );
     response["correlationId"] = challenge["id"].clone();
     response
+}
+
+/// The server binary as a separate process (for what only a real process shows: its log,
+/// signals), with JSON logs on stdout collected line by line.
+pub struct ServerProcess {
+    child: std::process::Child,
+    pub addr: String,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl ServerProcess {
+    /// Starts the binary on 127.0.0.1:0 with its own database, the test admin token and
+    /// `args`; returns once it announced its address.
+    pub async fn start(args: &[&str], env: &[(&str, &str)]) -> ServerProcess {
+        use std::io::BufRead;
+        let (database_url, _) = test_database().await;
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_signalling-server"));
+        command
+            .args(["--listen", "127.0.0.1:0", "--admin-token", ADMIN_TOKEN])
+            .args(["--log-format", "json", "--database-url", &database_url])
+            .args(args)
+            .env_remove("REDIS_URL")
+            .stdout(std::process::Stdio::piped());
+        for (key, value) in env {
+            command.env(key, value);
+        }
+        let mut child = command.spawn().expect("server binary");
+        let stdout = child.stdout.take().expect("stdout");
+        let (line_tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if line_tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut process = ServerProcess {
+            child,
+            addr: String::new(),
+            lines,
+        };
+        let deadline = std::time::Instant::now() + WAIT;
+        while process.addr.is_empty() {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let line = process
+                .lines
+                .recv_timeout(left)
+                .expect("server announces its address");
+            if let Ok(log) = serde_json::from_str::<Value>(&line) {
+                if log["fields"]["message"] == "listening" {
+                    process.addr = log["fields"]["addr"].as_str().unwrap_or_default().into();
+                }
+            }
+        }
+        process
+    }
+
+    /// Kills the process and returns everything it logged after announcing its address.
+    pub fn stop(mut self) -> String {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        // The reader thread ends at EOF, which closes the channel.
+        self.lines.iter().collect::<Vec<_>>().join("\n")
+    }
 }

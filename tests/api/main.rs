@@ -3,10 +3,13 @@
 
 mod helpers;
 
+mod abuse;
 mod admin_api;
 mod client_auth;
 mod harness;
 mod robot_login;
 mod robustness;
+mod session_end;
 mod sessions;
+mod trust;
 mod x509;

@@ -284,9 +284,10 @@ async fn second_welcome_carries_turn_credentials_only_after_verification() {
     .await;
     let key = server.enrolled_robot("robot-1").await;
     let mut robot = WsClient::connect(&server.ws_url()).await;
-    // The first welcome is already consumed by connect(); ask again with the legacy ready.
+    // A token-less socket gets a welcome when it asks: the legacy ready.
     robot.send_text(r#"{"type":"ready"}"#.into()).await;
     let first = robot.recv_type("signalling.welcome").await;
+    robot.connection_id = first["payload"]["connectionId"].as_str().unwrap().into();
     let servers = first["payload"]["iceServers"].as_array().unwrap();
     assert_eq!(servers.len(), 1, "STUN only before verification: {first}");
     let second = robot.prove("robot-1", &key).await;

@@ -1,0 +1,132 @@
+//! What the API answers: one typed struct per response shape (contract section 2), so a
+//! field cannot be misspelt in one handler and right in another.
+
+use serde::Serialize;
+use serde_json::Value;
+
+use super::rfc3339;
+use crate::store::{Grant, RobotRecord, Role, SessionRecord};
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RobotView<'a> {
+    pub robot_id: &'a str,
+    pub name: Option<&'a str>,
+    pub metadata: Option<&'a Value>,
+    pub online: bool,
+    pub credential: Option<&'a str>,
+    pub credential_revoked: bool,
+    pub created_at: Option<String>,
+    pub last_seen_at: Option<String>,
+    pub node: Option<&'a str>,
+}
+
+impl<'a> RobotView<'a> {
+    pub fn new(robot: &'a RobotRecord, online: bool) -> Self {
+        RobotView {
+            robot_id: &robot.robot_id,
+            name: robot.name.as_deref(),
+            metadata: robot.metadata.as_ref(),
+            online,
+            credential: robot.credential_kind(),
+            credential_revoked: robot.credential_revoked,
+            created_at: rfc3339(robot.created_at),
+            last_seen_at: robot.last_seen_at.and_then(rfc3339),
+            node: robot.node.as_deref(),
+        }
+    }
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RobotCreated {
+    pub robot_id: String,
+    pub enrollment_token: String,
+    pub enrollment_token_expires_at: Option<String>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EnrollmentToken {
+    pub enrollment_token: String,
+    pub expires_at: Option<String>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Revoked {
+    pub robot_id: String,
+    pub revoked: bool,
+    pub disconnected: bool,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GrantView<'a> {
+    pub robot_id: &'a str,
+    pub subject: &'a str,
+    pub role: Role,
+    /// Absent in the answer to PUT, which sets a grant without reading it back.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub created_at: Option<String>,
+}
+
+impl<'a> GrantView<'a> {
+    pub fn new(grant: &'a Grant) -> Self {
+        GrantView {
+            robot_id: &grant.robot_id,
+            subject: &grant.subject,
+            role: grant.role,
+            created_at: rfc3339(grant.created_at),
+        }
+    }
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TokenCreated {
+    pub token_id: String,
+    pub token: String,
+    pub subject: String,
+    pub expires_at: Option<String>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionView<'a> {
+    pub connection_id: &'a str,
+    pub robot_id: &'a str,
+    pub subject: &'a str,
+    pub role: &'a str,
+    pub node: &'a str,
+    pub started_at: Option<String>,
+    pub connected_at: Option<String>,
+    pub ended_at: Option<String>,
+    pub end_reason: Option<&'a str>,
+}
+
+impl<'a> SessionView<'a> {
+    pub fn new(s: &'a SessionRecord) -> Self {
+        SessionView {
+            connection_id: &s.connection_id,
+            robot_id: &s.robot_id,
+            subject: &s.subject,
+            role: &s.role,
+            node: &s.node,
+            started_at: rfc3339(s.started_at),
+            connected_at: s.connected_at.and_then(rfc3339),
+            ended_at: s.ended_at.and_then(rfc3339),
+            end_reason: s.end_reason.as_deref(),
+        }
+    }
+}
+
+#[derive(Serialize)]
+pub struct Health {
+    pub status: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub database: Option<&'static str>,
+    /// Freshness of the loaded CRLs, when `--crl` is set (a stale CRL shows here).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub crl: Option<serde_json::Value>,
+}
