@@ -4,27 +4,8 @@
 # two binaries, and runs the scenario inside a loopback-only network
 # namespace. Exits non-zero on any failure.
 set -euo pipefail
-HERE="$(cd "$(dirname "$0")" && pwd)"
-ROOT="$(cd "$HERE/../.." && pwd)"
-
-if [ ! -x /usr/bin/chromium ]; then
-    echo "installing chromium (apt)"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
-fi
-for tool in node npm python3 unshare ip; do
-    command -v "$tool" >/dev/null || { echo "missing $tool" >&2; exit 1; }
-done
-if [ ! -d "$HERE/node_modules/playwright-core" ] || [ ! -d "$HERE/node_modules/ajv-formats" ]; then
-    echo "installing npm packages"
-    (cd "$HERE" && if [ -f package-lock.json ]; then npm ci --no-audit --no-fund --loglevel=error; else npm install --no-audit --no-fund --loglevel=error; fi)
-fi
-
-if [ "${E2E_SKIP_BUILD:-0}" != 1 ]; then
-    echo "building signalling-server and robot-agent"
-    (cd "$ROOT" && cargo build --workspace --bins)
-fi
-export E2E_BIN_DIR="${E2E_BIN_DIR:-${CARGO_TARGET_DIR:-$ROOT/target}/debug}"
+. "$(dirname "$0")/lib.sh"
+e2e_prepare unshare ip
 
 # Only loopback exists in the namespace: no traffic can leave the machine,
 # and WebRTC must work over 127.0.0.1 alone.
