@@ -196,3 +196,98 @@ impl Navigation {
         self.finish(status, message)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::validated;
+    use signalling_protocol::Position;
+
+    fn location(name: &str) -> Location {
+        Location {
+            name: name.into(),
+            position: Position {
+                x: 1.0,
+                y: 2.0,
+                z: None,
+            },
+            orientation: None,
+            metadata: None,
+        }
+    }
+
+    fn status_of(notice: &Notice) -> String {
+        let v = validated(&notice.envelope);
+        v["payload"]["status"].as_str().expect("status").to_owned()
+    }
+
+    #[tokio::test]
+    async fn one_goal_at_a_time_started_once_then_finished() {
+        let (accepted_tx, _accepted_rx) = mpsc::channel(4);
+        let (driver, mut commands) = mpsc::channel(4);
+        let mut nav = Navigation::new(accepted_tx);
+        nav.start(&driver, "s1".into(), "req-1".into(), location("dock"))
+            .expect("starts");
+        assert!(matches!(
+            commands.try_recv(),
+            Ok(DriverCommand::Navigate { name, .. }) if name == "dock"
+        ));
+        assert_eq!(nav.active(), Some("dock"));
+        assert!(nav.owned_by("s1") && !nav.owned_by("s2"));
+        assert_eq!(
+            nav.start(&driver, "s2".into(), "req-2".into(), location("desk")),
+            Err(NavRefusal::AlreadyActive("dock".into()))
+        );
+        // An answer for an older goal id changes nothing.
+        assert!(nav.accepted(99, Ok(())).is_none());
+        let started = nav.accepted(1, Ok(())).expect("started");
+        assert_eq!(
+            (started.session.as_str(), status_of(&started).as_str()),
+            ("s1", "started")
+        );
+        assert_eq!(validated(&started.envelope)["correlationId"], "req-1");
+        // The driver's own "started" report does not repeat it.
+        assert!(nav
+            .driver_status("dock", NavigationStatus::Started, None)
+            .is_none());
+        assert!(nav
+            .driver_status("elsewhere", NavigationStatus::Completed, None)
+            .is_none());
+        let done = nav
+            .driver_status("dock", NavigationStatus::Completed, None)
+            .expect("completed");
+        assert_eq!(status_of(&done), "completed");
+        assert_eq!(nav.active(), None);
+        assert!(matches!(nav.cancel(&driver), Err(NavRefusal::NotActive)));
+    }
+
+    #[tokio::test]
+    async fn cancel_reports_whether_the_driver_could_be_told() {
+        let (accepted_tx, _accepted_rx) = mpsc::channel(4);
+        let (driver, mut commands) = mpsc::channel(1);
+        let mut nav = Navigation::new(accepted_tx);
+        nav.start(&driver, "s1".into(), "req-1".into(), location("dock"))
+            .expect("starts");
+        // The goal fills the driver's queue: the cancel cannot be queued,
+        // so the caller must stop the robot instead.
+        let (name, notice, queued) = nav.cancel(&driver).expect("cancelled");
+        assert_eq!((name.as_str(), queued), ("dock", false));
+        assert_eq!(status_of(&notice), "cancelled");
+        assert!(matches!(
+            commands.try_recv(),
+            Ok(DriverCommand::Navigate { .. })
+        ));
+
+        nav.start(&driver, "s1".into(), "req-2".into(), location("desk"))
+            .expect("starts");
+        commands.try_recv().expect("goal");
+        let preempted = nav.preempt(&driver).expect("preempted");
+        assert_eq!(status_of(&preempted), "cancelled");
+        assert!(matches!(
+            commands.try_recv(),
+            Ok(DriverCommand::CancelNavigation { .. })
+        ));
+        let failed = nav.finish(NavigationStatus::Failed, Some("x".into()));
+        assert!(failed.is_none(), "nothing left to fail");
+    }
+}
