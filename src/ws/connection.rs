@@ -340,13 +340,14 @@ struct Writer {
 }
 
 impl Writer {
-    fn message(&self, frame: Outbound) -> Message {
+    /// The frame as this socket hears it; None for a message its dialect has no word for.
+    fn message(&self, frame: Outbound) -> Option<Message> {
         match frame {
             Outbound::Text(text) if self.legacy.load(Ordering::Relaxed) => {
-                Message::Text(legacy::render(text).into())
+                legacy::render(&text).map(|flat| Message::Text(flat.into()))
             }
-            Outbound::Text(text) => Message::Text(text.into()),
-            Outbound::Ping => Message::Ping(Default::default()),
+            Outbound::Text(text) => Some(Message::Text(text.into())),
+            Outbound::Ping => Some(Message::Ping(Default::default())),
         }
     }
 }
@@ -372,7 +373,9 @@ async fn write_loop(
                     let closing = async {
                         for _ in 0..queue_len {
                             let Some(frame) = queue.try_recv() else { break };
-                            sink.feed(message(frame)).await?;
+                            if let Some(message) = message(frame) {
+                                sink.feed(message).await?;
+                            }
                         }
                         sink.send(Message::Close(Some(CloseFrame {
                             code,
@@ -388,10 +391,14 @@ async fn write_loop(
             frame = queue.recv() => {
                 let Some(frame) = frame else { return };
                 let batch = async {
-                    sink.feed(message(frame)).await?;
+                    if let Some(message) = message(frame) {
+                        sink.feed(message).await?;
+                    }
                     for _ in 1..WRITE_BATCH {
                         let Some(frame) = queue.try_recv() else { break };
-                        sink.feed(message(frame)).await?;
+                        if let Some(message) = message(frame) {
+                            sink.feed(message).await?;
+                        }
                     }
                     sink.flush().await
                 };

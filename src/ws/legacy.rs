@@ -103,11 +103,10 @@ pub fn welcome(conn: &str) -> String {
 }
 
 /// Renders a spec message for a legacy socket: answers, candidates, errors, welcomes and
-/// session ends in the flat shape the app reads; anything else as it is.
-pub fn render(text: String) -> String {
-    let Ok(message) = serde_json::from_str::<Value>(&text) else {
-        return text;
-    };
+/// session ends in the flat shape the app reads. A spec message with no flat counterpart
+/// (`connected`, `pong`, `capabilities`) is not sent: a legacy socket hears only its dialect.
+pub fn render(text: &str) -> Option<String> {
+    let message = serde_json::from_str::<Value>(text).ok()?;
     let payload = &message["payload"];
     let flat = match message["type"].as_str() {
         Some("signalling.answer") => json!({ "type": "answer", "sdp": payload["sdp"] }),
@@ -132,9 +131,9 @@ pub fn render(text: String) -> String {
             "connectionId": payload["connectionId"],
             "reason": payload["details"]["reason"].as_str().or(payload["reason"].as_str()),
         }),
-        _ => return text,
+        _ => return None,
     };
-    flat.to_string()
+    Some(flat.to_string())
 }
 
 #[cfg(test)]
@@ -197,10 +196,10 @@ mod tests {
         );
         let error = r#"{"type":"signalling.error","version":"0.5","id":"e","timestamp":"2026-01-01T00:00:00Z","payload":{"code":"FORBIDDEN","message":"no"}}"#;
         assert_eq!(
-            parse(&render(error.into())),
+            parse(&render(error).unwrap()),
             json!({"type":"error","code":"FORBIDDEN","message":"no"})
         );
-        let pong = r#"{"type":"signalling.pong","version":"0.5","id":"p","timestamp":"2026-01-01T00:00:00Z"}"#;
-        assert_eq!(render(pong.into()), pong);
+        let connected = r#"{"type":"signalling.connected","version":"0.5","id":"c","timestamp":"2026-01-01T00:00:00Z","payload":{"connectionId":"c1","iceConnectionState":"connected"}}"#;
+        assert_eq!(render(connected), None);
     }
 }
