@@ -77,6 +77,8 @@ function start(name, cmd, args, onLine) {
   const sink = (line) => writeFileSync(child.logFile, `${line}\n`, { flag: 'a' });
   createInterface({ input: child.stdout }).on('line', (line) => { sink(line); if (onLine) onLine(line); });
   createInterface({ input: child.stderr }).on('line', sink);
+  // A binary that cannot start fails the run instead of crashing node.
+  child.on('error', (e) => { child.spawnError = e; log(`${name}: ${e.message}`); });
   children.push(child);
   return child;
 }
@@ -123,6 +125,7 @@ function startServer() {
     } catch { /* not a JSON log line */ }
   });
   child.once('exit', (code, signal) => failed(new Error(`server exited (${code ?? signal}) before listening`)));
+  child.once('error', (e) => failed(e));
   return address;
 }
 
