@@ -16,7 +16,7 @@ import {
 const PORT = 18080;
 const HTTP = `http://127.0.0.1:${PORT}`;
 const WS = `ws://127.0.0.1:${PORT}/ws`;
-const ADMIN = 'e2e-admin-token';
+const ADMIN = 'e2e-admin-token-0123456789';
 const ROBOT = 'e2e-robot';
 
 const h = new Harness({ prefix: 'robot-agent-e2e-', http: HTTP, admin: ADMIN });
