@@ -212,8 +212,11 @@ async fn serve(
             }
             _ = ping.tick() => {
                 if last_heard.elapsed() > idle_timeout {
+                    // Likely dead; should it still read, it learns why (the writer gives up
+                    // on the close within its timeout if not).
                     tracing::debug!("dropping dead connection");
-                    break;
+                    out.close = Some((1008, "idle timeout"));
+                    continue;
                 }
                 out.send(Outbound::Ping);
             }

@@ -191,7 +191,7 @@ mod tests {
     fn spec_replies_render_flat() {
         let answer = r#"{"type":"signalling.answer","version":"0.5","id":"a","timestamp":"2026-01-01T00:00:00Z","payload":{"connectionId":"c1","sdpType":"answer","sdp":"v=0"}}"#;
         assert_eq!(
-            parse(&render(answer.into())),
+            parse(&render(answer).unwrap()),
             json!({"type":"answer","sdp":"v=0"})
         );
         let error = r#"{"type":"signalling.error","version":"0.5","id":"e","timestamp":"2026-01-01T00:00:00Z","payload":{"code":"FORBIDDEN","message":"no"}}"#;
