@@ -184,7 +184,10 @@ mod tests {
             listed.starts_with("cert:") && listed.ends_with(":1"),
             "{listed}"
         );
-        assert!(store.is_revoked(std::slice::from_ref(&listed)).await.unwrap());
+        assert!(store
+            .is_revoked(std::slice::from_ref(&listed))
+            .await
+            .unwrap());
 
         // An older list from the same issuer is a rollback.
         let err = identity

@@ -7,6 +7,7 @@ mod abuse;
 mod admin_api;
 mod client_auth;
 mod harness;
+mod legacy;
 mod robot_login;
 mod robustness;
 mod session_end;
