@@ -704,12 +704,17 @@ impl ServerProcess {
     /// Starts the binary on 127.0.0.1:0 with its own database, the test admin token and
     /// `args`; returns once it announced its address.
     pub async fn start(args: &[&str], env: &[(&str, &str)]) -> ServerProcess {
-        use std::io::BufRead;
         let (database_url, _) = test_database().await;
+        Self::start_on(&database_url, args, env)
+    }
+
+    /// The same on a database the test prepared (and inspects afterwards).
+    pub fn start_on(database_url: &str, args: &[&str], env: &[(&str, &str)]) -> ServerProcess {
+        use std::io::BufRead;
         let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_signalling-server"));
         command
             .args(["--listen", "127.0.0.1:0", "--admin-token", ADMIN_TOKEN])
-            .args(["--log-format", "json", "--database-url", &database_url])
+            .args(["--log-format", "json", "--database-url", database_url])
             .args(args)
             .env_remove("REDIS_URL")
             .stdout(std::process::Stdio::piped());
@@ -748,6 +753,25 @@ impl ServerProcess {
             }
         }
         process
+    }
+
+    /// SIGTERM, as a service manager stops it.
+    pub fn sigterm(&self) {
+        let signalled = std::process::Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(signalled.success());
+    }
+
+    /// The exit status, once the process has exited (within WAIT).
+    pub async fn exit_status(mut self) -> std::process::ExitStatus {
+        let exited = tokio::task::spawn_blocking(move || self.child.wait());
+        tokio::time::timeout(WAIT, exited)
+            .await
+            .expect("the server exits in time")
+            .expect("wait task")
+            .expect("exit status")
     }
 
     /// Kills the process and returns everything it logged after announcing its address.

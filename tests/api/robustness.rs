@@ -275,114 +275,33 @@ async fn sessions_left_open_by_a_crash_are_ended_at_start() {
 
 #[tokio::test]
 async fn sigterm_tells_peers_ends_records_and_exits_cleanly() {
-    use std::io::BufRead;
+    // The robot, grant and token are prepared in-process on the database the binary then
+    // serves: only the signal and the exit need a real process.
     let (database_url, sqlite_file) = test_database().await;
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_signalling-server"))
-        .args([
-            "--listen",
-            "127.0.0.1:0",
-            "--admin-token",
-            ADMIN_TOKEN,
-            "--log-format",
-            "json",
-        ])
-        .args(["--database-url", &database_url, "--node-id", "sigterm-node"])
-        .env_remove("REDIS_URL")
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("server binary");
-    let stdout = child.stdout.take().unwrap();
-    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stdout)
-            .lines()
-            .map_while(Result::ok)
-        {
-            let Ok(log) = serde_json::from_str::<serde_json::Value>(&line) else {
-                continue;
-            };
-            if log["fields"]["message"] == "listening" {
-                let _ = addr_tx.send(
-                    log["fields"]["addr"]
-                        .as_str()
-                        .unwrap_or_default()
-                        .to_string(),
-                );
-            }
-        }
-    });
-    let addr = addr_rx
-        .recv_timeout(WAIT)
-        .expect("server announces its address");
-    let base = format!("http://{addr}");
-    let http = reqwest::Client::new();
-    let admin = |method: reqwest::Method, path: &str, body: serde_json::Value| {
-        http.request(method, format!("{base}{path}"))
-            .bearer_auth(ADMIN_TOKEN)
-            .json(&body)
-            .send()
-    };
-    let created: serde_json::Value = admin(
-        reqwest::Method::POST,
-        "/v1/robots",
-        json!({"robotId": "robot-1"}),
-    )
-    .await
-    .unwrap()
-    .json()
-    .await
-    .unwrap();
-    let key = new_ed25519();
-    use base64::Engine;
-    use ring::signature::KeyPair;
-    let enrolled = http
-        .post(format!("{base}/v1/enroll"))
-        .json(&json!({"robotId": "robot-1", "enrollmentToken": created["enrollmentToken"],
-                      "publicKey": base64::engine::general_purpose::STANDARD.encode(key.public_key().as_ref())}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(enrolled.status(), 201);
-    admin(
-        reqwest::Method::PUT,
-        "/v1/robots/robot-1/grants/alice",
-        json!({"role": "operator"}),
-    )
-    .await
-    .unwrap();
-    let token: serde_json::Value = admin(
-        reqwest::Method::POST,
-        "/v1/tokens",
-        json!({"subject": "alice"}),
-    )
-    .await
-    .unwrap()
-    .json()
-    .await
-    .unwrap();
-    let ws_url = format!("ws://{addr}/ws");
+    let url = database_url.clone();
+    let setup = TestServer::start_with(move |c| c.database_url = Some(url)).await;
+    let key = setup.enrolled_robot("robot-1").await;
+    setup.grant("robot-1", "alice", "operator").await;
+    let token = setup.client_token("alice").await;
+    setup.shutdown().await;
+
+    let process = ServerProcess::start_on(&database_url, &["--node-id", "sigterm-node"], &[]);
+    let ws_url = format!("ws://{}/ws", process.addr);
     let mut robot = WsClient::connect(&ws_url).await;
     robot.login_as_robot("robot-1", &key).await;
-    let mut alice = WsClient::connect_with_token(&ws_url, token["token"].as_str().unwrap()).await;
+    let mut alice = WsClient::connect_with_token(&ws_url, &token).await;
     alice
         .send(&offer("robot-1", &alice.connection_id.clone()))
         .await;
     robot.recv_type("signalling.offer").await;
 
-    let status = std::process::Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    process.sigterm();
     for socket in [&mut robot, &mut alice] {
         let notice = socket.recv_type("signalling.disconnected").await;
         assert_eq!(notice["payload"]["details"]["reason"], "server_shutdown");
         socket.expect_close_with(1001).await;
     }
-    let exit = tokio::task::spawn_blocking(move || child.wait())
-        .await
-        .unwrap()
-        .unwrap();
+    let exit = process.exit_status().await;
     assert!(exit.success(), "exit status {exit}");
     let store = signalling_server::store::Store::connect(&database_url)
         .await

@@ -122,18 +122,19 @@ fn envelope(kind: &str, id: &str, payload: Value) -> Value {
     json!({"type": kind, "version": "0.5", "id": id, "timestamp": "2026-01-01T00:00:00Z", "payload": payload})
 }
 
-/// Robot login on our server: register → challenge → signed response → verified.
+/// Robot login on our server: register → challenge → signed response → verified →
+/// welcome. Robots get a welcome only when they ask (docs/protocol.md); this one asks, as
+/// robot-agent does.
 pub async fn robot_login(
     info: &TargetInfo,
     robot_id: &str,
     signer: &Signer,
 ) -> anyhow::Result<Socket> {
     let mut socket = connect(&info.ws_url).await?;
-    expect_type(&mut socket, "signalling.welcome").await?;
     let register = envelope(
         "signalling.register",
         &uuid::Uuid::new_v4().to_string(),
-        json!({"agentId": robot_id}),
+        json!({"agentId": robot_id, "metadata": {"wantsWelcome": true}}),
     );
     socket
         .send(Message::Text(register.to_string().into()))

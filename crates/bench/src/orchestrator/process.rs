@@ -151,6 +151,10 @@ pub async fn start_ours(
             "0",
             "--max-connections-per-ip",
             "0",
+            // Session setup opens a new session per offer on each client socket; ended ids
+            // stay claimed for the grace period, so the per-socket cap (16) stops the loop.
+            "--max-sessions-per-connection",
+            "100000000",
         ])
         .env("RUST_LOG", "warn")
         .env_remove("DATABASE_URL")
