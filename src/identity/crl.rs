@@ -103,3 +103,122 @@ impl Identity {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::IdentityConfig;
+    use crate::pki::{CertId, TrustStore};
+    use crate::store::Store;
+    use rcgen::{
+        BasicConstraints, CertificateParams, CertificateRevocationListParams, DistinguishedName,
+        DnType, IsCa, Issuer, KeyIdMethod, KeyPair, KeyUsagePurpose, RevokedCertParams,
+        SerialNumber,
+    };
+    use std::time::Duration;
+
+    fn root() -> (CertificateParams, KeyPair, String) {
+        let mut params = CertificateParams::default();
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, "Fleet Root");
+        params.distinguished_name = dn;
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let key = KeyPair::generate().expect("key");
+        let pem = params.self_signed(&key).expect("root").pem();
+        (params, key, pem)
+    }
+
+    fn crl(issuer: &Issuer<'_, &KeyPair>, serials: &[u64], age_secs: i64) -> String {
+        let this_update = time::OffsetDateTime::now_utc() - time::Duration::seconds(age_secs);
+        CertificateRevocationListParams {
+            this_update,
+            next_update: this_update + time::Duration::days(1),
+            crl_number: SerialNumber::from(1u64),
+            issuing_distribution_point: None,
+            revoked_certs: serials
+                .iter()
+                .map(|s| RevokedCertParams {
+                    serial_number: SerialNumber::from(*s),
+                    revocation_time: this_update,
+                    reason_code: None,
+                    invalidity_date: None,
+                })
+                .collect(),
+            key_identifier_method: KeyIdMethod::Sha256,
+        }
+        .signed_by(issuer)
+        .expect("crl")
+        .pem()
+        .expect("pem")
+    }
+
+    #[tokio::test]
+    async fn entries_are_persisted_and_older_crls_refused() {
+        let path = std::env::temp_dir().join(format!("crl-{}.db", uuid::Uuid::new_v4()));
+        let store = Store::connect(&format!("sqlite://{}", path.display()))
+            .await
+            .expect("store");
+        let (params, key, pem) = root();
+        let identity = Identity::new(
+            store.clone(),
+            IdentityConfig {
+                challenge_ttl: Duration::from_secs(30),
+                trust: Some(TrustStore::from_pem(pem.as_bytes()).expect("anchor")),
+                ca: None,
+                auto_register: false,
+                cert_lifetime: Duration::from_secs(3600),
+            },
+        )
+        .expect("identity");
+        let issuer = Issuer::from_params(&params, &key);
+
+        let first = identity
+            .apply_crl_file(crl(&issuer, &[1], 60).as_bytes())
+            .await
+            .expect("first CRL");
+        assert_eq!(first.lists, 1);
+        assert!(first.stale.is_empty());
+        let listed = first.entries[0].clone();
+        assert!(
+            listed.starts_with("cert:") && listed.ends_with(":1"),
+            "{listed}"
+        );
+        assert!(store
+            .is_revoked(std::slice::from_ref(&listed))
+            .await
+            .unwrap());
+
+        // An older list from the same issuer is a rollback.
+        let err = identity
+            .apply_crl_file(crl(&issuer, &[], 3600).as_bytes())
+            .await
+            .unwrap_err();
+        assert!(matches!(err, CrlApplyError::Rollback { .. }), "{err}");
+
+        // A newer list without serial 1: serial 1 stays revoked.
+        let second = identity
+            .apply_crl_file(crl(&issuer, &[2], 30).as_bytes())
+            .await
+            .expect("newer CRL");
+        assert_eq!(second.entries.len(), 1);
+        assert!(store.is_revoked(&[listed]).await.unwrap());
+        let status = identity.crl_status(crate::identity::unix_now());
+        assert_eq!(status.len(), 1);
+        assert!(!status[0].stale);
+        let id = CertId {
+            issuer: status_issuer_id(&identity),
+            serial: "2".into(),
+        };
+        assert!(store
+            .is_revoked(&[crate::identity::cert_revocation_entry(&id)])
+            .await
+            .unwrap());
+        store.close().await;
+        std::fs::remove_file(path).ok();
+    }
+
+    fn status_issuer_id(identity: &Identity) -> String {
+        identity.crl_snapshot()[0].issuer_id.clone()
+    }
+}

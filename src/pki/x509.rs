@@ -1123,6 +1123,37 @@ mod tests {
     }
 
     #[test]
+    fn cheap_checks_come_before_signature_work() {
+        let root = TestCa::root("Fleet Root", p256());
+        let store = store_of(&[&root.pem]);
+        // A leaf whose signature is broken (one byte of its body changed)...
+        let good = root.issue(&leaf_params(ROBOT), &p256());
+        let mut der = pem::parse(&good).unwrap().into_contents();
+        let pos = der
+            .windows(ROBOT.len())
+            .position(|w| w == ROBOT.as_bytes())
+            .unwrap();
+        der[pos + ROBOT.len() - 1] = b'8';
+        let broken = pem::encode(&pem::Pem::new("CERTIFICATE", der));
+        // ...presented for another robot is refused on the name, before any signature.
+        assert_eq!(
+            reason(verify_chain(&broken, &store, ROBOT, NOW)),
+            "name_mismatch"
+        );
+        // ...and from an issuer no anchor is named like: untrusted, before any signature.
+        let other = store_of(&[&TestCa::root("Other Root", p256()).pem]);
+        assert_eq!(
+            reason(verify_chain(&broken, &other, "robot-8", NOW)),
+            "untrusted"
+        );
+        // Only a plausible chain reaches the signature check.
+        assert_eq!(
+            reason(verify_chain(&broken, &store, "robot-8", NOW)),
+            "bad_signature"
+        );
+    }
+
+    #[test]
     fn garbage_input_is_malformed() {
         let root = TestCa::root("Fleet Root", p256());
         let store = store_of(&[&root.pem]);
