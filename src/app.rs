@@ -1,12 +1,20 @@
 //! The application, wired in one place: every module's routes merged, the layers every
 //! request goes through, and the answers for unknown routes.
 
+use axum::body::Body;
 use axum::extract::DefaultBodyLimit;
+use axum::http::Request;
 use axum::Router;
 use tower_http::trace::TraceLayer;
 
 use crate::api::{self, ApiError};
 use crate::state::SharedState;
+
+/// The request's span: method and path only. The query is left out because browsers
+/// carry their token in it (`/ws?token=…`), and a token must never reach a log.
+fn request_span(request: &Request<Body>) -> tracing::Span {
+    tracing::debug_span!("http", method = %request.method(), path = %request.uri().path())
+}
 
 pub fn router(state: SharedState) -> Router {
     Router::new()
@@ -17,6 +25,6 @@ pub fn router(state: SharedState) -> Router {
             ApiError::MethodNotAllowed("method not allowed on this route".into())
         })
         .layer(DefaultBodyLimit::max(api::MAX_BODY_BYTES))
-        .layer(TraceLayer::new_for_http())
+        .layer(TraceLayer::new_for_http().make_span_with(request_span))
         .with_state(state)
 }

@@ -164,6 +164,45 @@ pub struct Config {
     /// Messages queued per connection before it counts as too slow and is closed.
     #[arg(long, env = "SIGNALLING_SEND_QUEUE", default_value_t = 512)]
     pub send_queue: usize,
+    /// Bytes a socket's send queue may hold; one sender may hold a quarter of it.
+    #[arg(long, env = "SIGNALLING_SEND_QUEUE_BYTES", default_value_t = 1024 * 1024)]
+    pub send_queue_bytes: usize,
+    /// Bytes per second one socket may relay to another (0: no limit). Signalling needs
+    /// a few KB per session; this stops one session's flood from starving the others.
+    #[arg(long, env = "SIGNALLING_RELAY_BYTES_PER_SEC", default_value_t = 256 * 1024)]
+    pub relay_bytes_per_sec: u64,
+    /// A socket whose writes make no progress for this long is closed.
+    #[arg(long, env = "SIGNALLING_WRITE_TIMEOUT", default_value_t = 10)]
+    pub write_timeout_secs: u64,
+    /// Errors earned plus messages over the rate limit, within 10 s, that close a socket.
+    #[arg(long, env = "SIGNALLING_MAX_STRIKES", default_value_t = 100)]
+    pub max_strikes: usize,
+    /// Live sessions, and session ids claimed (live or ended within the grace period), per
+    /// connection.
+    #[arg(
+        long,
+        env = "SIGNALLING_MAX_SESSIONS_PER_CONNECTION",
+        default_value_t = 16
+    )]
+    pub max_sessions_per_connection: usize,
+    /// Seconds after a session ends during which its two ends may still mention it (late
+    /// `disconnected`, ICE candidates) without an error.
+    #[arg(long, env = "SIGNALLING_SESSION_GRACE", default_value_t = 60)]
+    pub session_grace_secs: u64,
+    /// WebSocket connections open at once (0: no limit); over it, upgrades get 503.
+    #[arg(long, env = "SIGNALLING_MAX_CONNECTIONS", default_value_t = 50_000)]
+    pub max_connections: usize,
+    /// WebSocket connections from one source address (0: no limit); over it, 429. Behind
+    /// a load balancer every client shares its address: set 0 there and limit at the proxy.
+    #[arg(
+        long,
+        env = "SIGNALLING_MAX_CONNECTIONS_PER_IP",
+        default_value_t = 1_000
+    )]
+    pub max_connections_per_ip: usize,
+    /// Seconds a client has to send a request's headers (slow-header attacks).
+    #[arg(long, env = "SIGNALLING_HEADER_READ_TIMEOUT", default_value_t = 10)]
+    pub header_read_timeout_secs: u64,
     /// Seconds graceful shutdown waits for connections to close.
     #[arg(long, env = "SIGNALLING_SHUTDOWN_GRACE", default_value_t = 5)]
     pub shutdown_grace_secs: u64,
@@ -182,6 +221,15 @@ impl Config {
             config: Config,
         }
         Only::try_parse_from(args).map(|o| o.config)
+    }
+
+    /// What each socket's send queue may hold.
+    pub fn queue_limits(&self) -> crate::relay::QueueLimits {
+        crate::relay::QueueLimits::new(
+            self.send_queue,
+            self.send_queue_bytes,
+            self.relay_bytes_per_sec,
+        )
     }
 
     pub fn database_url(&self) -> &str {

@@ -30,6 +30,7 @@ pub mod identity;
 pub mod messages;
 pub mod metrics;
 pub mod pki;
+pub mod rate_limit;
 pub mod relay;
 pub mod server;
 pub mod state;

@@ -1,11 +1,11 @@
 //! Messages the server itself originates, built from the protocol crate's typed payloads so
 //! they always match the spec schemas.
 
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 use signalling_protocol::{
     CapabilitiesPayload, DisconnectReason, DisconnectedPayload, Envelope, ErrorCode, ErrorPayload,
-    IceServer, PkiChallengePayload, PkiVerifiedPayload, Signalling, WelcomePayload,
-    PROTOCOL_VERSION, SUPPORTED_VERSIONS,
+    IceServer, PkiChallengePayload, PkiVerifiedPayload, Role, SessionMeta, Signalling,
+    WelcomePayload, PROTOCOL_VERSION, SUPPORTED_VERSIONS,
 };
 
 fn envelope(message: Signalling) -> Envelope {
@@ -83,11 +83,10 @@ pub fn error(
 
 /// `meta` the server puts on everything it forwards to a robot: who is on the other end.
 /// Whatever `meta` the sender wrote is dropped, so a client cannot claim another role.
+/// The shape is the protocol crate's [`SessionMeta`], which the robot agent reads back.
+/// `role` is a [`Role`]'s text (callers hold the typed role); anything else would be a bug
+/// here, and is sent as the least-privileged role rather than as an unknown word.
 pub fn session_meta(subject: &str, role: &str) -> Map<String, Value> {
-    let mut meta = Map::new();
-    meta.insert(
-        "session".into(),
-        json!({ "subject": subject, "role": role }),
-    );
-    meta
+    debug_assert!(Role::parse(role).is_some(), "unknown role {role:?}");
+    SessionMeta::new(subject, Role::parse_or_viewer(Some(role))).to_meta()
 }

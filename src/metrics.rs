@@ -39,6 +39,11 @@ pub struct Metrics {
     pub errors: IntCounterVec,
     /// Loaded CRLs past their nextUpdate (still enforced; the issuer owes a newer one).
     pub crl_stale: IntGauge,
+    /// Messages about a session that had just ended, from one of its ends, accepted
+    /// silently (a late `disconnected` is an idempotent end), by type.
+    pub late_messages: IntCounterVec,
+    /// Sockets closed for earning too many errors or exceeding the rate limit.
+    pub peers_cut_off: IntCounter,
     relay: Arc<[RelayMetrics]>,
 }
 
@@ -95,6 +100,19 @@ impl Metrics {
         .expect("valid metric");
         let crl_stale = IntGauge::new("signalling_crl_stale", "Loaded CRLs past their nextUpdate")
             .expect("valid metric");
+        let late_messages = IntCounterVec::new(
+            Opts::new(
+                "signalling_late_messages_total",
+                "Messages about a just-ended session from one of its ends, accepted silently",
+            ),
+            &["type"],
+        )
+        .expect("valid metric");
+        let peers_cut_off = IntCounter::new(
+            "signalling_peers_cut_off_total",
+            "Sockets closed for too many errors or messages over the rate limit",
+        )
+        .expect("valid metric");
         for collector in [
             Box::new(crl_stale.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(connections.clone()),
@@ -104,6 +122,8 @@ impl Metrics {
             Box::new(relay_latency.clone()),
             Box::new(pki_results.clone()),
             Box::new(errors.clone()),
+            Box::new(late_messages.clone()),
+            Box::new(peers_cut_off.clone()),
         ] {
             registry.register(collector).expect("unique metric names");
         }
@@ -125,6 +145,8 @@ impl Metrics {
             pki_results,
             errors,
             crl_stale,
+            late_messages,
+            peers_cut_off,
         }
     }
 

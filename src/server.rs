@@ -6,7 +6,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::serve::ListenerExt;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use hyper_util::server::conn::auto::Builder as HttpBuilder;
 use tokio::net::TcpListener;
 
 use crate::auth::{random_token, sha256_hex, ClientAuthenticator, JwtConfig, JwtVerifier};
@@ -36,6 +37,8 @@ pub enum StartError {
     Tls(String),
     #[error("--redis-url: the multi-node Redis bus is not available in this release; run one node without it")]
     RedisUnsupported,
+    #[error("--admin-token (SIGNALLING_ADMIN_TOKEN) must be at least {MIN_ADMIN_TOKEN_LEN} characters; leave it unset to have one generated")]
+    WeakAdminToken,
     #[error("CRL: {0}")]
     Crl(#[from] crate::tasks::crl::CrlError),
     #[error("server: {0}")]
@@ -193,54 +196,59 @@ impl Server {
         let addr = self.local_addr()?;
         let tasks = self.tasks;
         let app = crate::app::router(state.clone());
-        let (stopped_tx, stopped_rx) = tokio::sync::oneshot::channel::<()>();
         let drain_state = state.clone();
         let drain = async move {
             shutdown.await;
             drain(&drain_state).await;
-            let _ = stopped_tx.send(());
         };
 
+        let handle = axum_server::Handle::new();
+        let stopper = handle.clone();
+        tokio::spawn(async move {
+            drain.await;
+            stopper.graceful_shutdown(Some(Duration::from_secs(1)));
+        });
+        let std_listener = self.listener.into_std()?;
+        // The socket layer needs the peer's address (connection limits per address).
+        let service = app.into_make_service_with_connect_info::<SocketAddr>();
+        let header_timeout = Duration::from_secs(state.config.header_read_timeout_secs.max(1));
+        // Signalling messages are small and latency-bound: no Nagle delays.
+        let no_delay = axum_server::accept::NoDelayAcceptor::new();
         match (&state.config.tls_cert, &state.config.tls_key) {
             (Some(cert), Some(key)) => {
                 let tls = axum_server::tls_rustls::RustlsConfig::from_pem_file(cert, key)
                     .await
                     .map_err(|e| StartError::Tls(e.to_string()))?;
-                let handle = axum_server::Handle::new();
-                let stopper = handle.clone();
-                tokio::spawn(async move {
-                    drain.await;
-                    stopper.graceful_shutdown(Some(Duration::from_secs(1)));
-                });
                 tracing::info!(%addr, node = %state.node_id, "listening (TLS)");
-                let std_listener = self.listener.into_std()?;
-                // Signalling messages are small and latency-bound: no Nagle delays.
-                let acceptor = axum_server::tls_rustls::RustlsAcceptor::new(tls)
-                    .acceptor(axum_server::accept::NoDelayAcceptor::new());
-                axum_server::from_tcp(std_listener)
+                let acceptor = axum_server::tls_rustls::RustlsAcceptor::new(tls).acceptor(no_delay);
+                let mut server = axum_server::from_tcp(std_listener)
                     .acceptor(acceptor)
-                    .handle(handle)
-                    .serve(app.into_make_service())
-                    .await?;
+                    .handle(handle);
+                limit_header_time(server.http_builder(), header_timeout);
+                server.serve(service).await?;
             }
             _ => {
                 tracing::info!(%addr, node = %state.node_id, "listening");
-                tokio::spawn(drain);
-                // Signalling messages are small and latency-bound: no Nagle delays.
-                let listener = self.listener.tap_io(|tcp| {
-                    let _ = tcp.set_nodelay(true);
-                });
-                axum::serve(listener, app)
-                    .with_graceful_shutdown(async move {
-                        let _ = stopped_rx.await;
-                    })
-                    .await?;
+                let mut server = axum_server::from_tcp(std_listener)
+                    .acceptor(no_delay)
+                    .handle(handle);
+                limit_header_time(server.http_builder(), header_timeout);
+                server.serve(service).await?;
             }
         }
         tasks.stop().await;
         state.store.close().await;
         Ok(())
     }
+}
+
+/// A client that has not sent a request's headers within `timeout` is disconnected, so
+/// slow-header connections cannot pile up.
+fn limit_header_time(builder: &mut HttpBuilder<TokioExecutor>, timeout: Duration) {
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(timeout);
 }
 
 async fn drain(state: &SharedState) {
@@ -265,8 +273,16 @@ async fn drain(state: &SharedState) {
     }
 }
 
+/// Shortest admin token accepted: guessing it must be out of reach.
+pub const MIN_ADMIN_TOKEN_LEN: usize = 16;
+
 async fn admin_token_hash(config: &Config, store: &Store) -> Result<String, StartError> {
     if let Some(token) = &config.admin_token {
+        // An empty or short token is a mistake (an unset variable, a placeholder), never
+        // a choice: refuse to start rather than serve an unusable or guessable admin API.
+        if token.trim().len() < MIN_ADMIN_TOKEN_LEN {
+            return Err(StartError::WeakAdminToken);
+        }
         return Ok(sha256_hex(token.as_bytes()));
     }
     if let Some(hash) = store.setting(ADMIN_TOKEN_SETTING).await? {

@@ -2,6 +2,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::Notify;
 
@@ -10,8 +11,9 @@ use crate::config::Config;
 use crate::ice::IceConfig;
 use crate::identity::Identity;
 use crate::metrics::Metrics;
-use crate::relay::{Hub, LocalBus, Sessions};
+use crate::relay::{Hub, HubLimits, LocalBus, Sessions};
 use crate::store::Store;
+use crate::ws::Admission;
 
 pub struct AppState {
     pub config: Config,
@@ -26,6 +28,8 @@ pub struct AppState {
     pub ice: IceConfig,
     /// SHA-256 (hex) of the admin bearer token.
     pub admin_token_hash: String,
+    /// Limits on open sockets, in all and per source address.
+    pub admission: Admission,
     shutting_down: AtomicBool,
     open_sockets: AtomicUsize,
     sockets_closed: Notify,
@@ -49,12 +53,22 @@ impl AppState {
     /// Builds the shared state; the hub and the session service are made here so that
     /// both always share one hub.
     pub fn new(parts: Components) -> AppState {
+        let limits = HubLimits {
+            sessions_per_conn: parts.config.max_sessions_per_connection,
+            grace: Duration::from_secs(parts.config.session_grace_secs),
+        };
         let hub = Arc::new(Hub::new(
             Arc::new(LocalBus::default()),
             parts.metrics.clone(),
+            limits,
         ));
         let sessions = Sessions::new(hub.clone(), parts.store.clone(), parts.node_id.clone());
+        let admission = Admission::new(
+            parts.config.max_connections,
+            parts.config.max_connections_per_ip,
+        );
         AppState {
+            admission,
             config: parts.config,
             node_id: parts.node_id,
             store: parts.store,

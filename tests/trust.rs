@@ -188,9 +188,10 @@ async fn login(
     key: &KeyPair,
 ) -> (WsClient, Value) {
     let mut robot = WsClient::connect(&server.ws_url()).await;
-    let mut payload = json!({ "agentId": robot_id });
+    // Like robot-agent, ask for the second welcome (it carries TURN credentials).
+    let mut payload = json!({ "agentId": robot_id, "metadata": { "wantsWelcome": true } });
     if let Some(chain) = chain {
-        payload["metadata"] = json!({ "certificate": chain });
+        payload["metadata"]["certificate"] = json!(chain);
     }
     robot
         .send(&envelope("signalling.register", Some(payload)))

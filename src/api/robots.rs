@@ -177,6 +177,12 @@ pub async fn put_grant(
     }
     existing(&state, &id).await?;
     state.store.put_grant(&id, &subject, body.role).await?;
+    // A lowered grant ends the live sessions that hold more than it now allows, freeing
+    // the control lock; the client is told why and may open a session with its new role.
+    state
+        .sessions
+        .end_for_subject(&id, &subject, Some(body.role), EndReason::GrantChanged)
+        .await?;
     Ok(Json(GrantView {
         robot_id: &id,
         subject: &subject,
@@ -199,7 +205,7 @@ pub async fn delete_grant(
     // A withdrawn grant also ends what it allowed.
     state
         .sessions
-        .end_for_subject(&id, &subject, EndReason::GrantRevoked)
+        .end_for_subject(&id, &subject, None, EndReason::GrantRevoked)
         .await?;
     Ok(StatusCode::NO_CONTENT)
 }

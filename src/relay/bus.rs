@@ -1,7 +1,11 @@
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use tokio::sync::{mpsc, watch};
+
+use crate::rate_limit::RateLimiter;
 
 /// A socket's server-assigned id (the `connectionId` of its welcome).
 pub type ConnId = Arc<str>;
@@ -10,6 +14,21 @@ pub type ConnId = Arc<str>;
 #[derive(Debug, Clone)]
 pub enum Outbound {
     Text(String),
+    Ping,
+}
+
+impl Outbound {
+    /// Bytes it holds while queued.
+    pub fn len(&self) -> usize {
+        match self {
+            Outbound::Text(text) => text.len(),
+            Outbound::Ping => 0,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// Why the server closes a socket from outside its own task.
@@ -45,43 +64,220 @@ pub enum DeliveryError {
     Gone,
     #[error("the receiving socket's queue is full")]
     Full,
+    /// The sender already has its fair share queued at this receiver, or sends more bytes
+    /// per second than one sender may: the sender is refused, never the receiver.
+    #[error("too much queued or sent for this receiver; slow down")]
+    SenderThrottled,
 }
+
+/// How much a socket's queue may hold, in all and from any one sender.
+#[derive(Debug, Clone, Copy)]
+pub struct QueueLimits {
+    /// Frames queued in all.
+    pub messages: usize,
+    /// Bytes queued in all.
+    pub bytes: usize,
+    /// Frames and bytes one sender may have queued here at once.
+    pub share_messages: usize,
+    pub share_bytes: usize,
+    /// Bytes per second one sender may send to this receiver (0: no limit).
+    pub sender_bytes_per_sec: u64,
+}
+
+impl QueueLimits {
+    /// Shares are a quarter of the queue: one flooding sender leaves room for the others,
+    /// and it takes several (each with its own grant) to fill a queue.
+    pub fn new(messages: usize, bytes: usize, sender_bytes_per_sec: u64) -> QueueLimits {
+        QueueLimits {
+            messages: messages.max(1),
+            bytes: bytes.max(1),
+            share_messages: (messages / 4).max(1),
+            share_bytes: (bytes / 4).max(1),
+            sender_bytes_per_sec,
+        }
+    }
+}
+
+/// What one sender has queued at one receiver, and its byte budget there.
+#[derive(Debug)]
+struct Share {
+    messages: AtomicUsize,
+    bytes: AtomicUsize,
+    rate: Mutex<Option<RateLimiter>>,
+}
+
+impl Share {
+    fn release(&self, bytes: usize) {
+        self.messages.fetch_sub(1, Ordering::Relaxed);
+        self.bytes.fetch_sub(bytes, Ordering::Relaxed);
+    }
+}
+
+/// A queued frame, with the accounting to undo when the writer takes it.
+#[derive(Debug)]
+struct Queued {
+    frame: Outbound,
+    bytes: usize,
+    share: Option<Arc<Share>>,
+}
+
+/// The accounting shared by a socket's queue and its writer.
+#[derive(Debug)]
+struct QueueState {
+    limits: QueueLimits,
+    bytes: AtomicUsize,
+    shares: Mutex<HashMap<ConnId, Arc<Share>>>,
+}
+
+impl QueueState {
+    fn release(&self, bytes: usize, share: Option<&Share>) {
+        self.bytes.fetch_sub(bytes, Ordering::Relaxed);
+        if let Some(share) = share {
+            share.release(bytes);
+        }
+    }
+}
+
+/// Past this many senders, shares with nothing queued are forgotten.
+const SHARES_KEPT: usize = 32;
 
 /// The sending half of a socket's queue and its kick switch.
 #[derive(Clone)]
 pub struct Mailbox {
-    queue: mpsc::Sender<Outbound>,
+    queue: mpsc::Sender<Queued>,
     kick: Arc<watch::Sender<Option<Kick>>>,
+    accounting: Arc<QueueState>,
 }
 
 /// What the socket task reads.
 pub struct MailboxReceiver {
-    pub queue: mpsc::Receiver<Outbound>,
+    pub queue: QueueReceiver,
     pub kick: watch::Receiver<Option<Kick>>,
+}
+
+/// The receiving half of a socket's queue; taking a frame releases its accounting.
+pub struct QueueReceiver {
+    queue: mpsc::Receiver<Queued>,
+    accounting: Arc<QueueState>,
+}
+
+impl QueueReceiver {
+    pub async fn recv(&mut self) -> Option<Outbound> {
+        let queued = self.queue.recv().await?;
+        Some(self.release(queued))
+    }
+
+    pub fn try_recv(&mut self) -> Option<Outbound> {
+        let queued = self.queue.try_recv().ok()?;
+        Some(self.release(queued))
+    }
+
+    fn release(&self, queued: Queued) -> Outbound {
+        self.accounting
+            .release(queued.bytes, queued.share.as_deref());
+        queued.frame
+    }
 }
 
 impl Mailbox {
     /// A bounded queue: a socket that cannot keep up is closed, never buffered without limit.
-    pub fn new(capacity: usize) -> (Mailbox, MailboxReceiver) {
-        let (queue, queue_rx) = mpsc::channel(capacity);
+    pub fn new(limits: QueueLimits) -> (Mailbox, MailboxReceiver) {
+        let (queue, queue_rx) = mpsc::channel(limits.messages);
         let (kick, kick_rx) = watch::channel(None);
+        let accounting = Arc::new(QueueState {
+            limits,
+            bytes: AtomicUsize::new(0),
+            shares: Mutex::new(HashMap::new()),
+        });
         (
             Mailbox {
                 queue,
                 kick: Arc::new(kick),
+                accounting: accounting.clone(),
             },
             MailboxReceiver {
-                queue: queue_rx,
+                queue: QueueReceiver {
+                    queue: queue_rx,
+                    accounting,
+                },
                 kick: kick_rx,
             },
         )
     }
 
-    fn send(&self, message: Outbound) -> Result<(), DeliveryError> {
-        self.queue.try_send(message).map_err(|e| match e {
-            mpsc::error::TrySendError::Full(_) => DeliveryError::Full,
-            mpsc::error::TrySendError::Closed(_) => DeliveryError::Gone,
+    /// Queues a frame from `from` (None: the server itself, never throttled).
+    pub fn send(&self, from: Option<&ConnId>, frame: Outbound) -> Result<(), DeliveryError> {
+        let bytes = frame.len();
+        let share = match from {
+            Some(sender) => Some(self.admit(sender, bytes)?),
+            None => None,
+        };
+        let total = self.accounting.bytes.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        if total > self.accounting.limits.bytes {
+            self.accounting.release(bytes, share.as_deref());
+            return Err(DeliveryError::Full);
+        }
+        let queued = Queued {
+            frame,
+            bytes,
+            share,
+        };
+        self.queue.try_send(queued).map_err(|e| {
+            let (error, queued) = match e {
+                mpsc::error::TrySendError::Full(q) => (DeliveryError::Full, q),
+                mpsc::error::TrySendError::Closed(q) => (DeliveryError::Gone, q),
+            };
+            self.accounting
+                .release(queued.bytes, queued.share.as_deref());
+            error
         })
+    }
+
+    /// Checks and takes a sender's share for one frame of `bytes`.
+    fn admit(&self, sender: &ConnId, bytes: usize) -> Result<Arc<Share>, DeliveryError> {
+        let limits = &self.accounting.limits;
+        let share = {
+            let mut shares = self
+                .accounting
+                .shares
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            if shares.len() >= SHARES_KEPT && !shares.contains_key(sender) {
+                shares.retain(|_, s| s.messages.load(Ordering::Relaxed) > 0);
+            }
+            shares
+                .entry(sender.clone())
+                .or_insert_with(|| {
+                    Arc::new(Share {
+                        messages: AtomicUsize::new(0),
+                        bytes: AtomicUsize::new(0),
+                        rate: Mutex::new(None),
+                    })
+                })
+                .clone()
+        };
+        if share.messages.load(Ordering::Relaxed) + 1 > limits.share_messages
+            || share.bytes.load(Ordering::Relaxed) + bytes > limits.share_bytes
+        {
+            return Err(DeliveryError::SenderThrottled);
+        }
+        if limits.sender_bytes_per_sec > 0 {
+            let now = Instant::now();
+            let mut rate = share.rate.lock().unwrap_or_else(|p| p.into_inner());
+            let bucket = rate.get_or_insert_with(|| {
+                RateLimiter::new(
+                    limits.sender_bytes_per_sec,
+                    limits.sender_bytes_per_sec,
+                    now,
+                )
+            });
+            if !bucket.allow_cost(now, bytes) {
+                return Err(DeliveryError::SenderThrottled);
+            }
+        }
+        share.messages.fetch_add(1, Ordering::Relaxed);
+        share.bytes.fetch_add(bytes, Ordering::Relaxed);
+        Ok(share)
     }
 
     fn kick(&self, reason: Kick) {
@@ -101,7 +297,13 @@ impl Mailbox {
 pub trait Bus: Send + Sync + 'static {
     fn attach(&self, conn: ConnId, mailbox: Mailbox);
     fn detach(&self, conn: &ConnId);
-    fn deliver(&self, to: &ConnId, message: Outbound) -> Result<(), DeliveryError>;
+    /// Queues `message` for `to`; `from` is the sending socket (None: the server).
+    fn deliver(
+        &self,
+        from: Option<&ConnId>,
+        to: &ConnId,
+        message: Outbound,
+    ) -> Result<(), DeliveryError>;
     fn kick(&self, conn: &ConnId, reason: Kick);
 }
 
@@ -133,10 +335,18 @@ impl Bus for LocalBus {
         }
     }
 
-    fn deliver(&self, to: &ConnId, message: Outbound) -> Result<(), DeliveryError> {
+    fn deliver(
+        &self,
+        from: Option<&ConnId>,
+        to: &ConnId,
+        message: Outbound,
+    ) -> Result<(), DeliveryError> {
         // try_send never blocks, so it can run under the lock (no mailbox clone per message).
         let boxes = self.mailboxes.lock().map_err(|_| DeliveryError::Gone)?;
-        boxes.get(to).ok_or(DeliveryError::Gone)?.send(message)
+        boxes
+            .get(to)
+            .ok_or(DeliveryError::Gone)?
+            .send(from, message)
     }
 
     fn kick(&self, conn: &ConnId, reason: Kick) {
@@ -150,25 +360,71 @@ impl Bus for LocalBus {
 mod tests {
     use super::*;
 
+    fn text(s: &str) -> Outbound {
+        Outbound::Text(s.into())
+    }
+
+    fn recv_text(rx: &mut MailboxReceiver) -> Option<String> {
+        match rx.queue.try_recv()? {
+            Outbound::Text(t) => Some(t),
+            Outbound::Ping => None,
+        }
+    }
+
     #[test]
     fn full_queue_is_reported_not_buffered() {
         let bus = LocalBus::default();
-        let (mailbox, mut rx) = Mailbox::new(1);
+        let (mailbox, mut rx) = Mailbox::new(QueueLimits::new(1, 1024, 0));
         let id: ConnId = Arc::from("a");
         bus.attach(id.clone(), mailbox);
-        assert_eq!(bus.deliver(&id, Outbound::Text("1".into())), Ok(()));
-        assert_eq!(
-            bus.deliver(&id, Outbound::Text("2".into())),
-            Err(DeliveryError::Full)
-        );
-        assert!(matches!(rx.queue.try_recv(), Ok(Outbound::Text(t)) if t == "1"));
+        assert_eq!(bus.deliver(None, &id, text("1")), Ok(()));
+        assert_eq!(bus.deliver(None, &id, text("2")), Err(DeliveryError::Full));
+        assert_eq!(recv_text(&mut rx).as_deref(), Some("1"));
         bus.kick(&id, Kick::Revoked);
         bus.kick(&id, Kick::Shutdown);
         assert_eq!(*rx.kick.borrow(), Some(Kick::Revoked));
         bus.detach(&id);
+        assert_eq!(bus.deliver(None, &id, text("3")), Err(DeliveryError::Gone));
+    }
+
+    #[test]
+    fn one_sender_cannot_take_more_than_its_share() {
+        let (mailbox, mut rx) = Mailbox::new(QueueLimits::new(8, 1 << 20, 0));
+        let flood: ConnId = Arc::from("flood");
+        let fair: ConnId = Arc::from("fair");
+        // A quarter of eight frames.
+        assert_eq!(mailbox.send(Some(&flood), text("f1")), Ok(()));
+        assert_eq!(mailbox.send(Some(&flood), text("f2")), Ok(()));
         assert_eq!(
-            bus.deliver(&id, Outbound::Text("3".into())),
-            Err(DeliveryError::Gone)
+            mailbox.send(Some(&flood), text("f3")),
+            Err(DeliveryError::SenderThrottled)
+        );
+        // The other sender and the server still get through.
+        assert_eq!(mailbox.send(Some(&fair), text("ok")), Ok(()));
+        assert_eq!(mailbox.send(None, text("notice")), Ok(()));
+        // Taking a frame gives the share back.
+        assert_eq!(recv_text(&mut rx).as_deref(), Some("f1"));
+        assert_eq!(mailbox.send(Some(&flood), text("f3")), Ok(()));
+    }
+
+    #[test]
+    fn shares_count_bytes_and_bytes_per_second() {
+        let (mailbox, _rx) = Mailbox::new(QueueLimits::new(64, 4000, 0));
+        let big: ConnId = Arc::from("big");
+        let chunk = "x".repeat(600);
+        assert_eq!(mailbox.send(Some(&big), text(&chunk)), Ok(()));
+        // 1000 bytes of share: a second 600-byte frame does not fit.
+        assert_eq!(
+            mailbox.send(Some(&big), text(&chunk)),
+            Err(DeliveryError::SenderThrottled)
+        );
+        let (rated, mut rated_rx) = Mailbox::new(QueueLimits::new(64, 1 << 20, 1000));
+        assert_eq!(rated.send(Some(&big), text(&chunk)), Ok(()));
+        assert_eq!(recv_text(&mut rated_rx).as_deref(), Some(chunk.as_str()));
+        // Nothing is queued, yet the second 600 bytes exceed 1000 bytes/s.
+        assert_eq!(
+            rated.send(Some(&big), text(&chunk)),
+            Err(DeliveryError::SenderThrottled)
         );
     }
 }

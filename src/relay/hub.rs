@@ -1,5 +1,6 @@
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use super::bus::{Bus, ConnId, DeliveryError, Kick, Mailbox, Outbound};
 use crate::messages;
@@ -15,9 +16,37 @@ pub enum RelayError {
     #[error("robot {0} is offline")]
     RobotOffline(String),
     #[error("robot {robot_id} is controlled by another session")]
-    RobotBusy { robot_id: String, locked_by: String },
+    RobotBusy {
+        robot_id: String,
+        /// Who holds the control; shown only to the robot's owners.
+        locked_by: Option<String>,
+    },
     #[error("not a member of session {0}")]
     NotInSession(String),
+    /// The session ended a moment ago and the sender was one of its ends: a late message,
+    /// not an error (both ends send `disconnected` when the link drops).
+    #[error("session {0} has ended")]
+    Ended(String),
+    #[error("at most {limit} sessions per connection")]
+    TooManySessions { limit: usize },
+}
+
+/// Per-socket caps and how long an ended session is remembered.
+#[derive(Debug, Clone, Copy)]
+pub struct HubLimits {
+    /// Live sessions, and session ids claimed (live or recently ended), per socket.
+    pub sessions_per_conn: usize,
+    /// How long after its end a session's two ends may still mention it.
+    pub grace: Duration,
+}
+
+impl Default for HubLimits {
+    fn default() -> Self {
+        HubLimits {
+            sessions_per_conn: 16,
+            grace: Duration::from_secs(60),
+        }
+    }
 }
 
 /// What a socket is, once known.
@@ -37,6 +66,15 @@ enum ConnKind {
 struct ConnEntry {
     kind: ConnKind,
     sessions: HashSet<String>,
+    /// Session ids claimed besides its own connection id, live or within the grace period.
+    claimed: usize,
+}
+
+/// A session that ended within the grace period: who its ends were.
+struct Ended {
+    client_conn: ConnId,
+    robot_conn: ConnId,
+    at: Instant,
 }
 
 #[derive(Debug, Clone)]
@@ -57,6 +95,9 @@ struct State {
     sessions: HashMap<String, Session>,
     /// Session ids (connectionIds) and the socket that owns each: the first that used it.
     claims: HashMap<String, ConnId>,
+    /// Sessions that ended within the grace period, and their end times in order.
+    ended: HashMap<String, Ended>,
+    ended_order: VecDeque<(Instant, String)>,
 }
 
 pub struct OpenSession<'a> {
@@ -101,14 +142,16 @@ pub struct Hub {
     state: Mutex<State>,
     bus: Arc<dyn Bus>,
     metrics: Metrics,
+    limits: HubLimits,
 }
 
 impl Hub {
-    pub fn new(bus: Arc<dyn Bus>, metrics: Metrics) -> Hub {
+    pub fn new(bus: Arc<dyn Bus>, metrics: Metrics, limits: HubLimits) -> Hub {
         Hub {
             state: Mutex::new(State::default()),
             bus,
             metrics,
+            limits,
         }
     }
 
@@ -131,6 +174,7 @@ impl Hub {
             ConnEntry {
                 kind: ConnKind::Pending,
                 sessions: HashSet::new(),
+                claimed: 0,
             },
         );
     }
@@ -176,14 +220,16 @@ impl Hub {
         request: OpenSession<'_>,
     ) -> Result<SessionOpened, RelayError> {
         let mut state = self.state();
-        match state.claims.get(request.session_id) {
+        prune_ended(&mut state, self.limits.grace, Instant::now());
+        let claimed_already = match state.claims.get(request.session_id) {
             Some(owner) if owner != client_conn => {
                 return Err(RelayError::ConnectionIdInUse(
                     request.session_id.to_string(),
                 ))
             }
-            _ => {}
-        }
+            Some(_) => true,
+            None => false,
+        };
         if let Some(existing) = state.sessions.get(request.session_id) {
             if existing.robot_id != request.robot_id {
                 return Err(RelayError::SessionRobotMismatch(
@@ -193,6 +239,12 @@ impl Hub {
             return Ok(SessionOpened::Existing {
                 robot_conn: existing.robot_conn.clone(),
             });
+        }
+        let limit = self.limits.sessions_per_conn;
+        if let Some(entry) = state.conns.get(client_conn) {
+            if entry.sessions.len() >= limit || (!claimed_already && entry.claimed >= limit) {
+                return Err(RelayError::TooManySessions { limit });
+            }
         }
         let robot_conn = state
             .robots
@@ -208,15 +260,23 @@ impl Hub {
                     .find(|s| s.role.controls())
             });
             if let Some(holder) = holder {
+                let locked_by = (request.role == Role::Owner).then(|| holder.subject.to_string());
                 return Err(RelayError::RobotBusy {
                     robot_id: request.robot_id.to_string(),
-                    locked_by: holder.subject.to_string(),
+                    locked_by,
                 });
             }
         }
         let record_id = uuid::Uuid::new_v4().to_string();
         let session_id = request.session_id.to_string();
-        state.claims.insert(session_id.clone(), client_conn.clone());
+        if !claimed_already {
+            state.claims.insert(session_id.clone(), client_conn.clone());
+            if let Some(entry) = state.conns.get_mut(client_conn) {
+                entry.claimed += 1;
+            }
+        }
+        // Reopened under the same id: late messages now belong to the new session.
+        state.ended.remove(&session_id);
         for conn in [client_conn, &robot_conn] {
             if let Some(entry) = state.conns.get_mut(conn) {
                 entry.sessions.insert(session_id.clone());
@@ -243,10 +303,17 @@ impl Hub {
     /// Where a message about `session_id` from `sender` goes; only the two ends may talk.
     pub fn route(&self, sender: &ConnId, session_id: &str) -> Result<Route, RelayError> {
         let state = self.state();
-        let session = state
-            .sessions
-            .get(session_id)
-            .ok_or_else(|| RelayError::NotInSession(session_id.to_string()))?;
+        let Some(session) = state.sessions.get(session_id) else {
+            return Err(match state.ended.get(session_id) {
+                Some(ended)
+                    if (&ended.client_conn == sender || &ended.robot_conn == sender)
+                        && ended.at.elapsed() < self.limits.grace =>
+                {
+                    RelayError::Ended(session_id.to_string())
+                }
+                _ => RelayError::NotInSession(session_id.to_string()),
+            });
+        };
         let (target, from_robot) = if &session.client_conn == sender {
             (session.robot_conn.clone(), false)
         } else if &session.robot_conn == sender {
@@ -266,6 +333,7 @@ impl Hub {
     /// Ends a session without notices (both ends already know, or it never started).
     pub fn end_session(&self, session_id: &str) -> Option<EndedSession> {
         let mut state = self.state();
+        prune_ended(&mut state, self.limits.grace, Instant::now());
         remove_session(&mut state, session_id).map(|session| {
             self.metrics.sessions_active.dec();
             EndedSession {
@@ -281,6 +349,7 @@ impl Hub {
         self.bus.detach(conn);
         let ended = {
             let mut state = self.state();
+            prune_ended(&mut state, self.limits.grace, Instant::now());
             let Some(entry) = state.conns.remove(conn) else {
                 return Vec::new();
             };
@@ -316,20 +385,24 @@ impl Hub {
     /// Tells the remaining ends of ended sessions.
     pub fn notify(&self, ended: &[EndedSession]) {
         for (to, text) in ended.iter().flat_map(|e| &e.notices) {
-            self.deliver(to, Outbound::Text(text.clone()));
+            let _ = self.deliver(None, to, Outbound::Text(text.clone()));
         }
     }
 
-    /// Queues a frame; a receiver whose queue is full is closed instead of growing memory.
-    pub fn deliver(&self, to: &ConnId, message: Outbound) -> bool {
-        match self.bus.deliver(to, message) {
-            Ok(()) => true,
-            Err(DeliveryError::Full) => {
-                self.bus.kick(to, Kick::SlowConsumer);
-                false
-            }
-            Err(DeliveryError::Gone) => false,
+    /// Queues a frame from `from` (None: the server). A receiver whose whole queue is full
+    /// is closed instead of growing memory; a sender over its share at the receiver is
+    /// refused (the error tells the caller), the receiver left alone.
+    pub fn deliver(
+        &self,
+        from: Option<&ConnId>,
+        to: &ConnId,
+        message: Outbound,
+    ) -> Result<(), DeliveryError> {
+        let result = self.bus.deliver(from, to, message);
+        if result == Err(DeliveryError::Full) {
+            self.bus.kick(to, Kick::SlowConsumer);
         }
+        result
     }
 
     pub fn kick(&self, conn: &ConnId, reason: Kick) {
@@ -383,15 +456,23 @@ impl Hub {
         conns.len()
     }
 
-    /// Ends the sessions `subject` has with `robot_id` (its grant was withdrawn or
-    /// changed); both ends are to be told, with `cause` as the notice's reason.
-    pub fn end_sessions_of(&self, robot_id: &str, subject: &str, cause: &str) -> Vec<EndedSession> {
+    /// Ends the sessions `subject` has with `robot_id` whose role is above `allowed` (all
+    /// of them when `allowed` is None: the grant was withdrawn). Both ends are to be told,
+    /// with `cause` as the notice's reason.
+    pub fn end_sessions_of(
+        &self,
+        robot_id: &str,
+        subject: &str,
+        allowed: Option<Role>,
+        cause: &str,
+    ) -> Vec<EndedSession> {
         let ended = {
             let mut state = self.state();
             let ids: Vec<String> = state
                 .sessions
                 .iter()
                 .filter(|(_, s)| s.robot_id == robot_id && &*s.subject == subject)
+                .filter(|(_, s)| allowed.is_none_or(|role| rank(s.role) > rank(role)))
                 .map(|(id, _)| id.clone())
                 .collect();
             end_both_ways(&mut state, ids, cause)
@@ -443,8 +524,51 @@ fn end_both_ways(state: &mut State, ids: Vec<String>, cause: &str) -> Vec<EndedS
         .collect()
 }
 
+/// Privilege order of roles: a grant lowered below a session's role ends the session.
+fn rank(role: Role) -> u8 {
+    match role {
+        Role::Viewer => 0,
+        Role::Operator => 1,
+        Role::Owner => 2,
+    }
+}
+
+/// Forgets sessions whose grace period is over, and releases their ids.
+fn prune_ended(state: &mut State, grace: Duration, now: Instant) {
+    while let Some((at, _)) = state.ended_order.front() {
+        if now.saturating_duration_since(*at) < grace {
+            break;
+        }
+        let Some((_, id)) = state.ended_order.pop_front() else {
+            break;
+        };
+        // A session reopened under this id has its own life; only a forgotten one frees it.
+        if state.sessions.contains_key(&id) || state.ended.remove(&id).is_none() {
+            continue;
+        }
+        if let Some(owner) = state.claims.get(&id).cloned() {
+            if &*owner != id.as_str() {
+                state.claims.remove(&id);
+                if let Some(entry) = state.conns.get_mut(&owner) {
+                    entry.claimed = entry.claimed.saturating_sub(1);
+                }
+            }
+        }
+    }
+}
+
 fn remove_session(state: &mut State, session_id: &str) -> Option<Session> {
     let session = state.sessions.remove(session_id)?;
+    let now = Instant::now();
+    state.ended.insert(
+        session_id.to_string(),
+        Ended {
+            client_conn: session.client_conn.clone(),
+            robot_conn: session.robot_conn.clone(),
+            at: now,
+        },
+    );
+    state.ended_order.push_back((now, session_id.to_string()));
     for conn in [&session.client_conn, &session.robot_conn] {
         if let Some(entry) = state.conns.get_mut(conn) {
             entry.sessions.remove(session_id);
@@ -456,15 +580,19 @@ fn remove_session(state: &mut State, session_id: &str) -> Option<Session> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::relay::{LocalBus, MailboxReceiver};
+    use crate::relay::{LocalBus, MailboxReceiver, QueueLimits};
 
     fn hub() -> Hub {
-        Hub::new(Arc::new(LocalBus::default()), Metrics::new())
+        Hub::new(
+            Arc::new(LocalBus::default()),
+            Metrics::new(),
+            HubLimits::default(),
+        )
     }
 
     fn connect(hub: &Hub, id: &str) -> (ConnId, MailboxReceiver) {
         let conn: ConnId = Arc::from(id);
-        let (mailbox, rx) = Mailbox::new(8);
+        let (mailbox, rx) = Mailbox::new(QueueLimits::new(8, 1 << 20, 0));
         hub.attach(conn.clone(), mailbox);
         (conn, rx)
     }
@@ -516,7 +644,7 @@ mod tests {
         };
         assert!(matches!(
             hub.open_session(&bob, busy),
-            Err(RelayError::RobotBusy { locked_by, .. }) if locked_by == "alice"
+            Err(RelayError::RobotBusy { locked_by, .. }) if locked_by.as_deref() == Some("alice")
         ));
         assert!(hub.open_session(&bob, open("s3", Role::Viewer)).is_ok());
         assert!(hub.route(&bob, "s1").is_err());
@@ -538,11 +666,11 @@ mod tests {
         hub.notify(&ended);
         assert!(!hub.is_online("r1"));
         let notice = match bob_rx.queue.try_recv() {
-            Ok(Outbound::Text(t)) => t,
+            Some(Outbound::Text(t)) => t,
             other => panic!("expected a notice, got {other:?}"),
         };
         assert!(notice.contains("signalling.disconnected") && notice.contains("s3"));
-        assert!(robot_rx.queue.try_recv().is_err());
+        assert!(robot_rx.queue.try_recv().is_none());
     }
 
     #[test]

@@ -11,6 +11,9 @@ mod bus;
 mod hub;
 mod sessions;
 
-pub use bus::{Bus, ConnId, DeliveryError, Kick, LocalBus, Mailbox, MailboxReceiver, Outbound};
-pub use hub::{EndedSession, Hub, OpenSession, RelayError, Route, SessionOpened};
+pub use bus::{
+    Bus, ConnId, DeliveryError, Kick, LocalBus, Mailbox, MailboxReceiver, Outbound, QueueLimits,
+    QueueReceiver,
+};
+pub use hub::{EndedSession, Hub, HubLimits, OpenSession, RelayError, Route, SessionOpened};
 pub use sessions::{EndReason, Opened, SessionError, Sessions};

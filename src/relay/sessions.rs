@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use super::bus::{ConnId, Kick};
 use super::hub::{EndedSession, Hub, OpenSession, RelayError, Route, SessionOpened};
-use crate::store::{Store, StoreError};
+use crate::store::{Role, Store, StoreError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
@@ -140,15 +140,19 @@ impl Sessions {
         self.finish(&ended, EndReason::Closed).await;
     }
 
-    /// `subject` may no longer hold what its sessions with `robot_id` gave it: they end,
-    /// both ends are told why. Returns how many ended.
+    /// `subject` may no longer hold what its sessions with `robot_id` gave it: those above
+    /// the `allowed` role (all, when its grant is gone) end, both ends told why. Returns
+    /// how many ended.
     pub async fn end_for_subject(
         &self,
         robot_id: &str,
         subject: &str,
+        allowed: Option<Role>,
         reason: EndReason,
     ) -> Result<usize, StoreError> {
-        let ended = self.hub.end_sessions_of(robot_id, subject, reason.as_str());
+        let ended = self
+            .hub
+            .end_sessions_of(robot_id, subject, allowed, reason.as_str());
         for session in &ended {
             self.store
                 .end_session(&session.record_id, reason.as_str())

@@ -1,39 +1,10 @@
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use super::{now_ms, Store, StoreError};
 
-/// What a subject may do with a robot.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    Viewer,
-    Operator,
-    Owner,
-}
-
-impl Role {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Viewer => "viewer",
-            Role::Operator => "operator",
-            Role::Owner => "owner",
-        }
-    }
-
-    pub fn parse(text: &str) -> Option<Role> {
-        match text {
-            "viewer" => Some(Role::Viewer),
-            "operator" => Some(Role::Operator),
-            "owner" => Some(Role::Owner),
-            _ => None,
-        }
-    }
-
-    /// Roles that drive the robot and so hold its single control lock.
-    pub fn controls(self) -> bool {
-        matches!(self, Role::Operator | Role::Owner)
-    }
-}
+/// What a subject may do with a robot: the protocol crate's type, shared with the robot
+/// agent (which reads it from `meta.session.role`); stored as its lowercase text.
+pub use signalling_protocol::Role;
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]

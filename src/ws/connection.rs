@@ -1,5 +1,7 @@
-//! One socket's task: reads frames, writes queued messages, pings, enforces limits and
-//! deadlines, and cleans up after itself.
+//! One socket, as two tasks: this one reads frames, enforces limits, deadlines and kicks;
+//! a writer task sends queued frames. Nothing here awaits a send, so a peer that never
+//! reads cannot hold back its own login deadline, idle timeout or kick, and a writer that
+//! makes no progress for the write timeout gives up on the socket.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -7,44 +9,98 @@ use std::time::{Duration, Instant};
 use axum::extract::ws::{CloseFrame, Message, WebSocket};
 use futures_util::stream::SplitSink;
 use futures_util::{SinkExt, StreamExt};
+use tokio::sync::oneshot;
 use tokio::time::{interval_at, sleep_until, MissedTickBehavior};
+use tracing::Instrument;
 
+use super::admission::Permit;
 use super::error::WsError;
 use super::protocol::{Peer, Protocol};
-use super::rate_limit::RateLimiter;
 use crate::auth::ClientIdentity;
 use crate::messages;
-use crate::relay::{ConnId, Kick, Mailbox, Outbound};
+use crate::rate_limit::{RateLimiter, Strikes};
+use crate::relay::{ConnId, DeliveryError, Kick, Mailbox, Outbound, QueueReceiver};
 use crate::state::SharedState;
 
 type Sink = SplitSink<WebSocket, Message>;
 
-pub async fn run(state: SharedState, socket: WebSocket, client: Option<ClientIdentity>) {
-    let _guard = state.socket_guard();
+/// Window over which strikes (errors earned, messages over the rate limit) are counted.
+const STRIKE_WINDOW: Duration = Duration::from_secs(10);
+
+/// Frames the writer sends before one flush.
+const WRITE_BATCH: usize = 64;
+
+/// A close the reader asks of the writer: code and reason.
+type CloseRequest = (u16, &'static str);
+
+pub async fn run(
+    state: SharedState,
+    socket: WebSocket,
+    client: Option<ClientIdentity>,
+    permit: Permit,
+) {
     let conn: ConnId = Arc::from(uuid::Uuid::new_v4().to_string());
-    let (mailbox, mut inbox) = Mailbox::new(state.config.send_queue);
-    state.hub.attach(conn.clone(), mailbox);
+    // Every line logged for this socket, here and below, carries its id.
+    let span = tracing::info_span!("ws", conn = %conn);
+    serve(state, socket, client, conn).instrument(span).await;
+    // The socket's place is free once everything above is done.
+    drop(permit);
+}
+
+async fn serve(
+    state: SharedState,
+    socket: WebSocket,
+    client: Option<ClientIdentity>,
+    conn: ConnId,
+) {
+    let _guard = state.socket_guard();
+    let config = &state.config;
+    let (mailbox, inbox) = Mailbox::new(config.queue_limits());
+    state.hub.attach(conn.clone(), mailbox.clone());
     if let Some(identity) = &client {
         state.hub.set_client(&conn, identity.token_id.clone());
-        tracing::debug!(conn = %conn, subject = %identity.subject, "client connected");
+        tracing::debug!(subject = %identity.subject, "client connected");
     }
     let mut protocol = Protocol::new(state.clone(), conn.clone(), client);
     let mut role = protocol.role_label();
     state.metrics.connections.with_label_values(&[role]).inc();
 
-    let (mut sink, mut stream) = socket.split();
-    let config = &state.config;
+    let (sink, mut stream) = socket.split();
+    let write_timeout = Duration::from_secs(config.write_timeout_secs.max(1));
+    let (close_tx, close_rx) = oneshot::channel::<CloseRequest>();
+    let mut writer = tokio::spawn(
+        write_loop(
+            sink,
+            inbox.queue,
+            close_rx,
+            write_timeout,
+            config.send_queue,
+        )
+        .in_current_span(),
+    );
+    let mut out = Outbox {
+        state: &state,
+        mailbox: &mailbox,
+        strikes: Strikes::new(config.max_strikes, STRIKE_WINDOW),
+        close: None,
+        peer: protocol.peer_label(),
+    };
+
     let login_deadline = Instant::now() + Duration::from_secs(config.login_timeout_secs);
     let ping_every = Duration::from_secs(config.ping_interval_secs.max(1));
     let idle_timeout = Duration::from_secs(config.idle_timeout_secs.max(1));
     let mut ping = interval_at(tokio::time::Instant::now() + ping_every, ping_every);
     ping.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    let mut limiter = RateLimiter::new(config.rate_limit, config.rate_burst, Instant::now());
-    let mut over_limit = 0u32;
+    let mut limiter = RateLimiter::new(
+        u64::from(config.rate_limit),
+        u64::from(config.rate_burst),
+        Instant::now(),
+    );
     let mut last_heard = Instant::now();
 
-    let welcome = protocol.welcome();
-    let mut open = sink.send(Message::Text(welcome.into())).await.is_ok();
+    if let Some(welcome) = protocol.welcome_at_open() {
+        out.reply(welcome);
+    }
 
     // Futures that live across loop turns are made once: building a timer entry or a watch
     // notification per message showed up in relay profiles.
@@ -54,123 +110,278 @@ pub async fn run(state: SharedState, socket: WebSocket, client: Option<ClientIde
     let mut kick_watch = inbox.kick.clone();
     let kicked = kick_watch.changed();
     tokio::pin!(kicked);
+    let mut writer_done = false;
 
-    while open {
+    while out.close.is_none() {
         tokio::select! {
             biased;
-            outbound = inbox.queue.recv() => match outbound {
-                Some(Outbound::Text(text)) => {
-                    open = sink.send(Message::Text(text.into())).await.is_ok();
-                }
-                None => open = false,
-            },
             _ = &mut kicked => {
                 let kick = *inbox.kick.borrow();
-                if let Some(kick) = kick {
-                    // Deliver what was queued before the kick (e.g. disconnect notices).
-                    while let Ok(Outbound::Text(text)) = inbox.queue.try_recv() {
-                        if sink.send(Message::Text(text.into())).await.is_err() {
-                            break;
+                match kick {
+                    Some(kick) => {
+                        if kick == Kick::Revoked {
+                            let error = WsError::Identity(crate::identity::IdentityError::Revoked);
+                            out.error(&error, None);
                         }
+                        out.close = Some(kick.close_frame());
                     }
-                    if kick == Kick::Revoked {
-                        let error = WsError::Identity(crate::identity::IdentityError::Revoked);
-                        send_error(&state, &mut sink, &error, None).await;
-                    }
-                    let (code, reason) = kick.close_frame();
-                    close(&mut sink, code, reason).await;
+                    None => out.close = Some((1011, "internal error")),
                 }
-                open = false;
             }
-            frame = stream.next() => match frame {
-                None | Some(Ok(Message::Close(_))) => open = false,
-                Some(Err(e)) => {
-                    if is_too_large(&e) {
-                        reject_too_large(&state, &mut sink).await;
-                    } else {
-                        tracing::debug!(conn = %conn, error = %e, "socket read failed");
-                    }
-                    open = false;
-                }
-                Some(Ok(Message::Ping(_) | Message::Pong(_))) => last_heard = Instant::now(),
-                Some(Ok(Message::Binary(bytes))) if bytes.len() > config.max_frame_bytes => {
-                    reject_too_large(&state, &mut sink).await;
-                    open = false;
-                }
-                Some(Ok(Message::Binary(_))) => {
-                    last_heard = Instant::now();
-                    send_error(&state, &mut sink, &WsError::Binary, None).await;
-                }
-                Some(Ok(Message::Text(text))) if text.len() > config.max_frame_bytes => {
-                    reject_too_large(&state, &mut sink).await;
-                    open = false;
-                }
-                Some(Ok(Message::Text(text))) => {
-                    let received = Instant::now();
-                    last_heard = received;
-                    if !limiter.allow(received) {
-                        over_limit += 1;
-                        let error = if over_limit > config.rate_burst { WsError::Flooding } else { WsError::RateLimited };
-                        send_error(&state, &mut sink, &error, None).await;
-                        if let Some((code, reason)) = error.close() {
-                            close(&mut sink, code, reason).await;
-                            open = false;
+            _ = &mut writer => {
+                // The peer is gone or stopped reading: nothing more can reach it.
+                writer_done = true;
+                break;
+            }
+            frame = stream.next() => {
+                let now = Instant::now();
+                let Some(frame) = frame else { break };
+                let frame = match frame {
+                    Ok(frame) => frame,
+                    Err(e) => {
+                        if is_too_large(&e) {
+                            out.too_large();
+                        } else {
+                            tracing::debug!(error = %e, "socket read failed");
+                            break;
                         }
                         continue;
                     }
-                    over_limit = 0;
-                    let result = protocol.handle(text.as_str(), received).await;
-                    for reply in protocol.replies.drain(..) {
-                        if sink.send(Message::Text(reply.into())).await.is_err() {
-                            open = false;
+                };
+                if matches!(frame, Message::Close(_)) {
+                    out.close = Some((1000, "closed"));
+                    continue;
+                }
+                last_heard = now;
+                // Every frame counts against the rate limit: binary and control frames too.
+                if !limiter.allow(now) {
+                    out.strike(&WsError::RateLimited, now);
+                    continue;
+                }
+                let text = match frame {
+                    Message::Text(text) => text,
+                    Message::Binary(bytes) => {
+                        if bytes.len() > config.max_frame_bytes {
+                            out.too_large();
+                        } else {
+                            out.strike(&WsError::Binary, now);
                         }
+                        continue;
                     }
-                    if let Err((error, id)) = result {
-                        if matches!(error.code(), signalling_protocol::ErrorCode::InternalError) {
-                            tracing::error!(conn = %conn, error = %error, "message failed");
-                        }
-                        send_error(&state, &mut sink, &error, id.as_deref()).await;
-                        if let Some((code, reason)) = error.close() {
-                            close(&mut sink, code, reason).await;
-                            open = false;
-                        }
+                    _ => continue,
+                };
+                if text.len() > config.max_frame_bytes {
+                    out.too_large();
+                    continue;
+                }
+                let result = protocol.handle(text.as_str(), now).await;
+                for reply in protocol.replies.drain(..) {
+                    out.reply(reply);
+                }
+                if let Err((error, id)) = result {
+                    if matches!(error.code(), signalling_protocol::ErrorCode::InternalError) {
+                        tracing::error!(error = %error, "message failed");
                     }
-                    let next = protocol.deadline(login_deadline);
-                    if next.as_ref().map(|(at, _)| *at) != deadline.as_ref().map(|(at, _)| *at) {
-                        timer.as_mut().reset(timer_instant(&next));
-                    }
-                    deadline = next;
-                    let now_role = protocol.role_label();
-                    if now_role != role {
-                        state.metrics.connections.with_label_values(&[role]).dec();
-                        state.metrics.connections.with_label_values(&[now_role]).inc();
-                        role = now_role;
+                    out.error(&error, id.as_deref());
+                    match error.close() {
+                        Some(close) => out.close = Some(close),
+                        None => out.count_strike(now),
                     }
                 }
-            },
+                let next = protocol.deadline(login_deadline);
+                if next.as_ref().map(|(at, _)| *at) != deadline.as_ref().map(|(at, _)| *at) {
+                    timer.as_mut().reset(timer_instant(&next));
+                }
+                deadline = next;
+                let now_role = protocol.role_label();
+                if now_role != role {
+                    state.metrics.connections.with_label_values(&[role]).dec();
+                    state.metrics.connections.with_label_values(&[now_role]).inc();
+                    role = now_role;
+                    out.peer = protocol.peer_label();
+                }
+            }
             _ = ping.tick() => {
                 if last_heard.elapsed() > idle_timeout {
-                    tracing::debug!(conn = %conn, "dropping dead connection");
-                    open = false;
-                } else {
-                    open = sink.send(Message::Ping(Vec::new().into())).await.is_ok();
+                    tracing::debug!("dropping dead connection");
+                    break;
                 }
+                out.send(Outbound::Ping);
             }
             _ = &mut timer, if deadline.is_some() => {
                 if let Some((_, error)) = deadline.take() {
-                    send_error(&state, &mut sink, &error, None).await;
-                    let (code, reason) = error.close().unwrap_or((1008, "deadline"));
-                    close(&mut sink, code, reason).await;
+                    out.error(&error, None);
+                    out.close = Some(error.close().unwrap_or((1008, "deadline")));
                 }
-                open = false;
             }
         }
     }
 
+    // Out of presence and sessions first: the peers must not wait on a socket that is
+    // closing, whatever its writer is doing.
     state.metrics.connections.with_label_values(&[role]).dec();
     state.sessions.detach(&conn).await;
-    if let Peer::Robot { robot_id } = &protocol.peer {
-        tracing::info!(robot = %robot_id, conn = %conn, "robot disconnected");
+    match &protocol.peer {
+        Peer::Robot { robot_id } => tracing::info!(robot = %robot_id, "robot disconnected"),
+        Peer::Client(identity) => {
+            tracing::debug!(subject = %identity.subject, "client disconnected")
+        }
+        Peer::Unverified { .. } => {}
+    }
+    let close = out.close;
+    drop(out);
+    drop(mailbox);
+    if !writer_done {
+        match close {
+            Some(close) => {
+                let _ = close_tx.send(close);
+            }
+            None => drop(close_tx),
+        }
+        // The writer sends what is queued and the close frame within its write timeout.
+        if tokio::time::timeout(write_timeout * 2, &mut writer)
+            .await
+            .is_err()
+        {
+            writer.abort();
+        }
+    }
+}
+
+/// What the reader sends: replies and errors go through the socket's own queue, in order
+/// with relayed messages, and every error is a strike.
+struct Outbox<'a> {
+    state: &'a SharedState,
+    mailbox: &'a Mailbox,
+    strikes: Strikes,
+    /// Set once the socket is to close, with the close frame to send.
+    close: Option<CloseRequest>,
+    /// Who the peer is, for the log line that cuts it off.
+    peer: String,
+}
+
+impl Outbox<'_> {
+    fn send(&mut self, frame: Outbound) {
+        match self.mailbox.send(None, frame) {
+            Ok(()) => {}
+            // Its own replies do not fit: the peer is not reading.
+            Err(DeliveryError::Full) => {
+                self.close.get_or_insert(Kick::SlowConsumer.close_frame());
+            }
+            Err(DeliveryError::Gone | DeliveryError::SenderThrottled) => {
+                self.close.get_or_insert((1011, "internal error"));
+            }
+        }
+    }
+
+    fn reply(&mut self, text: String) {
+        self.send(Outbound::Text(text));
+    }
+
+    fn error(&mut self, error: &WsError, correlation: Option<&str>) {
+        let code = error.code();
+        self.state
+            .metrics
+            .errors
+            .with_label_values(&[code.as_str()])
+            .inc();
+        let text = messages::error(code, &error.to_string(), error.details(), correlation);
+        self.reply(text);
+    }
+
+    /// An error that does not close the socket by itself, counted as a strike.
+    fn strike(&mut self, error: &WsError, now: Instant) {
+        self.error(error, None);
+        self.count_strike(now);
+    }
+
+    /// Too many strikes within the window close the socket, whatever came in between.
+    fn count_strike(&mut self, now: Instant) {
+        if self.strikes.strike(now) {
+            let error = WsError::Flooding;
+            tracing::warn!(
+                peer = %self.peer,
+                strikes = self.state.config.max_strikes,
+                window_secs = STRIKE_WINDOW.as_secs(),
+                "closing a peer that keeps earning errors or exceeding the rate limit"
+            );
+            self.state.metrics.peers_cut_off.inc();
+            self.error(&error, None);
+            self.close = error.close();
+        }
+    }
+
+    fn too_large(&mut self) {
+        let error = WsError::TooLarge {
+            limit: self.state.config.max_frame_bytes,
+        };
+        self.error(&error, None);
+        self.close = Some(error.close().unwrap_or((1009, "frame too large")));
+    }
+}
+
+/// Sends queued frames, a batch per wake-up with one flush, until the queue closes, the
+/// reader asks for a close, or a write makes no progress for `timeout`.
+async fn write_loop(
+    mut sink: Sink,
+    mut queue: QueueReceiver,
+    mut close: oneshot::Receiver<CloseRequest>,
+    timeout: Duration,
+    queue_len: usize,
+) {
+    loop {
+        tokio::select! {
+            biased;
+            request = &mut close => {
+                if let Ok((code, reason)) = request {
+                    // What was queued before the close goes out first, bounded in count
+                    // and time: peers may keep queueing, the close must not wait on them.
+                    let closing = async {
+                        for _ in 0..queue_len {
+                            let Some(frame) = queue.try_recv() else { break };
+                            sink.feed(message(frame)).await?;
+                        }
+                        sink.send(Message::Close(Some(CloseFrame {
+                            code,
+                            reason: reason.into(),
+                        })))
+                        .await?;
+                        sink.close().await
+                    };
+                    let _ = tokio::time::timeout(timeout, closing).await;
+                }
+                return;
+            }
+            frame = queue.recv() => {
+                let Some(frame) = frame else { return };
+                let batch = async {
+                    sink.feed(message(frame)).await?;
+                    for _ in 1..WRITE_BATCH {
+                        let Some(frame) = queue.try_recv() else { break };
+                        sink.feed(message(frame)).await?;
+                    }
+                    sink.flush().await
+                };
+                match tokio::time::timeout(timeout, batch).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => {
+                        tracing::debug!(error = %e, "socket write failed");
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::info!(timeout_secs = timeout.as_secs(), "socket write timed out; closing");
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn message(frame: Outbound) -> Message {
+    match frame {
+        Outbound::Text(text) => Message::Text(text.into()),
+        Outbound::Ping => Message::Ping(Default::default()),
     }
 }
 
@@ -181,41 +392,6 @@ fn timer_instant(deadline: &Option<(Instant, WsError)>) -> tokio::time::Instant 
         Some((at, _)) => tokio::time::Instant::from_std(*at),
         None => tokio::time::Instant::now() + Duration::from_secs(86_400 * 365),
     }
-}
-
-async fn send_error(
-    state: &SharedState,
-    sink: &mut Sink,
-    error: &WsError,
-    correlation: Option<&str>,
-) {
-    let code = error.code();
-    state
-        .metrics
-        .errors
-        .with_label_values(&[code.as_str()])
-        .inc();
-    let text = messages::error(code, &error.to_string(), error.details(), correlation);
-    let _ = sink.send(Message::Text(text.into())).await;
-}
-
-async fn reject_too_large(state: &SharedState, sink: &mut Sink) {
-    let error = WsError::TooLarge {
-        limit: state.config.max_frame_bytes,
-    };
-    send_error(state, sink, &error, None).await;
-    let (code, reason) = error.close().unwrap_or((1009, "frame too large"));
-    close(sink, code, reason).await;
-}
-
-async fn close(sink: &mut Sink, code: u16, reason: &'static str) {
-    let _ = sink
-        .send(Message::Close(Some(CloseFrame {
-            code,
-            reason: reason.into(),
-        })))
-        .await;
-    let _ = sink.close().await;
 }
 
 fn is_too_large(error: &axum::Error) -> bool {

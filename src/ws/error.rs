@@ -29,8 +29,10 @@ pub enum WsError {
     },
     #[error("too many messages; slow down")]
     RateLimited,
-    #[error("too many messages over the rate limit")]
+    #[error("too many errors or messages over the rate limit")]
     Flooding,
+    #[error("too much relayed to that peer at once; slow down")]
+    Throttled,
     #[error("frame larger than {limit} bytes")]
     TooLarge { limit: usize },
     #[error("binary frames are not part of the protocol; send JSON text")]
@@ -65,7 +67,8 @@ impl WsError {
             | WsError::NoGrant(_)
             | WsError::Forbidden { .. }
             | WsError::RateLimited
-            | WsError::Flooding => ErrorCode::Forbidden,
+            | WsError::Flooding
+            | WsError::Throttled => ErrorCode::Forbidden,
             WsError::TooLarge { .. } | WsError::Binary => ErrorCode::InvalidMessage,
             WsError::LoginTimeout => ErrorCode::Timeout,
             WsError::Store(_) => ErrorCode::InternalError,
@@ -81,21 +84,30 @@ impl WsError {
             WsError::Relay(RelayError::RobotBusy {
                 robot_id,
                 locked_by,
-            }) => json!({ "reason": "robot_busy", "robotId": robot_id, "lockedBy": locked_by }),
+            }) => match locked_by {
+                Some(holder) => {
+                    json!({ "reason": "robot_busy", "robotId": robot_id, "lockedBy": holder })
+                }
+                None => json!({ "reason": "robot_busy", "robotId": robot_id }),
+            },
             WsError::Relay(RelayError::ConnectionIdInUse(id)) => {
                 json!({ "reason": "connection_id_in_use", "connectionId": id })
             }
             WsError::Relay(RelayError::SessionRobotMismatch(id)) => {
                 json!({ "reason": "session_robot_mismatch", "connectionId": id })
             }
-            WsError::Relay(RelayError::NotInSession(id)) => {
+            WsError::Relay(RelayError::NotInSession(id) | RelayError::Ended(id)) => {
                 json!({ "reason": "not_in_session", "connectionId": id })
+            }
+            WsError::Relay(RelayError::TooManySessions { limit }) => {
+                json!({ "reason": "too_many_sessions", "limit": limit })
             }
             WsError::NoGrant(robot) => json!({ "reason": "no_grant", "robotId": robot }),
             WsError::Forbidden { reason, .. } | WsError::Unauthorized { reason, .. } => {
                 json!({ "reason": reason })
             }
             WsError::RateLimited | WsError::Flooding => json!({ "reason": "rate_limited" }),
+            WsError::Throttled => json!({ "reason": "relay_throttled" }),
             WsError::TooLarge { limit } => json!({ "reason": "frame_too_large", "limit": limit }),
             WsError::TokenExpired => json!({ "reason": "token_expired" }),
             _ => return None,

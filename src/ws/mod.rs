@@ -1,13 +1,15 @@
 //! The `/ws` endpoint: authentication at upgrade, the per-socket loop, and the signalling
 //! protocol spoken on it.
 
+mod admission;
 mod connection;
 mod error;
 mod protocol;
-mod rate_limit;
 
 use axum::extract::ws::WebSocketUpgrade;
-use axum::extract::{Query, State};
+use std::net::SocketAddr;
+
+use axum::extract::{ConnectInfo, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -17,6 +19,7 @@ use serde::Deserialize;
 use crate::auth::AuthError;
 use crate::state::SharedState;
 
+pub use admission::{Admission, AdmissionError, Permit};
 pub use error::WsError;
 
 /// The `/ws` route, merged into the app at the top.
@@ -31,12 +34,19 @@ pub enum UpgradeError {
     ShuttingDown,
     #[error("{0}")]
     Auth(#[from] AuthError),
+    #[error("{0}")]
+    Admission(#[from] AdmissionError),
 }
 
 impl IntoResponse for UpgradeError {
     fn into_response(self) -> Response {
         let (status, code) = match &self {
-            UpgradeError::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE"),
+            UpgradeError::ShuttingDown | UpgradeError::Admission(AdmissionError::ServerFull) => {
+                (StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE")
+            }
+            UpgradeError::Admission(AdmissionError::AddressFull) => {
+                (StatusCode::TOO_MANY_REQUESTS, "TOO_MANY_REQUESTS")
+            }
             UpgradeError::Auth(AuthError::Store(e)) => {
                 tracing::error!(error = %e, "client login failed");
                 return crate::http_error::response(
@@ -89,6 +99,7 @@ fn find_token(query: &WsQuery, headers: &HeaderMap) -> (Option<String>, Option<S
 
 async fn upgrade(
     State(state): State<SharedState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Query(query): Query<WsQuery>,
     headers: HeaderMap,
     ws: WebSocketUpgrade,
@@ -96,6 +107,13 @@ async fn upgrade(
     if state.is_shutting_down() {
         return UpgradeError::ShuttingDown.into_response();
     }
+    let permit = match state.admission.admit(peer.ip()) {
+        Ok(permit) => permit,
+        Err(e) => {
+            tracing::debug!(%peer, error = %e, "connection refused");
+            return UpgradeError::from(e).into_response();
+        }
+    };
     let (token, protocol) = find_token(&query, &headers);
     let client = match token {
         Some(token) => match state
@@ -125,5 +143,5 @@ async fn upgrade(
     if let Some(protocol) = protocol {
         ws = ws.protocols([protocol]);
     }
-    ws.on_upgrade(move |socket| connection::run(state, socket, client))
+    ws.on_upgrade(move |socket| connection::run(state, socket, client, permit))
 }

@@ -11,7 +11,7 @@ use super::error::WsError;
 use crate::auth::ClientIdentity;
 use crate::identity::Challenge;
 use crate::messages;
-use crate::relay::{ConnId, EndReason, OpenSession, Outbound};
+use crate::relay::{ConnId, DeliveryError, EndReason, OpenSession, Outbound, RelayError};
 use crate::state::SharedState;
 
 /// Longest text considered as a legacy `{"type":"ready"}` greeting.
@@ -46,7 +46,13 @@ pub struct Protocol {
     token_deadline: Option<Instant>,
     /// Replies for this socket itself, written by the socket loop in order.
     pub replies: Vec<String>,
+    /// A token-less socket asked for welcomes (`ready`, or `register` with
+    /// `metadata.wantsWelcome`): it gets a fresh one, with TURN credentials, once verified.
+    wants_welcome: bool,
 }
+
+/// Key in `signalling.register`'s `metadata` by which a robot asks for welcomes.
+pub const WANTS_WELCOME: &str = "wantsWelcome";
 
 impl Protocol {
     pub fn new(state: SharedState, conn: ConnId, client: Option<ClientIdentity>) -> Protocol {
@@ -64,6 +70,7 @@ impl Protocol {
             peer,
             token_deadline,
             replies: Vec::new(),
+            wants_welcome: false,
         }
     }
 
@@ -72,6 +79,26 @@ impl Protocol {
             Peer::Unverified { .. } => "pending",
             Peer::Robot { .. } => "robot",
             Peer::Client(_) => "client",
+        }
+    }
+
+    /// Who the peer is, for log lines that must name it.
+    pub fn peer_label(&self) -> String {
+        match &self.peer {
+            Peer::Unverified { .. } => "unverified".to_string(),
+            Peer::Robot { robot_id } => format!("robot {robot_id}"),
+            Peer::Client(identity) => format!("client {}", identity.subject),
+        }
+    }
+
+    /// The welcome sent as soon as the socket opens: to clients only. A socket without a
+    /// token is a robot (or a legacy browser) and gets one when it asks: `ready`, or
+    /// `register` with `metadata.wantsWelcome` (the Modulr agent logs an error for every
+    /// welcome it did not ask for).
+    pub fn welcome_at_open(&self) -> Option<String> {
+        match self.peer {
+            Peer::Client(_) => Some(self.welcome()),
+            _ => None,
         }
     }
 
@@ -116,11 +143,21 @@ impl Protocol {
         // The legacy greeting is tiny; checking size first keeps a second JSON parse off
         // the relay path.
         if text.len() <= LEGACY_READY_MAX && is_legacy_ready(text) {
+            self.wants_welcome = true;
             let welcome = self.welcome();
             self.replies.push(welcome);
             return Ok(());
         }
-        let envelope = Envelope::parse(text).map_err(|e| (e.into(), raw_id(text)))?;
+        let envelope = match Envelope::parse(text) {
+            Ok(envelope) => envelope,
+            // A peer's error is never answered, even a malformed one: that is how error
+            // ping-pong starts.
+            Err(e) if raw_type(text).as_deref() == Some("signalling.error") => {
+                tracing::debug!(error = %e, "ignoring a malformed error report");
+                return Ok(());
+            }
+            Err(e) => return Err((e.into(), raw_id(text))),
+        };
         let id = envelope.id.clone();
         self.dispatch(envelope, received)
             .await
@@ -200,6 +237,15 @@ impl Protocol {
             }
             Peer::Unverified { .. } => {}
         }
+        if payload
+            .metadata
+            .as_ref()
+            .and_then(|m| m.get(WANTS_WELCOME))
+            .and_then(serde_json::Value::as_bool)
+            == Some(true)
+        {
+            self.wants_welcome = true;
+        }
         let mut challenge = match self
             .state
             .identity
@@ -277,9 +323,11 @@ impl Protocol {
         self.peer = Peer::Robot {
             robot_id: verified.robot_id,
         };
-        // Now that it is proven, the robot may have TURN credentials.
-        let welcome = self.welcome();
-        self.replies.push(welcome);
+        // Now that it is proven, the robot may have TURN credentials, if it wants them.
+        if self.wants_welcome {
+            let welcome = self.welcome();
+            self.replies.push(welcome);
+        }
         Ok(())
     }
 
@@ -331,8 +379,7 @@ impl Protocol {
             .await?;
         let robot_conn = opened.robot_conn;
         envelope.meta = Some(messages::session_meta(&identity.subject, role.as_str()));
-        self.forward(&robot_conn, &envelope, received);
-        Ok(())
+        self.forward(&robot_conn, &envelope, received)
     }
 
     /// Relays a session message to the other end, after recording what it means for the
@@ -350,7 +397,21 @@ impl Protocol {
                 message: "register and answer the PKI challenge first",
             });
         }
-        let route = self.state.sessions.route(&self.conn, session_id)?;
+        let route = match self.state.sessions.route(&self.conn, session_id) {
+            Ok(route) => route,
+            // One end of a session that just ended: a late `disconnected` is an idempotent
+            // end, a late candidate or report is moot. Answering either with an error is
+            // how the Modulr agent's endless disconnect loop started.
+            Err(RelayError::Ended(_)) => {
+                self.state
+                    .metrics
+                    .late_messages
+                    .with_label_values(&[envelope.kind.as_str()])
+                    .inc();
+                return Ok(());
+            }
+            Err(e) => return Err(e.into()),
+        };
         match kind {
             Relay::FromRobot if !route.from_robot => {
                 return Err(WsError::Forbidden {
@@ -375,29 +436,43 @@ impl Protocol {
         } else {
             Some(messages::session_meta(&route.subject, route.role.as_str()))
         };
-        self.forward(&route.target, &envelope, received);
-        Ok(())
+        self.forward(&route.target, &envelope, received)
     }
 
-    fn forward(&self, to: &ConnId, envelope: &Envelope, received: Instant) {
-        let delivered = self
-            .state
-            .hub
-            .deliver(to, Outbound::Text(envelope.to_json()));
-        if delivered {
-            if let Some(metrics) = self.state.metrics.relay(&envelope.kind) {
-                metrics.relayed.inc();
-                metrics.latency.observe(received.elapsed().as_secs_f64());
+    /// Queues the message for the other end. A sender over its share at the receiver is
+    /// told to slow down; a receiver that is gone or too slow is not the sender's error.
+    fn forward(&self, to: &ConnId, envelope: &Envelope, received: Instant) -> Result<(), WsError> {
+        let delivered =
+            self.state
+                .hub
+                .deliver(Some(&self.conn), to, Outbound::Text(envelope.to_json()));
+        match delivered {
+            Ok(()) => {
+                if let Some(metrics) = self.state.metrics.relay(&envelope.kind) {
+                    metrics.relayed.inc();
+                    metrics.latency.observe(received.elapsed().as_secs_f64());
+                }
+                Ok(())
             }
+            Err(DeliveryError::SenderThrottled) => Err(WsError::Throttled),
+            Err(DeliveryError::Full | DeliveryError::Gone) => Ok(()),
         }
     }
 }
 
 /// The `id` of a message that failed to parse, so the error can still be correlated.
 fn raw_id(text: &str) -> Option<String> {
+    raw_field(text, "id")
+}
+
+fn raw_type(text: &str) -> Option<String> {
+    raw_field(text, "type")
+}
+
+fn raw_field(text: &str, field: &str) -> Option<String> {
     serde_json::from_str::<serde_json::Value>(text)
         .ok()?
-        .get("id")?
+        .get(field)?
         .as_str()
         .map(str::to_string)
 }

@@ -7,13 +7,12 @@
 // with a bounded deadline.
 
 import { spawn } from 'node:child_process';
-import { mkdtempSync, readFileSync, writeFileSync, existsSync, readdirSync, statSync } from 'node:fs';
+import { mkdtempSync, readFileSync, writeFileSync, existsSync, statSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, dirname, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { chromium } from 'playwright-core';
-import Ajv2020 from 'ajv/dist/2020.js';
-import addFormats from 'ajv-formats';
+import { loadSchemas, waitFor as waitForMs, CHROMIUM_ARGS } from './common.mjs';
 
 const HERE = dirname(fileURLToPath(import.meta.url));
 const ROOT = resolve(HERE, '../..');
@@ -23,7 +22,7 @@ const AGENT_BIN = process.env.AGENT_BIN || join(BIN, 'robot-agent');
 const PORT = 18080;
 const HTTP = `http://127.0.0.1:${PORT}`;
 const WS = `ws://127.0.0.1:${PORT}/ws`;
-const ADMIN = 'e2e-admin-token';
+const ADMIN = 'e2e-admin-token-0123456789';
 const ROBOT = 'e2e-robot';
 const WAIT_MS = 15000;
 
@@ -40,15 +39,8 @@ function log(...args) {
   console.log(`[e2e ${new Date().toISOString().slice(11, 23)}]`, ...args);
 }
 
-async function waitFor(what, fn, timeoutMs = WAIT_MS, everyMs = 25) {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    let value;
-    try { value = await fn(); } catch { value = undefined; }
-    if (value) return value;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, everyMs));
-  }
+function waitFor(what, fn, timeoutMs = WAIT_MS, everyMs = 25) {
+  return waitForMs(what, fn, timeoutMs, everyMs);
 }
 
 async function check(name, fn) {
@@ -113,37 +105,6 @@ function run(cmd, args) {
     child.stderr.on('data', (d) => { output += d; });
     child.on('exit', (code) => (code === 0 ? resolveRun(output) : reject(new Error(`${cmd} exited ${code}: ${output}`))));
   });
-}
-
-// ---------- schema validation ----------
-
-function loadSchemas() {
-  const ajv = new Ajv2020({ strict: false, allErrors: true });
-  addFormats(ajv);
-  const base = join(ROOT, 'crates', 'protocol', 'spec', 'schemas');
-  const byType = {};
-  const walk = (dir) => {
-    for (const entry of readdirSync(dir)) {
-      const path = join(dir, entry);
-      if (statSync(path).isDirectory()) { walk(path); continue; }
-      if (!entry.endsWith('.json') || entry === 'index.json' || entry.includes('supported.keys')) continue;
-      const schema = JSON.parse(readFileSync(path, 'utf8'));
-      ajv.addSchema(schema);
-      const rel = path.slice(base.length + 1).replace(/\.json$/, '').split('/');
-      // agent/v0/location/create -> agent.location.create
-      const type = [rel[0], ...rel.slice(2)].join('.');
-      byType[type] = schema.$id;
-    }
-  };
-  walk(base);
-  return (message) => {
-    const id = byType[message.type];
-    if (!id) throw new Error(`no schema for ${message.type}`);
-    const validate = ajv.getSchema(id);
-    if (!validate(message)) {
-      throw new Error(`${message.type} breaks the spec: ${JSON.stringify(validate.errors)}\n${JSON.stringify(message)}`);
-    }
-  };
 }
 
 // ---------- browser side (runs in Chromium) ----------
@@ -316,9 +277,7 @@ async function main() {
   const browser = await chromium.launchPersistentContext(join(work, 'chromium-profile'), {
     executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
     headless: true,
-    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
-      '--disable-background-networking', '--disable-component-update', '--disable-sync',
-      '--allow-loopback-in-peer-connection', '--disable-features=WebRtcHideLocalIpsWithMdns'],
+    args: CHROMIUM_ARGS,
   });
   const newClient = async (name) => {
     const page = await browser.newPage();

@@ -7,18 +7,7 @@ set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
 
-if [ ! -x /usr/bin/chromium ]; then
-    echo "installing chromium (apt)"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
-fi
-for tool in node npm python3 unshare ip; do
-    command -v "$tool" >/dev/null || { echo "missing $tool" >&2; exit 1; }
-done
-if [ ! -d "$HERE/node_modules/playwright-core" ] || [ ! -d "$HERE/node_modules/ajv-formats" ]; then
-    echo "installing npm packages"
-    (cd "$HERE" && if [ -f package-lock.json ]; then npm ci --no-audit --no-fund --loglevel=error; else npm install --no-audit --no-fund --loglevel=error; fi)
-fi
+. "$HERE/prereqs.sh"
 
 if [ "${E2E_SKIP_BUILD:-0}" != 1 ]; then
     echo "building signalling-server and robot-agent"

@@ -142,6 +142,15 @@ impl Envelope {
         }
     }
 
+    /// `timestamp` as milliseconds since the Unix epoch (UTC), in the
+    /// sender's clock; `None` if it is not an RFC 3339 date-time (only
+    /// possible for an envelope built by hand, [`Envelope::parse`] checks
+    /// it) or is out of range.
+    pub fn sent_at_unix_ms(&self) -> Option<i64> {
+        let at = OffsetDateTime::parse(&self.timestamp, &Rfc3339).ok()?;
+        i64::try_from(at.unix_timestamp_nanos() / 1_000_000).ok()
+    }
+
     /// Sets `correlationId`, e.g. to the id of the request being answered.
     pub fn with_correlation(mut self, id: impl Into<String>) -> Envelope {
         self.correlation_id = Some(id.into());

@@ -9,6 +9,8 @@
 //! * [`Envelope`] is the common header; [`Envelope::parse`] checks it.
 //! * [`Envelope::body`] turns the payload into a typed [`Body`];
 //!   [`Envelope::from_body`] goes the other way.
+//! * [`SessionMeta`] and [`Role`]: the `meta.session` the server stamps on
+//!   what it forwards to a robot.
 //! * With the `schema` feature, `schema::SchemaValidator` checks whole
 //!   messages against the spec's JSON Schemas (used by tests).
 
@@ -17,6 +19,8 @@ mod body;
 mod common;
 mod envelope;
 mod error;
+mod legacy;
+mod session;
 mod signalling;
 
 #[cfg(feature = "schema")]
@@ -31,6 +35,8 @@ pub use body::{requires_correlation_id, Body, MESSAGE_TYPES};
 pub use common::{CapabilitiesPayload, ErrorPayload};
 pub use envelope::{is_legacy_ready, Envelope};
 pub use error::{ErrorCode, ProtocolError};
+pub use legacy::{parse_legacy_movement, LEGACY_MOVEMENT_TYPE};
+pub use session::{Role, SessionMeta, SESSION_META_KEY};
 pub use signalling::{
     AnswerPayload, AnswerSdpType, ConnectedIceState, ConnectedPayload, DataChannelState,
     DisconnectReason, DisconnectedPayload, IceCandidatePayload, IceServer, OfferPayload,

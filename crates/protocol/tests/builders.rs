@@ -130,3 +130,24 @@ fn version_constants_agree() {
         assert!(Envelope::parse(&env.to_json()).is_ok(), "{v}");
     }
 }
+
+#[test]
+fn sent_at_reads_the_timestamp_in_unix_milliseconds() {
+    let text = r#"{"type":"signalling.ping","version":"0.5","id":"p","timestamp":"2026-01-06T12:00:00.250+01:00"}"#;
+    let env = Envelope::parse(text).expect("parses");
+    // 2026-01-06T11:00:00.250Z
+    assert_eq!(env.sent_at_unix_ms(), Some(1_767_697_200_250));
+    let mut broken = env.clone();
+    broken.timestamp = "yesterday".into();
+    assert_eq!(broken.sent_at_unix_ms(), None);
+    let fresh = Envelope::from_body(Signalling::Ping, PROTOCOL_VERSION);
+    let now_ms = i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_millis(),
+    )
+    .expect("fits");
+    let sent = fresh.sent_at_unix_ms().expect("own timestamp parses");
+    assert!((now_ms - sent).abs() < 60_000, "{now_ms} vs {sent}");
+}

@@ -308,3 +308,21 @@ fn built_messages_validate() {
         }
     }
 }
+
+#[test]
+fn forwarded_offer_with_session_meta_validates() {
+    let offer = Envelope::from_body(
+        Signalling::Offer(OfferPayload {
+            robot_id: "robot-1".into(),
+            connection_id: "conn-1".into(),
+            sdp_type: OfferSdpType::Offer,
+            sdp: "v=0".into(),
+            ice_restart: None,
+        }),
+        PROTOCOL_VERSION,
+    )
+    .with_meta(SessionMeta::new("alice", Role::Owner).to_meta());
+    validator()
+        .validate_str(&offer.to_json())
+        .expect("meta.session is allowed by the envelope schema");
+}

@@ -12,7 +12,7 @@ use crate::identity::{self, IdentityError, RobotKey};
 use crate::locations::{LocationError, LocationStore};
 use crate::peer::{PeerError, PeerManager, PeerOptions};
 use crate::safety::StopReason;
-use crate::session::Shared;
+use crate::session::{Metrics, Shared};
 use crate::settings::{Settings, SettingsError};
 use crate::signalling::{self, SignallingOptions, INBOUND_CAPACITY};
 
@@ -81,7 +81,9 @@ pub async fn run(config: RunConfig) -> Result<(), AgentError> {
         locations: Arc::new(Mutex::new(locations)),
         settings: Arc::new(Mutex::new(settings)),
         base_limits: config.safety.clone(),
+        metrics: Arc::new(Metrics::default()),
     };
+    let metrics = shared.metrics.clone();
 
     let (inbound_tx, inbound_rx) = mpsc::channel(INBOUND_CAPACITY);
     let outbound = signalling::spawn(
@@ -113,6 +115,10 @@ pub async fn run(config: RunConfig) -> Result<(), AgentError> {
         _ = peers => tracing::error!("peer manager ended unexpectedly"),
     }
     controller.stop_all(StopReason::Shutdown).await;
+    tracing::info!(
+        stale_commands_total = metrics.stale_commands(),
+        "robot agent stopped"
+    );
     // Give the stop a moment to reach the driver (bounded; a stalled
     // driver must not keep the process alive).
     let _ = tokio::time::timeout(std::time::Duration::from_secs(2), controller.status()).await;

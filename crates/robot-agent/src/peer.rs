@@ -1,11 +1,13 @@
 //! WebRTC peers (webrtc-rs): one peer connection per session, several at
 //! once. Answers offers (a `control` data channel, plus any media m-lines:
-//! without a camera these are answered `inactive`), trickles ICE both ways,
+//! without a camera these are answered `inactive`), serves `agent.*` on
+//! every data channel the browser opens (an SDK may put movement on a second,
+//! unordered `maxRetransmits: 0` channel), trickles ICE both ways,
 //! reports `connected`/`disconnected` through signalling, and tears peers
 //! down when the session ends, the peer drops or signalling is lost.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use signalling_protocol::{
@@ -84,12 +86,22 @@ enum PeerEvent {
     ChannelOpen {
         session: String,
         generation: u64,
-        channel: Arc<RTCDataChannel>,
-        incoming: mpsc::Receiver<String>,
     },
     ChannelClosed {
         session: String,
         generation: u64,
+        label: String,
+    },
+}
+
+/// What a session's data channels deliver to its one session task, so
+/// that every channel shares the session's state (freshness, budget).
+enum Incoming {
+    Open(Arc<RTCDataChannel>),
+    Text {
+        text: String,
+        /// Replies go back on the channel the request came in on.
+        channel: Arc<RTCDataChannel>,
     },
 }
 
@@ -103,7 +115,12 @@ struct PeerSession {
     mid: String,
     ice_connected: bool,
     channel_open: bool,
+    /// Data channels open now; the session ends with `control` or the last.
+    channels_open: usize,
     connected_sent: bool,
+    /// What the data channels deliver, until the first one opens and the
+    /// session task takes it over.
+    incoming: Option<mpsc::Receiver<Incoming>>,
     task: Option<JoinHandle<()>>,
 }
 
@@ -285,7 +302,10 @@ impl PeerManager {
             ..Default::default()
         };
         let pc = Arc::new(self.api.new_peer_connection(config).await?);
-        self.register_callbacks(&pc, session, generation);
+        // Queued from the start so no message is lost between a channel's
+        // "open" and the session task taking over.
+        let (incoming_tx, incoming) = mpsc::channel(CHANNEL_CAPACITY);
+        self.register_callbacks(&pc, session, generation, incoming_tx);
         let answer = match answer(&pc, description).await {
             Ok(a) => a,
             Err(e) => {
@@ -303,7 +323,9 @@ impl PeerManager {
                 mid,
                 ice_connected: false,
                 channel_open: false,
+                channels_open: 0,
                 connected_sent: false,
+                incoming: Some(incoming),
                 task: None,
             },
         );
@@ -311,7 +333,13 @@ impl PeerManager {
         Ok(())
     }
 
-    fn register_callbacks(&self, pc: &Arc<RTCPeerConnection>, session: &str, generation: u64) {
+    fn register_callbacks(
+        &self,
+        pc: &Arc<RTCPeerConnection>,
+        session: &str,
+        generation: u64,
+        incoming: mpsc::Sender<Incoming>,
+    ) {
         let events = self.events_tx.clone();
         let id = session.to_owned();
         pc.on_ice_candidate(Box::new(move |candidate: Option<RTCIceCandidate>| {
@@ -364,17 +392,16 @@ impl PeerManager {
         pc.on_data_channel(Box::new(move |channel: Arc<RTCDataChannel>| {
             let events = events.clone();
             let session = id.clone();
+            let incoming = incoming.clone();
             Box::pin(async move {
-                if channel.label() != CONTROL_LABEL {
-                    tracing::debug!(%session, label = channel.label(), "ignoring data channel");
-                    return;
-                }
-                // Messages are queued from the start so none is lost between
-                // "open" and the session task taking over. The await in the
-                // handler is backpressure onto SCTP, not a drop.
-                let (in_tx, in_rx) = mpsc::channel::<String>(CHANNEL_CAPACITY);
+                tracing::debug!(%session, label = channel.label(), ordered = channel.ordered(), "data channel");
+                // The await in the handler is backpressure onto SCTP, not a
+                // drop.
+                let message_channel = channel.clone();
+                let message_incoming = incoming.clone();
                 channel.on_message(Box::new(move |message: DataChannelMessage| {
-                    let in_tx = in_tx.clone();
+                    let incoming = message_incoming.clone();
+                    let channel = message_channel.clone();
                     Box::pin(async move {
                         let text = if message.is_string {
                             String::from_utf8_lossy(&message.data).into_owned()
@@ -383,37 +410,35 @@ impl PeerManager {
                             // the parser answer INVALID_MESSAGE.
                             String::from("binary frame")
                         };
-                        let _ = in_tx.send(text).await;
+                        let _ = incoming.send(Incoming::Text { text, channel }).await;
                     })
                 }));
-                let incoming = Arc::new(Mutex::new(Some(in_rx)));
                 let open_events = events.clone();
                 let open_session = session.clone();
                 let open_channel = channel.clone();
                 channel.on_open(Box::new(move || {
-                    let incoming = incoming.lock().ok().and_then(|mut i| i.take());
                     Box::pin(async move {
-                        if let Some(incoming) = incoming {
-                            let _ = open_events
-                                .send(PeerEvent::ChannelOpen {
-                                    session: open_session,
-                                    generation,
-                                    channel: open_channel,
-                                    incoming,
-                                })
-                                .await;
-                        }
+                        let _ = incoming.send(Incoming::Open(open_channel)).await;
+                        let _ = open_events
+                            .send(PeerEvent::ChannelOpen {
+                                session: open_session,
+                                generation,
+                            })
+                            .await;
                     })
                 }));
                 let close_events = events.clone();
+                let label = channel.label().to_owned();
                 channel.on_close(Box::new(move || {
                     let events = close_events.clone();
                     let session = session.clone();
+                    let label = label.clone();
                     Box::pin(async move {
                         let _ = events
                             .send(PeerEvent::ChannelClosed {
                                 session,
                                 generation,
+                                label,
                             })
                             .await;
                     })
@@ -442,11 +467,11 @@ impl PeerManager {
             | PeerEvent::ChannelOpen {
                 session,
                 generation,
-                ..
             }
             | PeerEvent::ChannelClosed {
                 session,
                 generation,
+                ..
             } => (session.clone(), *generation),
         };
         let Some(peer) = self
@@ -511,29 +536,28 @@ impl PeerManager {
                     _ => {}
                 }
             }
-            PeerEvent::ChannelOpen {
-                channel, incoming, ..
-            } => {
+            PeerEvent::ChannelOpen { .. } => {
                 peer.channel_open = true;
-                let (outbox_tx, outbox_rx) = mpsc::channel(CHANNEL_CAPACITY);
-                self.shared
-                    .controller
-                    .attach(&session, outbox_tx.clone())
-                    .await;
-                let worker = Session::new(session.clone(), peer.role, self.shared.clone());
-                peer.task = Some(tokio::spawn(channel_task(
-                    worker, channel, incoming, outbox_rx,
-                )));
-                let _ = outbox_tx.try_send(messages::capabilities());
+                peer.channels_open += 1;
+                // The first channel to open starts the session's one task.
+                if let Some(incoming) = peer.incoming.take() {
+                    let (outbox_tx, outbox_rx) = mpsc::channel(CHANNEL_CAPACITY);
+                    self.shared.controller.attach(&session, outbox_tx).await;
+                    let worker = Session::new(session.clone(), peer.role, self.shared.clone());
+                    peer.task = Some(tokio::spawn(channel_task(worker, incoming, outbox_rx)));
+                }
                 self.maybe_connected(&session);
             }
-            PeerEvent::ChannelClosed { .. } => {
-                self.teardown(
-                    &session,
-                    StopReason::SessionEnded,
-                    Some(DisconnectReason::Closed),
-                )
-                .await;
+            PeerEvent::ChannelClosed { label, .. } => {
+                peer.channels_open = peer.channels_open.saturating_sub(1);
+                if label == CONTROL_LABEL || peer.channels_open == 0 {
+                    self.teardown(
+                        &session,
+                        StopReason::SessionEnded,
+                        Some(DisconnectReason::Closed),
+                    )
+                    .await;
+                }
             }
         }
     }
@@ -565,7 +589,12 @@ impl PeerManager {
         let Some(peer) = self.sessions.remove(session) else {
             return;
         };
-        tracing::info!(%session, reason = stop.as_str(), "session ended");
+        tracing::info!(
+            %session,
+            reason = stop.as_str(),
+            stale_commands_total = self.shared.metrics.stale_commands(),
+            "session ended"
+        );
         if let Some(task) = peer.task {
             task.abort();
         }
@@ -638,29 +667,46 @@ fn first_mid(sdp: &str) -> Option<String> {
         .map(str::to_owned)
 }
 
-/// Pumps one session's data channel: requests in, replies and controller
-/// messages out, in order.
+/// Pumps one session's data channels: requests in (from any channel, each
+/// answered on its own), controller messages out on the primary channel
+/// (`control`, else the first to open), and the freshness gate's timer.
 async fn channel_task(
     mut session: Session,
-    channel: Arc<RTCDataChannel>,
-    mut incoming: mpsc::Receiver<String>,
+    mut incoming: mpsc::Receiver<Incoming>,
     mut outbox: mpsc::Receiver<Envelope>,
 ) {
+    let mut primary: Option<Arc<RTCDataChannel>> = None;
     loop {
-        let outgoing = tokio::select! {
-            text = incoming.recv() => match text {
-                Some(text) => session.handle_text(&text).await,
+        // A far deadline stands for "none": the branch is disabled then.
+        let deadline = session.deadline();
+        let timer = tokio::time::sleep_until(
+            deadline.unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600)),
+        );
+        let (outgoing, target) = tokio::select! {
+            item = incoming.recv() => match item {
+                Some(Incoming::Open(channel)) => {
+                    if primary.is_some() && channel.label() != CONTROL_LABEL {
+                        continue;
+                    }
+                    primary = Some(channel.clone());
+                    (vec![messages::capabilities()], Some(channel))
+                }
+                Some(Incoming::Text { text, channel }) => (session.handle_text(&text).await, Some(channel)),
                 None => break,
             },
             message = outbox.recv() => match message {
-                Some(m) => vec![m],
+                Some(m) => (vec![m], primary.clone()),
                 None => break,
             },
+            () = timer, if deadline.is_some() => (session.on_deadline().await, primary.clone()),
         };
+        // Before any channel is open there is nowhere to answer (cannot
+        // happen for replies: a request comes with its channel).
+        let Some(target) = target else { continue };
         for message in outgoing {
-            if let Err(e) = channel.send_text(message.to_json()).await {
-                tracing::debug!(session = %session.id(), error = %e, "data channel send failed");
-                return;
+            if let Err(e) = target.send_text(message.to_json()).await {
+                tracing::debug!(session = %session.id(), label = target.label(), error = %e, "data channel send failed");
+                break;
             }
         }
     }

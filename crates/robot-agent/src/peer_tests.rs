@@ -10,6 +10,7 @@ use tokio::sync::mpsc;
 use webrtc::api::media_engine::MediaEngine;
 use webrtc::api::setting_engine::SettingEngine;
 use webrtc::api::APIBuilder;
+use webrtc::data_channel::data_channel_init::RTCDataChannelInit;
 use webrtc::data_channel::data_channel_message::DataChannelMessage;
 use webrtc::ice::mdns::MulticastDnsMode;
 use webrtc::ice_transport::ice_candidate::RTCIceCandidate;
@@ -65,6 +66,7 @@ async fn answers_a_teleop_style_offer_and_serves_the_control_channel() {
         locations: Arc::new(std::sync::Mutex::new(LocationStore::in_memory(10))),
         settings: Arc::new(std::sync::Mutex::new(Settings::defaults(&limits))),
         base_limits: limits,
+        metrics: Arc::new(crate::session::Metrics::default()),
     };
     let (sig_tx, mut sig_rx) = mpsc::channel(64);
     let manager = PeerManager::new(
@@ -223,7 +225,7 @@ async fn answers_a_teleop_style_offer_and_serves_the_control_channel() {
         .validate(&caps)
         .expect("valid capabilities");
     assert_eq!(caps["type"], "agent.capabilities");
-    let ping = json!({"type": "agent.ping", "version": "0.5", "id": "p-1", "timestamp": "2026-01-06T12:00:00Z"});
+    let ping = json!({"type": "agent.ping", "version": "0.5", "id": "p-1", "timestamp": crate::testutil::rfc3339_ms(crate::testutil::client_now_ms())});
     control
         .send_text(ping.to_string())
         .await
@@ -239,6 +241,60 @@ async fn answers_a_teleop_style_offer_and_serves_the_control_channel() {
         .validate(&pong)
         .expect("valid pong");
     assert_eq!(pong["correlationId"], "p-1");
+
+    // Movement on a second, unordered, no-retransmit channel (as our SDK
+    // sends it) reaches the driver through the same session.
+    let motion = browser
+        .create_data_channel(
+            "motion",
+            Some(RTCDataChannelInit {
+                ordered: Some(false),
+                max_retransmits: Some(0),
+                ..Default::default()
+            }),
+        )
+        .await
+        .expect("motion channel");
+    let (open_tx, mut open_rx) = mpsc::channel::<()>(1);
+    motion.on_open(Box::new(move || {
+        Box::pin(async move {
+            let _ = open_tx.send(()).await;
+        })
+    }));
+    tokio::time::timeout(WAIT, open_rx.recv())
+        .await
+        .expect("motion channel opens");
+    let mut end = end;
+    let movement = json!({"type": "agent.movement", "version": "0.5", "id": "m-1",
+        "timestamp": crate::testutil::rfc3339_ms(crate::testutil::client_now_ms()),
+        "payload": {"forward": 1.0, "turn": 0.0}});
+    motion
+        .send_text(movement.to_string())
+        .await
+        .expect("send movement");
+    match tokio::time::timeout(WAIT, end.commands.recv())
+        .await
+        .expect("driver command in time")
+        .expect("command")
+    {
+        crate::driver::DriverCommand::Move { linear, .. } => assert_eq!(linear, 0.5),
+        other => panic!("unexpected {other:?}"),
+    }
+    // Closing that extra channel does not end the session.
+    motion.close().await.expect("close motion");
+    let ping = json!({"type": "agent.ping", "version": "0.5", "id": "p-2", "timestamp": crate::testutil::rfc3339_ms(crate::testutil::client_now_ms())});
+    control
+        .send_text(ping.to_string())
+        .await
+        .expect("send ping");
+    let pong: Value = serde_json::from_str(
+        &tokio::time::timeout(WAIT, msg_rx.recv())
+            .await
+            .expect("pong")
+            .expect("msg"),
+    )
+    .expect("json");
+    assert_eq!(pong["correlationId"], "p-2");
 
     // The browser leaves: the agent reports the session closed.
     browser.close().await.expect("close");
@@ -256,6 +312,7 @@ async fn a_broken_offer_is_reported_as_failed() {
         locations: Arc::new(std::sync::Mutex::new(LocationStore::in_memory(10))),
         settings: Arc::new(std::sync::Mutex::new(Settings::defaults(&limits))),
         base_limits: limits,
+        metrics: Arc::new(crate::session::Metrics::default()),
     };
     let (sig_tx, mut sig_rx) = mpsc::channel(8);
     let manager = PeerManager::new(

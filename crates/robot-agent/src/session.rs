@@ -6,18 +6,20 @@
 //! an `agent.error` with the spec's code. Messages that only a robot sends
 //! are refused as `UNSUPPORTED_MESSAGE_TYPE` when a client sends them.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use signalling_protocol::{
-    Agent, Body, ConfigUpdatePayload, Envelope, ErrorCode, Location, LocationOperation,
-    NavigationStatus, ProtocolError,
+    parse_legacy_movement, Agent, Body, ConfigUpdatePayload, Envelope, ErrorCode, Location,
+    LocationOperation, NavigationStatus, ProtocolError,
 };
 
 use crate::controller::{ControllerHandle, NavRefusal};
 use crate::locations::{LocationError, LocationStore};
 use crate::messages::{self, details};
+use crate::safety::freshness::{Decision, FreshnessConfig, MotionGate, Stale, Verdict};
 use crate::safety::{Refusal, Role};
 use crate::settings::{Settings, SettingsError, ESTOP_RESET_KEY};
 
@@ -29,6 +31,20 @@ pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
 const MESSAGE_RATE: f64 = 200.0;
 const MESSAGE_BURST: f64 = 400.0;
 
+/// Counters of the agent, for its log and for tests (the agent serves no
+/// HTTP, so these are its metrics).
+#[derive(Debug, Default)]
+pub struct Metrics {
+    /// Motion commands refused as stale (`agent.error` reason `stale`).
+    pub stale_commands: AtomicU64,
+}
+
+impl Metrics {
+    pub fn stale_commands(&self) -> u64 {
+        self.stale_commands.load(Ordering::Relaxed)
+    }
+}
+
 /// State shared by all sessions.
 #[derive(Clone)]
 pub struct Shared {
@@ -37,9 +53,19 @@ pub struct Shared {
     pub settings: Arc<Mutex<Settings>>,
     /// Safety values of the config file, the base `safety.*` applies to.
     pub base_limits: crate::safety::SafetyLimits,
+    pub metrics: Arc<Metrics>,
 }
 
-/// One data-channel session.
+/// A movement command on its way through the freshness gate.
+#[derive(Debug, Clone)]
+struct Move {
+    forward: f64,
+    turn: f64,
+    /// The request's id; the legacy form has none.
+    id: Option<String>,
+}
+
+/// One data-channel session (all of its data channels).
 pub struct Session {
     id: String,
     role: Role,
@@ -47,6 +73,11 @@ pub struct Session {
     budget: f64,
     budget_at: Option<tokio::time::Instant>,
     last_limit_error: Option<tokio::time::Instant>,
+    /// Freshness of this session's commands (per session: each client has
+    /// its own clock and its own path).
+    gate: MotionGate<Move>,
+    /// Stale commands since the last executed one: logs once per burst.
+    stale_run: u64,
 }
 
 impl Session {
@@ -58,7 +89,29 @@ impl Session {
             budget: MESSAGE_BURST,
             budget_at: None,
             last_limit_error: None,
+            gate: MotionGate::new(now()),
+            stale_run: 0,
         }
+    }
+
+    /// When [`Session::on_deadline`] must run (a held command's burst
+    /// settles).
+    pub fn deadline(&self) -> Option<tokio::time::Instant> {
+        self.gate.deadline().map(tokio::time::Instant::from_std)
+    }
+
+    /// Ends a settled burst: its newest command runs if still fresh.
+    pub async fn on_deadline(&mut self) -> Vec<Envelope> {
+        let cfg = self.freshness();
+        match self.gate.poll(&cfg, now()) {
+            Some(decision) => self.decide(decision).await.into_iter().collect(),
+            None => Vec::new(),
+        }
+    }
+
+    /// Stale commands refused so far, in this session.
+    pub fn stale_run(&self) -> u64 {
+        self.stale_run
     }
 
     pub fn id(&self) -> &str {
@@ -83,11 +136,27 @@ impl Session {
                 raw_id(text).as_deref(),
             )];
         }
+        let now = now();
+        // The Modulr web app's legacy form: no envelope, no timestamp.
+        if let Some(legacy) = parse_legacy_movement(text) {
+            return match legacy {
+                Ok(m) => {
+                    let command = Move {
+                        forward: m.forward,
+                        turn: m.turn,
+                        id: None,
+                    };
+                    self.movement(now, None, command).await
+                }
+                Err(e) => vec![protocol_error(&e, None)],
+            };
+        }
         let envelope = match Envelope::parse(text) {
             Ok(e) => e,
             Err(e) => return vec![protocol_error(&e, raw_id(text).as_deref())],
         };
         let id = envelope.id.clone();
+        let sent = envelope.sent_at_unix_ms();
         let body = match envelope.body() {
             Ok(body) => body,
             Err(e) => return vec![protocol_error(&e, Some(&id))],
@@ -106,10 +175,23 @@ impl Session {
                 )]
             }
         };
-        self.dispatch(agent, &id).await.into_iter().collect()
+        if let Agent::Movement(m) = agent {
+            let command = Move {
+                forward: m.forward,
+                turn: m.turn,
+                id: Some(id),
+            };
+            return self.movement(now, sent, command).await;
+        }
+        // Every other message teaches the clock estimator too.
+        let verdict = self.gate.observe(&self.freshness(), now, sent);
+        self.dispatch(agent, &id, verdict)
+            .await
+            .into_iter()
+            .collect()
     }
 
-    async fn dispatch(&mut self, message: Agent, id: &str) -> Option<Envelope> {
+    async fn dispatch(&mut self, message: Agent, id: &str, verdict: Verdict) -> Option<Envelope> {
         match message {
             Agent::Ping => Some(messages::pong(id)),
             Agent::Capabilities(caps) => {
@@ -134,7 +216,8 @@ impl Session {
                 tracing::debug!(session = %self.id, code = %e.code, message = %e.message, "client reported an error");
                 None
             }
-            Agent::Movement(m) => self.movement(m.forward, m.turn, id).await,
+            // Handled before dispatch (it goes through the freshness gate).
+            Agent::Movement(_) => None,
             Agent::LocationCreate(l) => {
                 Some(self.location_change(LocationOperation::Create, l, id))
             }
@@ -150,13 +233,29 @@ impl Session {
                     id,
                 ))
             }
-            Agent::NavigationStart(start) => self.navigation_start(&start.name, id).await,
+            Agent::NavigationStart(start) => {
+                if let (true, Verdict::Stale(why)) = (self.role.may_drive(), verdict) {
+                    return Some(self.stale(id_of(id), why));
+                }
+                self.navigation_start(&start.name, id).await
+            }
             Agent::NavigationCancel => Some(self.navigation_cancel(id).await),
             Agent::ConfigGet => {
                 let config = lock(&self.shared.settings).snapshot();
                 Some(messages::config_get_response(config, id))
             }
-            Agent::ConfigUpdate(update) => Some(self.config_update(update, id).await),
+            Agent::ConfigUpdate(update) => {
+                // Releasing a latched e-stop starts motion again: only on a
+                // fresh request, like a movement.
+                if let (true, true, Verdict::Stale(why)) = (
+                    self.role.may_drive(),
+                    update.key == ESTOP_RESET_KEY,
+                    verdict,
+                ) {
+                    return Some(self.stale(id_of(id), why));
+                }
+                Some(self.config_update(update, id).await)
+            }
             Agent::LocationResponse(_)
             | Agent::NavigationResponse(_)
             | Agent::ConfigResponse(_)
@@ -169,13 +268,79 @@ impl Session {
         }
     }
 
-    async fn movement(&mut self, forward: f64, turn: f64, id: &str) -> Option<Envelope> {
-        let result = self
-            .shared
-            .controller
-            .movement(&self.id, self.role, forward, turn)
-            .await;
-        result.err().map(|refusal| refusal_error(&refusal, id))
+    /// The current freshness parameters (`safety.watchdog_ms` may change
+    /// at run time).
+    fn freshness(&self) -> FreshnessConfig {
+        lock(&self.shared.settings)
+            .safety_limits(&self.shared.base_limits)
+            .freshness()
+    }
+
+    async fn movement(&mut self, now: Instant, sent: Option<i64>, command: Move) -> Vec<Envelope> {
+        if !self.role.may_drive() {
+            // Said plainly, rather than judging the age of a command that
+            // may not run anyway.
+            let refusal = Refusal::Forbidden(self.role.as_str());
+            return vec![refusal_error(&refusal, command.id.as_deref())];
+        }
+        let cfg = self.freshness();
+        let outcome = self.gate.movement(&cfg, now, sent, command);
+        let mut replies = Vec::new();
+        if let Some(old) = outcome.superseded {
+            replies.push(self.stale(old.id, Stale::Superseded));
+        }
+        replies.extend(self.decide(outcome.decision).await);
+        replies
+    }
+
+    async fn decide(&mut self, decision: Decision<Move>) -> Option<Envelope> {
+        match decision {
+            Decision::Execute(command) => {
+                if self.stale_run > 0 {
+                    tracing::info!(session = %self.id, dropped = self.stale_run, "fresh command: motion allowed again");
+                    self.stale_run = 0;
+                }
+                let result = self
+                    .shared
+                    .controller
+                    .movement(&self.id, self.role, command.forward, command.turn)
+                    .await;
+                result
+                    .err()
+                    .map(|refusal| refusal_error(&refusal, command.id.as_deref()))
+            }
+            Decision::Hold => None,
+            Decision::Drop(command, why) => Some(self.stale(command.id, why)),
+        }
+    }
+
+    /// Refuses a stale command: counted, logged once per burst, answered.
+    fn stale(&mut self, id: Option<String>, why: Stale) -> Envelope {
+        self.shared
+            .metrics
+            .stale_commands
+            .fetch_add(1, Ordering::Relaxed);
+        if self.stale_run == 0 {
+            tracing::warn!(
+                session = %self.id,
+                cause = why.cause(),
+                detail = ?why,
+                "stale command refused (logged once per burst; all are counted)"
+            );
+        }
+        self.stale_run += 1;
+        messages::error(
+            ErrorCode::MovementFailed,
+            format!(
+                "stale command refused ({}): it would act on an old intent",
+                why.cause()
+            ),
+            Some(details(
+                "stale",
+                &[("cause", Value::String(why.cause().into()))],
+            )),
+            id.as_deref(),
+        )
     }
 
     /// The refusal for a viewer trying to change robot state, if it is one.
@@ -275,7 +440,7 @@ impl Session {
             }
             return match self.shared.controller.reset_estop(self.role).await {
                 Ok(_) => messages::config_response(ESTOP_RESET_KEY, false, id),
-                Err(refusal) => refusal_error(&refusal, id),
+                Err(refusal) => refusal_error(&refusal, Some(id)),
             };
         }
         let result = lock(&self.shared.settings).update(&update.key, update.value);
@@ -347,6 +512,15 @@ impl Session {
     }
 }
 
+/// The session's clock: tokio's, so tests with paused time drive it too.
+fn now() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
+
+fn id_of(id: &str) -> Option<String> {
+    Some(id.to_owned())
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // A panic while holding the lock cannot leave these stores half-updated
     // (every change is applied after it is persisted), so poison is ignored.
@@ -357,7 +531,7 @@ fn protocol_error(e: &ProtocolError, correlation: Option<&str>) -> Envelope {
     messages::error(e.code(), e.to_string(), None, correlation)
 }
 
-fn refusal_error(refusal: &Refusal, id: &str) -> Envelope {
+fn refusal_error(refusal: &Refusal, id: Option<&str>) -> Envelope {
     let mut extra = Vec::new();
     if let Refusal::EmergencyStop(_) = refusal {
         extra.push(("latched", Value::Bool(true)));
@@ -366,13 +540,13 @@ fn refusal_error(refusal: &Refusal, id: &str) -> Envelope {
         ErrorCode::MovementFailed,
         refusal.to_string(),
         Some(details(refusal.reason(), &extra)),
-        Some(id),
+        id,
     )
 }
 
 fn nav_error(refusal: &NavRefusal, id: &str) -> Envelope {
     match refusal {
-        NavRefusal::Refused(r) => refusal_error(r, id),
+        NavRefusal::Refused(r) => refusal_error(r, Some(id)),
         NavRefusal::AlreadyActive(name) => messages::error(
             ErrorCode::NavigationAlreadyActive,
             refusal.to_string(),

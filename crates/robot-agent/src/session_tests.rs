@@ -7,17 +7,27 @@ use tokio::sync::mpsc;
 use super::*;
 use crate::controller;
 use crate::driver::{sim, DriverCommand, DriverEnd, DriverEvent, DriverHandle};
-use crate::safety::SafetyLimits;
-use crate::testutil::{validated, WAIT};
+use crate::safety::{SafetyLimits, StopReason};
+use crate::testutil::{client_now_ms, rfc3339_ms, validated, WAIT};
 
-/// A client message, as a browser would send it.
+/// A client message, as a browser would send it, stamped now.
 fn msg(kind: &str, payload: Option<Value>, correlation: Option<&str>) -> (String, String) {
+    msg_sent(client_now_ms(), kind, payload, correlation)
+}
+
+/// A client message stamped `sent_ms` (client Unix ms).
+fn msg_sent(
+    sent_ms: i64,
+    kind: &str,
+    payload: Option<Value>,
+    correlation: Option<&str>,
+) -> (String, String) {
     let id = uuid::Uuid::new_v4().to_string();
     let mut m = json!({
         "type": kind,
         "version": "0.5",
         "id": id,
-        "timestamp": "2026-01-06T12:00:00Z",
+        "timestamp": rfc3339_ms(sent_ms),
     });
     if let Some(p) = payload {
         m["payload"] = p;
@@ -44,6 +54,7 @@ async fn rig_with(driver: DriverHandle, end: Option<DriverEnd>) -> Rig {
         locations: Arc::new(Mutex::new(LocationStore::in_memory(3))),
         settings: Arc::new(Mutex::new(Settings::defaults(&limits))),
         base_limits: limits,
+        metrics: Arc::new(crate::session::Metrics::default()),
     };
     Rig {
         shared,
@@ -85,15 +96,27 @@ async fn session(r: &Rig, id: &str, role: Role) -> Session {
     Session::new(id, role, r.shared.clone())
 }
 
+/// Sends one message and returns every reply, including those of a held
+/// movement once its burst has settled (the session task's timer, run
+/// here by the test).
+async fn replies(s: &mut Session, text: &str) -> Vec<Envelope> {
+    let mut replies = s.handle_text(text).await;
+    while let Some(deadline) = s.deadline() {
+        tokio::time::sleep_until(deadline).await;
+        replies.extend(s.on_deadline().await);
+    }
+    replies
+}
+
 /// Sends one message and returns the single validated reply.
 async fn one(s: &mut Session, text: &str) -> Value {
-    let replies = s.handle_text(text).await;
+    let replies = replies(s, text).await;
     assert_eq!(replies.len(), 1, "expected one reply, got {replies:?}");
     validated(&replies[0])
 }
 
 async fn none(s: &mut Session, text: &str) {
-    let replies = s.handle_text(text).await;
+    let replies = replies(s, text).await;
     assert!(replies.is_empty(), "expected no reply, got {replies:?}");
 }
 
@@ -630,4 +653,180 @@ async fn floods_are_limited() {
     }
     assert_eq!(pongs, MESSAGE_BURST as usize);
     assert_eq!(errors, 1, "one error per second at most");
+}
+
+fn movement(sent_ms: i64) -> (String, String) {
+    msg_sent(
+        sent_ms,
+        "agent.movement",
+        Some(json!({"forward": 0.5, "turn": 0})),
+        None,
+    )
+}
+
+fn assert_stale(reply: &Value, correlation: Option<&str>, cause: &str) {
+    assert_error(reply, "MOVEMENT_FAILED", correlation);
+    assert_eq!(reply["payload"]["details"]["reason"], "stale", "{reply}");
+    assert_eq!(reply["payload"]["details"]["cause"], cause, "{reply}");
+}
+
+async fn expect_move(r: &mut Rig) {
+    match driver_command(r).await {
+        DriverCommand::Move { linear, .. } => assert_eq!(linear, 0.25),
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn stale_movement_is_refused_counted_and_fresh_motion_resumes() {
+    let mut r = rig().await;
+    let mut op = session(&r, "op", Role::Operator).await;
+    let step = Duration::from_millis(100);
+    for _ in 0..5 {
+        let (text, _) = movement(client_now_ms());
+        none(&mut op, &text).await;
+        expect_move(&mut r).await;
+        tokio::time::advance(step).await;
+    }
+    // Queued during an outage: sent 2 s ago, delivered now.
+    let (text, id) = movement(client_now_ms() - 2_000);
+    assert_stale(&one(&mut op, &text).await, Some(&id), "late");
+    // A timestamp from the future beyond the tolerance.
+    let (text, id) = movement(client_now_ms() + 5_000);
+    assert_stale(&one(&mut op, &text).await, Some(&id), "future");
+    assert_eq!(r.shared.metrics.stale_commands(), 2);
+    assert_eq!(op.stale_run(), 2);
+    // A fresh command drives again.
+    let (text, _) = movement(client_now_ms());
+    none(&mut op, &text).await;
+    expect_move(&mut r).await;
+    assert_eq!(op.stale_run(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn burst_after_silence_runs_only_its_newest() {
+    let mut r = rig().await;
+    let mut op = session(&r, "op", Role::Operator).await;
+    let (text, _) = movement(client_now_ms());
+    none(&mut op, &text).await;
+    expect_move(&mut r).await;
+    // One second of silence, then three queued commands at once; the two
+    // older are superseded, the newest (sent 50 ms ago) runs.
+    tokio::time::advance(Duration::from_secs(1)).await;
+    match driver_command(&mut r).await {
+        DriverCommand::Stop { reason } => assert_eq!(reason, StopReason::Watchdog),
+        other => panic!("unexpected {other:?}"),
+    }
+    let now = client_now_ms();
+    let (a, a_id) = movement(now - 250);
+    let (b, b_id) = movement(now - 150);
+    let (c, _) = movement(now - 50);
+    assert!(op.handle_text(&a).await.is_empty());
+    let superseded = op.handle_text(&b).await;
+    assert_stale(&validated(&superseded[0]), Some(&a_id), "superseded");
+    let superseded = op.handle_text(&c).await;
+    assert_stale(&validated(&superseded[0]), Some(&b_id), "superseded");
+    let deadline = op.deadline().expect("the newest is held");
+    tokio::time::sleep_until(deadline).await;
+    assert!(op.on_deadline().await.is_empty());
+    expect_move(&mut r).await;
+    assert_eq!(r.shared.metrics.stale_commands(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn legacy_movement_command_drives_on_a_steady_stream_only() {
+    let mut r = rig().await;
+    let mut op = session(&r, "op", Role::Operator).await;
+    let legacy = r#"{"type":"MovementCommand","params":{"forward":0.5,"turn":0}}"#;
+    // The first two after a silence only prove the stream is live.
+    for _ in 0..2 {
+        let reply = one(&mut op, legacy).await;
+        assert_stale(&reply, None, "not_steady");
+        tokio::time::advance(Duration::from_millis(100)).await;
+    }
+    none(&mut op, legacy).await;
+    expect_move(&mut r).await;
+    tokio::time::advance(Duration::from_millis(100)).await;
+    none(&mut op, legacy).await;
+    expect_move(&mut r).await;
+
+    // An outage, then its backlog released back to back: none runs.
+    tokio::time::advance(Duration::from_secs(5)).await;
+    for _ in 0..30 {
+        assert_stale(&one(&mut op, legacy).await, None, "not_steady");
+    }
+    let bad = r#"{"type":"MovementCommand","params":{"forward":3,"turn":0}}"#;
+    assert_error(&one(&mut op, bad).await, "INVALID_PAYLOAD", None);
+    // Viewers may not drive in the legacy form either.
+    let mut viewer = session(&r, "v", Role::Viewer).await;
+    let refused = one(&mut viewer, legacy).await;
+    assert_eq!(refused["payload"]["details"]["reason"], "forbidden");
+}
+
+#[tokio::test(start_paused = true)]
+async fn stale_navigation_start_and_estop_reset_are_refused() {
+    let mut r = rig().await;
+    let mut op = session(&r, "op", Role::Operator).await;
+    let (text, _) = msg(
+        "agent.location.create",
+        Some(json!({"name": "desk", "position": {"x": 0.5, "y": 0.5}})),
+        None,
+    );
+    one(&mut op, &text).await;
+    tokio::time::advance(Duration::from_millis(100)).await;
+
+    let (text, id) = msg_sent(
+        client_now_ms() - 3_000,
+        "agent.navigation.start",
+        Some(json!({"name": "desk"})),
+        None,
+    );
+    assert_stale(&one(&mut op, &text).await, Some(&id), "late");
+
+    r.driver
+        .as_ref()
+        .expect("driver")
+        .events
+        .send(DriverEvent::EmergencyStop {
+            reason: "button".into(),
+        })
+        .await
+        .expect("event");
+    // The e-stop is honoured at once, whatever else is going on.
+    match driver_command(&mut r).await {
+        DriverCommand::Stop { reason } => assert_eq!(reason, StopReason::EmergencyStop),
+        other => panic!("unexpected {other:?}"),
+    }
+    let note = async_message(&mut r).await;
+    assert_eq!(note["payload"]["details"]["reason"], "emergency_stop");
+
+    let (text, id) = msg_sent(
+        client_now_ms() - 3_000,
+        "agent.config.update",
+        Some(json!({"key": ESTOP_RESET_KEY, "value": true})),
+        Some("c"),
+    );
+    assert_stale(&one(&mut op, &text).await, Some(&id), "late");
+    assert!(r
+        .shared
+        .controller
+        .status()
+        .await
+        .expect("status")
+        .estop
+        .is_some());
+    let (text, _) = msg(
+        "agent.config.update",
+        Some(json!({"key": ESTOP_RESET_KEY, "value": true})),
+        Some("c"),
+    );
+    assert_eq!(one(&mut op, &text).await["type"], "agent.config.response");
+    assert!(r
+        .shared
+        .controller
+        .status()
+        .await
+        .expect("status")
+        .estop
+        .is_none());
 }

@@ -2,6 +2,12 @@
 //! proves the robot's identity (signs the PKI challenge), and then relays
 //! session messages between the server and the peer manager.
 //!
+//! It registers as soon as the socket opens, asking for a welcome
+//! (`register.metadata.wantsWelcome`): servers send one after
+//! `pki_verified` to robots that ask, older ones at open; either way the
+//! login does not wait for it, and every welcome's ICE servers (TURN
+//! credentials) are taken whenever it arrives.
+//!
 //! It reconnects forever with exponential backoff and jitter, and registers
 //! again after every reconnect. The peer manager is told when the robot goes
 //! online (with the ICE servers to use) and when the connection is lost.
@@ -17,7 +23,7 @@ use ring::rand::{SecureRandom, SystemRandom};
 use serde_json::{Map, Value};
 use signalling_protocol::{
     Body, Envelope, IceCandidatePayload, IceServer, PkiResponsePayload, RegisterPayload,
-    Signalling, PROTOCOL_VERSION,
+    SessionMeta, Signalling, PROTOCOL_VERSION,
 };
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Message;
@@ -225,30 +231,12 @@ async fn connection(
     .map_err(|_| SignallingError::Timeout("the connection"))?
     .map_err(|e| SignallingError::Connect(e.to_string()))?;
 
-    let welcome = expect(&mut ws, "signalling.welcome").await?;
-    let mut ice_servers = match welcome {
-        Signalling::Welcome(w) => w.ice_servers.unwrap_or_default(),
-        _ => Vec::new(),
-    };
-
-    let mut metadata = Map::new();
-    metadata.insert(
-        "agentVersion".into(),
-        Value::String(env!("CARGO_PKG_VERSION").into()),
-    );
-    if let Some(chain) = &options.certificate {
-        metadata.insert("certificate".into(), Value::String(chain.clone()));
-    }
-    let register = Envelope::from_body(
-        Signalling::Register(RegisterPayload {
-            agent_id: options.robot_id.clone(),
-            capabilities: None,
-            metadata: Some(metadata),
-        }),
-        PROTOCOL_VERSION,
-    );
+    // Register at once: a server may greet a token-less socket with a
+    // welcome (older servers) or not until it is asked to (issue 15), so
+    // the login never waits for one. A welcome is taken whenever it comes.
+    let mut ice_servers = Vec::new();
+    let register = register_message(options);
     send(&mut ws, &register).await?;
-
     // The challenge: sign the decoded bytes, answer with its id.
     let (challenge_id, challenge) = loop {
         let envelope = next_envelope(&mut ws, "the PKI challenge").await?;
@@ -259,6 +247,9 @@ async fn connection(
                     code: e.code.to_string(),
                     message: e.message,
                 })
+            }
+            Ok(Body::Signalling(Signalling::Welcome(w))) => {
+                ice_servers = w.ice_servers.unwrap_or_default()
             }
             _ => tracing::debug!(kind = %envelope.kind, "ignored before the challenge"),
         }
@@ -333,6 +324,34 @@ async fn connection(
     }
 }
 
+/// Key of `register.metadata` asking the server for a `signalling.welcome`
+/// after `pki_verified` (servers no longer greet token-less sockets
+/// unasked); the agent needs the TURN credentials it carries.
+pub const WANTS_WELCOME_KEY: &str = "wantsWelcome";
+
+/// `signalling.register`: our id, and metadata merged from the agent's
+/// version, the welcome request and, with X.509 identity, the certificate
+/// chain.
+fn register_message(options: &SignallingOptions) -> Envelope {
+    let mut metadata = Map::new();
+    metadata.insert(
+        "agentVersion".into(),
+        Value::String(env!("CARGO_PKG_VERSION").into()),
+    );
+    metadata.insert(WANTS_WELCOME_KEY.into(), Value::Bool(true));
+    if let Some(chain) = &options.certificate {
+        metadata.insert("certificate".into(), Value::String(chain.clone()));
+    }
+    Envelope::from_body(
+        Signalling::Register(RegisterPayload {
+            agent_id: options.robot_id.clone(),
+            capabilities: None,
+            metadata: Some(metadata),
+        }),
+        PROTOCOL_VERSION,
+    )
+}
+
 /// Turns a server message into an event for the peer manager.
 async fn dispatch(text: &str, ws: &mut Socket) -> Result<Option<Inbound>, SignallingError> {
     let envelope = match Envelope::parse(text) {
@@ -352,16 +371,10 @@ async fn dispatch(text: &str, ws: &mut Socket) -> Result<Option<Inbound>, Signal
     };
     Ok(match body {
         Signalling::Offer(offer) => {
-            let session = envelope
-                .meta
-                .as_ref()
-                .and_then(|m| m.get("session"))
-                .and_then(Value::as_object);
-            let role = Role::parse(session.and_then(|s| s.get("role")).and_then(Value::as_str));
-            let subject = session
-                .and_then(|s| s.get("subject"))
-                .and_then(Value::as_str)
-                .map(str::to_owned);
+            // Least privilege unless the server vouched for more.
+            let session = SessionMeta::from_meta(envelope.meta.as_ref());
+            let role = session.as_ref().map_or(Role::Viewer, |s| s.role);
+            let subject = session.map(|s| s.subject);
             Some(Inbound::Offer {
                 session: offer.connection_id,
                 sdp: offer.sdp,
@@ -408,17 +421,6 @@ async fn next_envelope(ws: &mut Socket, what: &'static str) -> Result<Envelope, 
                 Err(e) => tracing::warn!(error = %e, "unreadable message from the server"),
             },
             Some(Ok(_)) => {}
-        }
-    }
-}
-
-async fn expect(ws: &mut Socket, kind: &'static str) -> Result<Signalling, SignallingError> {
-    loop {
-        let envelope = next_envelope(ws, kind).await?;
-        if envelope.kind == kind {
-            if let Ok(Body::Signalling(s)) = envelope.body() {
-                return Ok(s);
-            }
         }
     }
 }

@@ -269,6 +269,7 @@ async fn refused_logins_are_retried() {
     .expect("send");
     let register = recv(&mut ws).await;
     assert!(register["payload"]["metadata"].get("certificate").is_none());
+    assert_eq!(register["payload"]["metadata"]["wantsWelcome"], true);
     ws.send(server_message(
         "signalling.error",
         Some(json!({"code": "UNAUTHORIZED", "message": "unknown robot"})),
@@ -283,4 +284,120 @@ async fn refused_logins_are_retried() {
         next_inbound(&mut in_rx).await,
         Inbound::Online { .. }
     ));
+}
+
+/// A server that greets token-less sockets only when asked: the agent
+/// registers without waiting for a welcome, declares it wants one (merged
+/// with its certificate chain), and takes the TURN servers of the welcome
+/// that follows `pki_verified`.
+#[tokio::test]
+async fn registers_without_a_welcome_and_asks_for_one() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let key = Arc::new(RobotKey::generate(KeyType::Ed25519).expect("key"));
+    let options = SignallingOptions {
+        url: format!("ws://{}/ws", listener.local_addr().expect("addr")),
+        robot_id: "robot-1".into(),
+        key: key.clone(),
+        certificate: Some("-----BEGIN CERTIFICATE-----\nMA==\n-----END CERTIFICATE-----\n".into()),
+        reconnect: ReconnectConfig {
+            initial_delay_ms: 10,
+            max_delay_ms: 20,
+        },
+        ca_file: None,
+    };
+    let (in_tx, mut in_rx) = mpsc::channel(16);
+    let _out = spawn(options, in_tx);
+    let mut ws = accept(&listener).await;
+    // No welcome is sent: the register comes anyway.
+    let register = recv(&mut ws).await;
+    assert_eq!(register["type"], "signalling.register");
+    let metadata = &register["payload"]["metadata"];
+    assert_eq!(metadata["wantsWelcome"], true);
+    assert!(metadata["certificate"]
+        .as_str()
+        .is_some_and(|c| c.contains("BEGIN CERTIFICATE")));
+    let challenge = server_message(
+        "signalling.pki_challenge",
+        Some(json!({"challenge": STANDARD.encode([1u8; 32])})),
+        None,
+    );
+    ws.send(challenge).await.expect("send");
+    let response = recv(&mut ws).await;
+    assert_eq!(response["type"], "signalling.pki_response");
+    ws.send(server_message(
+        "signalling.pki_verified",
+        Some(json!({"agentId": "robot-1"})),
+        response["id"].as_str(),
+    ))
+    .await
+    .expect("send");
+    ws.send(server_message(
+        "signalling.welcome",
+        Some(json!({"connectionId": "c1", "iceServers": [{"urls": ["turn:127.0.0.1:3478"], "username": "u", "credential": "p"}]})),
+        None,
+    ))
+    .await
+    .expect("send");
+    assert_eq!(
+        next_inbound(&mut in_rx).await,
+        Inbound::Online {
+            ice_servers: vec![]
+        }
+    );
+    match next_inbound(&mut in_rx).await {
+        Inbound::IceServers(servers) => {
+            assert_eq!(servers[0].urls, vec!["turn:127.0.0.1:3478".to_owned()]);
+            assert_eq!(servers[0].credential.as_deref(), Some("p"));
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+/// An older server's welcome at open, even one arriving between the
+/// register and the challenge, is still used.
+#[tokio::test]
+async fn a_welcome_at_open_is_still_used() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let key = Arc::new(RobotKey::generate(KeyType::Ed25519).expect("key"));
+    let options = SignallingOptions {
+        url: format!("ws://{}/ws", listener.local_addr().expect("addr")),
+        robot_id: "robot-1".into(),
+        key: key.clone(),
+        certificate: None,
+        reconnect: ReconnectConfig::default(),
+        ca_file: None,
+    };
+    let (in_tx, mut in_rx) = mpsc::channel(16);
+    let _out = spawn(options, in_tx);
+    let mut ws = accept(&listener).await;
+    let register = recv(&mut ws).await;
+    assert_eq!(register["type"], "signalling.register");
+    ws.send(server_message(
+        "signalling.welcome",
+        Some(json!({"connectionId": "c1", "iceServers": [{"urls": ["stun:127.0.0.1:3478"]}]})),
+        None,
+    ))
+    .await
+    .expect("send");
+    ws.send(server_message(
+        "signalling.pki_challenge",
+        Some(json!({"challenge": STANDARD.encode([2u8; 32])})),
+        None,
+    ))
+    .await
+    .expect("send");
+    let response = recv(&mut ws).await;
+    ws.send(server_message(
+        "signalling.pki_verified",
+        Some(json!({"agentId": "robot-1"})),
+        response["id"].as_str(),
+    ))
+    .await
+    .expect("send");
+    match next_inbound(&mut in_rx).await {
+        Inbound::Online { ice_servers } => {
+            assert_eq!(ice_servers[0].urls, vec!["stun:127.0.0.1:3478".to_owned()]);
+        }
+        other => panic!("unexpected {other:?}"),
+    }
 }

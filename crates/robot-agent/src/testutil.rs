@@ -1,6 +1,7 @@
 //! Helpers shared by the unit tests.
 
 use std::path::PathBuf;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -27,4 +28,24 @@ pub fn validated(envelope: &Envelope) -> Value {
         panic!("agent sent a message that breaks the spec: {e}\n{value}");
     }
     value
+}
+
+/// A client's wall clock that runs with tokio's clock (paused or not), so a
+/// test's messages keep a constant lag unless the test shifts them; reads
+/// an arbitrary 2026 date at the first call.
+pub fn client_now_ms() -> i64 {
+    static ORIGIN: OnceLock<std::time::Instant> = OnceLock::new();
+    let origin = *ORIGIN.get_or_init(|| tokio::time::Instant::now().into_std());
+    let elapsed = tokio::time::Instant::now()
+        .into_std()
+        .saturating_duration_since(origin);
+    1_767_000_000_000 + i64::try_from(elapsed.as_millis()).expect("test runs for less than ages")
+}
+
+/// RFC 3339 text of a client time in Unix milliseconds.
+pub fn rfc3339_ms(ms: i64) -> String {
+    let at = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+        .expect("in range");
+    at.format(&time::format_description::well_known::Rfc3339)
+        .expect("formats")
 }

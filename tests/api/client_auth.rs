@@ -1,10 +1,8 @@
 //! Client login at the upgrade: opaque tokens and JWTs (HS256, ES256 via JWKS file or URL).
 
-mod common;
-
+use crate::helpers::*;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
-use common::*;
 use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 use ring::rand::SystemRandom;
 use ring::signature::{EcdsaKeyPair, KeyPair, ECDSA_P256_SHA256_FIXED_SIGNING};
@@ -119,8 +117,7 @@ async fn revoking_a_token_closes_its_connections() {
         )
         .await;
     assert_eq!(status, 204);
-    let close = socket.expect_close().await.expect("close frame");
-    assert_eq!(u16::from(close.code), 4003);
+    socket.expect_close_with(4003).await;
     assert_eq!(
         upgrade_status(&format!(
             "{}?token={}",
@@ -365,5 +362,5 @@ async fn a_jwt_connection_closes_when_the_jwt_expires() {
     let mut socket = WsClient::connect_with_token(&server.ws_url(), &token).await;
     let error = socket.expect_error("UNAUTHORIZED").await;
     assert_eq!(error["payload"]["details"]["reason"], "token_expired");
-    socket.expect_close().await;
+    socket.expect_close_with(1008).await;
 }

@@ -1,17 +1,13 @@
 //! Robot identity with X.509: fleet CA trust, just-in-time registration, CSR enrollment,
 //! revocation by serial and by CRL. Certificates are made here with rcgen.
 
-mod common;
-
-use base64::engine::general_purpose::STANDARD;
-use base64::Engine;
-use common::*;
+use crate::helpers::*;
 use rcgen::{
     BasicConstraints, CertificateParams, CertificateRevocationListParams, DistinguishedName,
     DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyIdMethod, KeyPair, KeyUsagePurpose,
     RevocationReason, RevokedCertParams, SerialNumber, SignatureAlgorithm,
 };
-use serde_json::{json, Value};
+use serde_json::json;
 use time::{Duration, OffsetDateTime};
 
 struct Ca {
@@ -121,44 +117,6 @@ async fn fleet_server(ca: &Ca, auto_register: bool) -> TestServer {
     .await
 }
 
-fn register_with(robot_id: &str, chain: &str) -> Value {
-    envelope(
-        "signalling.register",
-        Some(json!({"agentId": robot_id, "metadata": {"certificate": chain, "model": "MR-5000"}})),
-    )
-}
-
-/// Registers with a chain and signs the challenge with `key` (rcgen's signature format:
-/// raw for Ed25519, ASN.1 DER for ECDSA).
-async fn login(
-    server: &TestServer,
-    robot_id: &str,
-    chain: &str,
-    key: &KeyPair,
-) -> (WsClient, Value) {
-    let mut robot = WsClient::connect(&server.ws_url()).await;
-    robot.send(&register_with(robot_id, chain)).await;
-    let reply = robot.recv().await;
-    if reply["type"] != "signalling.pki_challenge" {
-        return (robot, reply);
-    }
-    let bytes = STANDARD
-        .decode(reply["payload"]["challenge"].as_str().unwrap())
-        .unwrap();
-    let signature = rcgen::SigningKey::sign(key, &bytes).unwrap();
-    robot
-        .send(&pki_response(&reply, &STANDARD.encode(signature)))
-        .await;
-    let answer = robot.recv().await;
-    (robot, answer)
-}
-
-fn assert_refused(reply: &Value, reason: &str) {
-    assert_eq!(reply["type"], "signalling.error", "{reply}");
-    assert_eq!(reply["payload"]["code"], "UNAUTHORIZED", "{reply}");
-    assert_eq!(reply["payload"]["details"]["reason"], reason, "{reply}");
-}
-
 #[tokio::test]
 async fn each_key_type_logs_in_with_a_fleet_certificate() {
     let ca = Ca::root("Fleet Root");
@@ -171,11 +129,9 @@ async fn each_key_type_logs_in_with_a_fleet_certificate() {
     for (serial, (robot_id, algorithm)) in algorithms.into_iter().enumerate() {
         let key = KeyPair::generate_for(algorithm).unwrap();
         let chain = ca.leaf(robot_id, &key, 100 + serial as u64, |_| {});
-        let (_robot, reply) = login(&server, robot_id, &chain, &key).await;
-        assert_eq!(
-            reply["type"], "signalling.pki_verified",
-            "{robot_id}: {reply}"
-        );
+        let _robot = server
+            .robot_login(robot_id, &Certified::new(&chain, &key))
+            .await;
         let (_, record) = server
             .admin(
                 reqwest::Method::GET,
@@ -200,21 +156,11 @@ async fn raw_r_s_ecdsa_signatures_are_accepted() {
         EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, pkcs8.as_ref(), &rng).unwrap();
     let key = KeyPair::try_from(pkcs8.as_ref()).unwrap();
     let chain = ca.leaf("robot-rs", &key, 7, |_| {});
-    let mut robot = WsClient::connect(&server.ws_url()).await;
-    robot.send(&register_with("robot-rs", &chain)).await;
-    let challenge = robot.recv_type("signalling.pki_challenge").await;
-    let bytes = STANDARD
-        .decode(challenge["payload"]["challenge"].as_str().unwrap())
-        .unwrap();
-    let signature = signer.sign(&rng, &bytes).unwrap();
-    assert_eq!(signature.as_ref().len(), 64);
-    robot
-        .send(&pki_response(
-            &challenge,
-            &STANDARD.encode(signature.as_ref()),
-        ))
+    // Fixed-width r‖s, not ASN.1 DER: 32 + 32 bytes for P-256.
+    assert_eq!(signer.sign_challenge(b"anything").len(), 64);
+    server
+        .robot_login("robot-rs", &Certified::new(&chain, &signer))
         .await;
-    robot.recv_type("signalling.pki_verified").await;
 }
 
 #[tokio::test]
@@ -228,12 +174,15 @@ async fn leaf_plus_intermediate_chain() {
         intermediate.leaf("robot-1", &key, 1, |_| {}),
         intermediate.pem
     );
-    let (_robot, reply) = login(&server, "robot-1", &chain, &key).await;
-    assert_eq!(reply["type"], "signalling.pki_verified", "{reply}");
+    server
+        .robot_login("robot-1", &Certified::new(&chain, &key))
+        .await;
     // Without the intermediate, the leaf does not chain to the anchor.
     let key = KeyPair::generate().unwrap();
     let lone_leaf = intermediate.leaf("robot-2", &key, 2, |_| {});
-    let (_robot, reply) = login(&server, "robot-2", &lone_leaf, &key).await;
+    let (_robot, reply) = server
+        .robot_attempt("robot-2", &Certified::new(&lone_leaf, &key))
+        .await;
     assert_refused(&reply, "untrusted");
 }
 
@@ -277,9 +226,11 @@ async fn bad_certificates_are_refused_with_a_reason() {
         ("not even PEM".into(), "malformed"),
     ];
     for (chain, reason) in cases {
-        let (mut robot, reply) = login(&server, "robot-x", &chain, &key).await;
+        let (mut robot, reply) = server
+            .robot_attempt("robot-x", &Certified::new(&chain, &key))
+            .await;
         assert_refused(&reply, reason);
-        robot.expect_close().await;
+        robot.expect_close_with(1008).await;
     }
     let metrics = server.metrics().await;
     assert!(
@@ -296,7 +247,9 @@ async fn valid_certificate_but_signature_by_another_key() {
     let key = KeyPair::generate().unwrap();
     let thief = KeyPair::generate().unwrap();
     let chain = root.leaf("robot-1", &key, 1, |_| {});
-    let (_robot, reply) = login(&server, "robot-1", &chain, &thief).await;
+    let (_robot, reply) = server
+        .robot_attempt("robot-1", &Certified::new(&chain, &thief))
+        .await;
     assert_refused(&reply, "bad_signature");
 }
 
@@ -306,12 +259,15 @@ async fn without_auto_register_unknown_robots_are_refused_even_with_a_good_chain
     let server = fleet_server(&root, false).await;
     let key = KeyPair::generate().unwrap();
     let chain = root.leaf("robot-1", &key, 1, |_| {});
-    let (_robot, reply) = login(&server, "robot-1", &chain, &key).await;
+    let (_robot, reply) = server
+        .robot_attempt("robot-1", &Certified::new(&chain, &key))
+        .await;
     assert_refused(&reply, "unknown_robot");
     // Once the robot has a record, the same chain logs in.
     server.create_robot("robot-1").await;
-    let (_robot, reply) = login(&server, "robot-1", &chain, &key).await;
-    assert_eq!(reply["type"], "signalling.pki_verified", "{reply}");
+    server
+        .robot_login("robot-1", &Certified::new(&chain, &key))
+        .await;
 }
 
 #[tokio::test]
@@ -320,17 +276,19 @@ async fn revoked_serial_closes_the_live_connection_and_stays_refused() {
     let server = fleet_server(&root, true).await;
     let key = KeyPair::generate().unwrap();
     let chain = root.leaf("robot-1", &key, 4242, |_| {});
-    let (mut robot, reply) = login(&server, "robot-1", &chain, &key).await;
-    assert_eq!(reply["type"], "signalling.pki_verified");
-    robot.recv_type("signalling.welcome").await;
+    let mut robot = server
+        .robot_login("robot-1", &Certified::new(&chain, &key))
+        .await;
     let (status, _) = server
         .admin(reqwest::Method::POST, "/v1/robots/robot-1/revoke", None)
         .await;
     assert_eq!(status, 200);
     let error = robot.expect_error("UNAUTHORIZED").await;
     assert_eq!(error["payload"]["details"]["reason"], "revoked");
-    robot.expect_close().await;
-    let (_robot, reply) = login(&server, "robot-1", &chain, &key).await;
+    robot.expect_close_with(4003).await;
+    let (_robot, reply) = server
+        .robot_attempt("robot-1", &Certified::new(&chain, &key))
+        .await;
     assert_refused(&reply, "revoked");
 }
 
@@ -348,20 +306,22 @@ async fn crl_listed_serials_are_refused_and_reloads_cut_off_live_robots() {
     .await;
     let key = KeyPair::generate().unwrap();
     let listed = root.leaf("robot-1", &key, 1, |_| {});
-    let (_robot, reply) = login(&server, "robot-1", &listed, &key).await;
+    let (_robot, reply) = server
+        .robot_attempt("robot-1", &Certified::new(&listed, &key))
+        .await;
     assert_refused(&reply, "revoked");
 
     let other_key = KeyPair::generate().unwrap();
     let fine = root.leaf("robot-2", &other_key, 2, |_| {});
-    let (mut robot, reply) = login(&server, "robot-2", &fine, &other_key).await;
-    assert_eq!(reply["type"], "signalling.pki_verified");
-    robot.recv_type("signalling.welcome").await;
+    let mut robot = server
+        .robot_login("robot-2", &Certified::new(&fine, &other_key))
+        .await;
     // The CA publishes a new CRL listing serial 2: the live robot is cut off.
     let new_crl = temp_file("next.crl", &root.crl(&[1, 2]));
     std::fs::rename(&new_crl, &crl_path).unwrap();
     let error = robot.expect_error("UNAUTHORIZED").await;
     assert_eq!(error["payload"]["details"]["reason"], "revoked");
-    robot.expect_close().await;
+    robot.expect_close_with(4003).await;
     std::fs::remove_file(crl_path).ok();
 }
 
@@ -437,23 +397,15 @@ async fn csr_enrollment_issues_a_certificate_that_then_logs_in() {
     );
 
     // The robot logs in with the stored certificate: no chain in register.
-    let mut robot = WsClient::connect(&server.ws_url()).await;
-    let challenge = robot.register("robot-1").await;
-    let bytes = STANDARD
-        .decode(challenge["payload"]["challenge"].as_str().unwrap())
-        .unwrap();
-    let signature = rcgen::SigningKey::sign(&key, &bytes).unwrap();
-    robot
-        .send(&pki_response(&challenge, &STANDARD.encode(signature)))
-        .await;
-    robot.recv_type("signalling.pki_verified").await;
+    server.robot_login("robot-1", &key).await;
     let (_, record) = server
         .admin(reqwest::Method::GET, "/v1/robots/robot-1", None)
         .await;
     assert_eq!(record["credential"], "x509");
     // ...or presenting it, as a fleet robot would.
-    let (_robot, reply) = login(&server, "robot-1", chain, &key).await;
-    assert_eq!(reply["type"], "signalling.pki_verified", "{reply}");
+    server
+        .robot_login("robot-1", &Certified::new(chain, &key))
+        .await;
     std::fs::remove_dir_all(dir).ok();
 }
 
@@ -500,7 +452,8 @@ async fn dev_pki_commands_make_a_ca_and_robot_certificates_that_log_in() {
     let chain = std::fs::read_to_string(dir.join("robot-7.pem")).unwrap();
     let key =
         KeyPair::from_pem(&std::fs::read_to_string(dir.join("robot-7.key")).unwrap()).unwrap();
-    let (_robot, reply) = login(&server, "robot-7", &chain, &key).await;
-    assert_eq!(reply["type"], "signalling.pki_verified", "{reply}");
+    server
+        .robot_login("robot-7", &Certified::new(&chain, &key))
+        .await;
     std::fs::remove_dir_all(dir).ok();
 }

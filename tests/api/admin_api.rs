@@ -1,11 +1,9 @@
 //! The HTTP API: admin auth, robots, enrollment, tokens, grants, sessions, health. Every
 //! error is JSON with the right status.
 
-mod common;
-
+use crate::helpers::*;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
-use common::*;
 use reqwest::Method;
 use ring::signature::KeyPair;
 use serde_json::{json, Value};

@@ -1,8 +1,6 @@
 //! Bad input gets a spec error code and never a panic or a hang; limits and shutdown.
 
-mod common;
-
-use common::*;
+use crate::helpers::*;
 use serde_json::json;
 use tokio_tungstenite::tungstenite::Message;
 
@@ -86,12 +84,14 @@ async fn ping_capabilities_and_legacy_ready() {
         .unwrap()
         .contains(&json!("0.3")));
 
+    // A token-less socket gets no welcome until it asks; then the same id each time.
     socket.send_text(r#"{"type":"ready"}"#.into()).await;
     let welcome = socket.recv_type("signalling.welcome").await;
-    assert_eq!(
-        welcome["payload"]["connectionId"],
-        socket.connection_id.as_str()
-    );
+    let id = welcome["payload"]["connectionId"].as_str().unwrap();
+    assert!(!id.is_empty());
+    socket.send_text(r#"{"type":"ready"}"#.into()).await;
+    let again = socket.recv_type("signalling.welcome").await;
+    assert_eq!(again["payload"]["connectionId"], id);
 }
 
 #[tokio::test]
@@ -106,14 +106,13 @@ async fn oversized_frame_gets_an_error_and_a_close() {
     let error = socket.expect_error("INVALID_MESSAGE").await;
     assert_eq!(error["payload"]["details"]["reason"], "frame_too_large");
     assert_eq!(error["payload"]["details"]["limit"], 65536);
-    let close = socket.expect_close().await.expect("close frame");
-    assert_eq!(u16::from(close.code), 1009);
+    socket.expect_close_with(1009).await;
     // Far past the limit the frame is not even read: still an error, then the socket ends.
     let mut socket = WsClient::connect(&server.ws_url()).await;
     socket.send_text("x".repeat(1024 * 1024)).await;
     let error = socket.expect_error("INVALID_MESSAGE").await;
     assert_eq!(error["payload"]["details"]["reason"], "frame_too_large");
-    socket.expect_close().await;
+    socket.expect_close_with(1009).await;
     // The server is unharmed.
     WsClient::connect(&server.ws_url())
         .await
@@ -126,6 +125,7 @@ async fn flooding_is_rate_limited_then_cut_off() {
     let server = TestServer::start_with(|c| {
         c.rate_limit = 1;
         c.rate_burst = 3;
+        c.max_strikes = 3;
     })
     .await;
     let mut socket = WsClient::connect(&server.ws_url()).await;
@@ -141,14 +141,13 @@ async fn flooding_is_rate_limited_then_cut_off() {
         socket.send(&envelope("signalling.ping", None)).await;
     }
     loop {
-        let frame = socket.next_raw().await;
-        match frame {
-            Some(Message::Close(Some(close))) => {
-                assert_eq!(u16::from(close.code), 1008);
+        match socket.next_frame("errors, then a close frame").await {
+            Frame::Text(error) => assert_eq!(error["payload"]["code"], "FORBIDDEN", "{error}"),
+            Frame::Close(closed) => {
+                assert_eq!(closed.code, 1008, "{closed:?}");
                 break;
             }
-            Some(Message::Text(_)) => continue,
-            other => panic!("expected errors then a close, got {other:?}"),
+            other => panic!("expected errors then a close frame, got {other:?}"),
         }
     }
 }
@@ -168,10 +167,15 @@ async fn dead_connections_are_dropped() {
     robot.recv_type("signalling.offer").await;
     // The robot stops reading, so it no longer answers the server's pings. The server
     // notices within ping interval + idle timeout and ends the session.
-    let _frozen = robot;
     let notice = alice.recv_type("signalling.disconnected").await;
     assert_eq!(notice["payload"]["reason"], "closed");
     assert!(!server.state.hub.is_online("robot-1"));
+    // issue 9 item 7: the server drops an idle socket without a close frame (a plain TCP
+    // close); once the socket writer sends one, this becomes `robot.expect_close_with(..)`.
+    match robot.next_frame("the end of the idle socket").await {
+        Frame::Ended(_) => {}
+        other => panic!("expected the socket to end, got {other:?}"),
+    }
 }
 
 #[tokio::test]
@@ -187,8 +191,7 @@ async fn graceful_shutdown_tells_peers_and_ends_records() {
     for socket in [&mut robot, &mut alice] {
         let notice = socket.recv_type("signalling.disconnected").await;
         assert_eq!(notice["payload"]["details"]["reason"], "server_shutdown");
-        let close = socket.expect_close().await.expect("close frame");
-        assert_eq!(u16::from(close.code), 1001);
+        socket.expect_close_with(1001).await;
     }
     let store = signalling_server::store::Store::connect(&database_url)
         .await
@@ -333,8 +336,7 @@ async fn sigterm_tells_peers_ends_records_and_exits_cleanly() {
     for socket in [&mut robot, &mut alice] {
         let notice = socket.recv_type("signalling.disconnected").await;
         assert_eq!(notice["payload"]["details"]["reason"], "server_shutdown");
-        let close = socket.expect_close().await.expect("close frame");
-        assert_eq!(u16::from(close.code), 1001);
+        socket.expect_close_with(1001).await;
     }
     let exit = tokio::task::spawn_blocking(move || child.wait())
         .await

@@ -7,43 +7,21 @@
 //!   speeds (and clamped, in case a caller skipped validation);
 //! * a dead-man watchdog stops the robot when movement commands stop coming;
 //! * commands are rate limited (token bucket);
-//! * an emergency stop from the driver latches until an operator resets it.
+//! * an emergency stop from the driver latches until an operator resets it;
+//! * no stale command moves the robot ([`freshness`], applied per session
+//!   before a command reaches this core).
 
 use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
-/// Role of a session, from the server's `meta.session.role`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    Viewer,
-    Operator,
-    Owner,
-}
+pub mod freshness;
 
-impl Role {
-    /// Anything the server did not vouch for is treated as a viewer: least
-    /// privilege is the only safe default for a machine that moves.
-    pub fn parse(role: Option<&str>) -> Role {
-        match role {
-            Some("owner") => Role::Owner,
-            Some("operator") => Role::Operator,
-            _ => Role::Viewer,
-        }
-    }
+use freshness::FreshnessConfig;
 
-    pub fn may_drive(self) -> bool {
-        matches!(self, Role::Operator | Role::Owner)
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Viewer => "viewer",
-            Role::Operator => "operator",
-            Role::Owner => "owner",
-        }
-    }
-}
+/// Role of a session, from the server's `meta.session.role`: the protocol
+/// crate's type, shared with the server that writes it.
+pub use signalling_protocol::Role;
 
 /// Configured limits; `[safety]` in the config file, `safety.*` at runtime.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -60,6 +38,25 @@ pub struct SafetyLimits {
     pub watchdog: Duration,
     /// Sustained movement/navigation commands per second.
     pub max_command_rate: u32,
+    /// How far ahead of a session's clock estimate a timestamp may be
+    /// before the command counts as sent from the future (stale).
+    #[serde(rename = "future_tolerance_ms", with = "millis")]
+    pub future_tolerance: Duration,
+    /// Span of each session's sliding minimum of clock offset + delay.
+    #[serde(rename = "clock_window_ms", with = "millis")]
+    pub clock_window: Duration,
+}
+
+impl SafetyLimits {
+    /// The freshness rules' parameters; the window is the watchdog's, so a
+    /// command is stale exactly when it is older than the dead-man allows.
+    pub fn freshness(&self) -> FreshnessConfig {
+        FreshnessConfig {
+            window: self.watchdog,
+            future_tolerance: self.future_tolerance,
+            clock_window: self.clock_window,
+        }
+    }
 }
 
 impl Default for SafetyLimits {
@@ -69,6 +66,8 @@ impl Default for SafetyLimits {
             max_angular: 1.0,
             watchdog: Duration::from_millis(300),
             max_command_rate: 50,
+            future_tolerance: Duration::from_millis(500),
+            clock_window: Duration::from_secs(10),
         }
     }
 }
@@ -316,11 +315,11 @@ mod tests {
 
     #[test]
     fn roles() {
-        assert_eq!(Role::parse(Some("owner")), Role::Owner);
-        assert_eq!(Role::parse(Some("operator")), Role::Operator);
-        assert_eq!(Role::parse(Some("viewer")), Role::Viewer);
-        assert_eq!(Role::parse(Some("admin")), Role::Viewer);
-        assert_eq!(Role::parse(None), Role::Viewer);
+        assert_eq!(Role::parse_or_viewer(Some("owner")), Role::Owner);
+        assert_eq!(Role::parse_or_viewer(Some("operator")), Role::Operator);
+        assert_eq!(Role::parse_or_viewer(Some("viewer")), Role::Viewer);
+        assert_eq!(Role::parse_or_viewer(Some("admin")), Role::Viewer);
+        assert_eq!(Role::parse_or_viewer(None), Role::Viewer);
     }
 
     #[test]

@@ -1,8 +1,6 @@
 //! Sessions: permission checks, the operator lock, and relay strictly between the two ends.
 
-mod common;
-
-use common::*;
+use crate::helpers::*;
 use serde_json::json;
 
 #[tokio::test]
@@ -292,8 +290,13 @@ async fn withdrawn_grant_ends_live_sessions() {
     let notice = alice.recv_type("signalling.disconnected").await;
     assert_eq!(notice["payload"]["details"]["reason"], "grant_revoked");
     robot.recv_type("signalling.disconnected").await;
+    // A late candidate from an end of the ended session is dropped: no error (issue 15),
+    // and nothing reaches the robot. The pongs prove nothing came before them.
     alice.send(&ice(&session)).await;
-    alice.expect_error("FORBIDDEN").await;
+    alice.send(&envelope("signalling.ping", None)).await;
+    alice.recv_type("signalling.pong").await;
+    robot.send(&envelope("signalling.ping", None)).await;
+    robot.recv_type("signalling.pong").await;
     assert_eq!(server.sessions("").await[0]["endReason"], "grant_revoked");
 }
 
@@ -313,7 +316,7 @@ async fn revoked_robot_is_cut_off_mid_session() {
     assert_eq!(body["disconnected"], true);
     let error = robot.expect_error("UNAUTHORIZED").await;
     assert_eq!(error["payload"]["details"]["reason"], "revoked");
-    robot.expect_close().await;
+    robot.expect_close_with(4003).await;
     let notice = alice.recv_type("signalling.disconnected").await;
     assert_eq!(notice["payload"]["connectionId"], session.as_str());
 

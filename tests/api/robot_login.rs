@@ -1,23 +1,11 @@
 //! Robot login: register → pki_challenge → pki_response → pki_verified, and the attacks on it.
 
-mod common;
-
+use crate::helpers::*;
 use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD};
 use base64::Engine;
-use common::*;
 use ring::rand::SystemRandom;
 use ring::signature::{EcdsaKeyPair, KeyPair, ECDSA_P256_SHA256_ASN1_SIGNING};
 use serde_json::json;
-
-fn challenge_bytes(challenge: &serde_json::Value) -> Vec<u8> {
-    let text = challenge["payload"]["challenge"]
-        .as_str()
-        .expect("challenge");
-    // The contract promises padded standard base64 of at least 32 bytes.
-    let bytes = STANDARD.decode(text).expect("padded standard base64");
-    assert!(bytes.len() >= 32, "challenge has {} bytes", bytes.len());
-    bytes
-}
 
 #[tokio::test]
 async fn ed25519_robot_logs_in_and_is_online() {
@@ -52,15 +40,7 @@ async fn unpadded_signature_and_unpadded_key_are_accepted() {
         .await;
     assert_eq!(status, 201);
     let mut robot = WsClient::connect(&server.ws_url()).await;
-    let challenge = robot.register("robot-np").await;
-    let signature = key.sign(&challenge_bytes(&challenge));
-    robot
-        .send(&pki_response(
-            &challenge,
-            &STANDARD_NO_PAD.encode(signature.as_ref()),
-        ))
-        .await;
-    robot.recv_type("signalling.pki_verified").await;
+    robot.prove("robot-np", &Unpadded(&key)).await;
 }
 
 #[tokio::test]
@@ -80,15 +60,7 @@ async fn ecdsa_p256_spki_key_with_der_signature() {
         .await;
     assert_eq!(status, 201, "{body}");
     let mut robot = WsClient::connect(&server.ws_url()).await;
-    let challenge = robot.register("robot-ec").await;
-    let signature = key.sign(&rng, &challenge_bytes(&challenge)).unwrap();
-    robot
-        .send(&pki_response(
-            &challenge,
-            &STANDARD.encode(signature.as_ref()),
-        ))
-        .await;
-    robot.recv_type("signalling.pki_verified").await;
+    robot.prove("robot-ec", &key).await;
     let (_, body) = server
         .admin(reqwest::Method::GET, "/v1/robots/robot-ec", None)
         .await;
@@ -113,16 +85,10 @@ async fn wrong_key_is_refused_and_socket_closed() {
     let server = TestServer::start().await;
     server.enrolled_robot("robot-1").await;
     let impostor = new_ed25519();
-    let mut robot = WsClient::connect(&server.ws_url()).await;
-    let challenge = robot.register("robot-1").await;
-    let signature = impostor.sign(&challenge_bytes(&challenge));
-    let response = pki_response(&challenge, &STANDARD.encode(signature.as_ref()));
-    robot.send(&response).await;
-    let error = robot.expect_error("UNAUTHORIZED").await;
-    assert_eq!(error["payload"]["details"]["reason"], "bad_signature");
-    assert_eq!(error["correlationId"], response["id"]);
-    let close = robot.expect_close().await.expect("close frame");
-    assert_eq!(u16::from(close.code), 1008);
+    // try_prove checks that the refusal answers the signed response.
+    let (mut robot, error) = server.robot_attempt("robot-1", &impostor).await;
+    assert_refused(&error, "bad_signature");
+    robot.expect_close_with(1008).await;
     assert!(!server.state.hub.is_online("robot-1"));
     assert!(server
         .metrics()
@@ -141,7 +107,7 @@ async fn garbage_signature_is_refused() {
         .await;
     let error = robot.expect_error("UNAUTHORIZED").await;
     assert_eq!(error["payload"]["details"]["reason"], "bad_signature");
-    robot.expect_close().await;
+    robot.expect_close_with(1008).await;
 }
 
 #[tokio::test]
@@ -151,8 +117,8 @@ async fn replayed_signature_is_refused_on_a_new_connection() {
     // A genuine login, observed by an attacker...
     let mut genuine = WsClient::connect(&server.ws_url()).await;
     let challenge = genuine.register("robot-1").await;
-    let signature = STANDARD.encode(key.sign(&challenge_bytes(&challenge)).as_ref());
-    genuine.send(&pki_response(&challenge, &signature)).await;
+    let observed = signed_response(&challenge, &key);
+    genuine.send(&observed).await;
     genuine.recv_type("signalling.pki_verified").await;
     genuine.recv_type("signalling.welcome").await;
     // ...who replays the signature against a fresh challenge.
@@ -162,10 +128,11 @@ async fn replayed_signature_is_refused_on_a_new_connection() {
         fresh["payload"]["challenge"],
         challenge["payload"]["challenge"]
     );
-    attacker.send(&pki_response(&fresh, &signature)).await;
+    let signature = observed["payload"]["signature"].as_str().unwrap();
+    attacker.send(&pki_response(&fresh, signature)).await;
     let error = attacker.expect_error("UNAUTHORIZED").await;
     assert_eq!(error["payload"]["details"]["reason"], "bad_signature");
-    attacker.expect_close().await;
+    attacker.expect_close_with(1008).await;
     // The genuine robot stays online.
     genuine.expect_nothing_pending().await;
     assert!(server.state.hub.is_online("robot-1"));
@@ -177,10 +144,7 @@ async fn a_challenge_is_single_use() {
     let key = server.enrolled_robot("robot-1").await;
     let mut robot = WsClient::connect(&server.ws_url()).await;
     let challenge = robot.register("robot-1").await;
-    let response = pki_response(
-        &challenge,
-        &STANDARD.encode(key.sign(&challenge_bytes(&challenge)).as_ref()),
-    );
+    let response = signed_response(&challenge, &key);
     robot.send(&response).await;
     robot.recv_type("signalling.pki_verified").await;
     robot.recv_type("signalling.welcome").await;
@@ -195,10 +159,7 @@ async fn response_must_correlate_with_the_challenge() {
     let key = server.enrolled_robot("robot-1").await;
     let mut robot = WsClient::connect(&server.ws_url()).await;
     let challenge = robot.register("robot-1").await;
-    let mut response = pki_response(
-        &challenge,
-        &STANDARD.encode(key.sign(&challenge_bytes(&challenge)).as_ref()),
-    );
+    let mut response = signed_response(&challenge, &key);
     response["correlationId"] = json!("something-else");
     robot.send(&response).await;
     let error = robot.expect_error("UNAUTHORIZED").await;
@@ -220,7 +181,7 @@ async fn unknown_and_unenrolled_robots_are_refused() {
         .await;
     let error = robot.expect_error("UNAUTHORIZED").await;
     assert_eq!(error["payload"]["details"]["reason"], "unknown_robot");
-    robot.expect_close().await;
+    robot.expect_close_with(1008).await;
 
     server.create_robot("robot-new").await;
     let mut robot = WsClient::connect(&server.ws_url()).await;
@@ -232,6 +193,7 @@ async fn unknown_and_unenrolled_robots_are_refused() {
         .await;
     let error = robot.expect_error("UNAUTHORIZED").await;
     assert_eq!(error["payload"]["details"]["reason"], "not_enrolled");
+    robot.expect_close_with(1008).await;
 }
 
 #[tokio::test]
@@ -243,7 +205,7 @@ async fn an_unanswered_challenge_expires() {
     // The server closes us when the challenge expires; no sleeping on our side.
     let error = robot.expect_error("UNAUTHORIZED").await;
     assert_eq!(error["payload"]["details"]["reason"], "challenge_expired");
-    robot.expect_close().await;
+    robot.expect_close_with(1008).await;
 }
 
 #[tokio::test]
@@ -251,7 +213,7 @@ async fn silent_unauthenticated_sockets_time_out() {
     let server = TestServer::start_with(|c| c.login_timeout_secs = 1).await;
     let mut socket = WsClient::connect(&server.ws_url()).await;
     socket.expect_error("TIMEOUT").await;
-    socket.expect_close().await;
+    socket.expect_close_with(1008).await;
 }
 
 #[tokio::test]
@@ -286,8 +248,7 @@ async fn a_new_verified_connection_replaces_the_old_one() {
 
     let mut second = WsClient::connect(&server.ws_url()).await;
     second.login_as_robot("robot-1", &key).await;
-    let close = first.expect_close().await.expect("close frame");
-    assert_eq!(u16::from(close.code), 4001);
+    first.expect_close_with(4001).await;
     // The session on the old connection ends and its client is told.
     let notice = client.recv_type("signalling.disconnected").await;
     assert_eq!(notice["payload"]["connectionId"], session.as_str());
@@ -323,16 +284,13 @@ async fn second_welcome_carries_turn_credentials_only_after_verification() {
     .await;
     let key = server.enrolled_robot("robot-1").await;
     let mut robot = WsClient::connect(&server.ws_url()).await;
-    // The first welcome is already consumed by connect(); ask again with the legacy ready.
+    // A token-less socket gets a welcome when it asks: the legacy ready.
     robot.send_text(r#"{"type":"ready"}"#.into()).await;
     let first = robot.recv_type("signalling.welcome").await;
+    robot.connection_id = first["payload"]["connectionId"].as_str().unwrap().into();
     let servers = first["payload"]["iceServers"].as_array().unwrap();
     assert_eq!(servers.len(), 1, "STUN only before verification: {first}");
-    let challenge = robot.register("robot-1").await;
-    let signature = STANDARD.encode(key.sign(&challenge_bytes(&challenge)).as_ref());
-    robot.send(&pki_response(&challenge, &signature)).await;
-    robot.recv_type("signalling.pki_verified").await;
-    let second = robot.recv_type("signalling.welcome").await;
+    let second = robot.prove("robot-1", &key).await;
     let servers = second["payload"]["iceServers"].as_array().unwrap();
     assert_eq!(servers.len(), 2, "{second}");
     assert!(servers[1]["username"]

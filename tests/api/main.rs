@@ -1,0 +1,14 @@
+//! The server's API and WebSocket tests, one binary: one link step instead of one per file,
+//! and one harness (`helpers`) shared by every module.
+
+mod helpers;
+
+mod abuse;
+mod admin_api;
+mod client_auth;
+mod harness;
+mod robot_login;
+mod robustness;
+mod session_end;
+mod sessions;
+mod x509;

@@ -1,0 +1,228 @@
+//! Sessions end cleanly with the real Modulr robot agent (issue 15): late messages from a
+//! session's own ends are not errors, no error ping-pong can run forever, and welcomes go
+//! to robots only when they ask.
+
+use serde_json::{json, Value};
+
+use crate::helpers::*;
+
+fn answer(session: &str) -> Value {
+    envelope(
+        "signalling.answer",
+        Some(json!({"connectionId": session, "sdpType": "answer", "sdp": "v=0\r\n"})),
+    )
+}
+
+fn disconnected(session: &str) -> Value {
+    envelope(
+        "signalling.disconnected",
+        Some(json!({"connectionId": session, "reason": "closed"})),
+    )
+}
+
+/// A robot peer that behaves as ModulrCloud's agent does: it answers every
+/// `signalling.error` with `disconnected` for the last session it saw (never cleared), and
+/// sends its own `disconnected` once a session's link drops.
+struct ModulrLikeRobot {
+    socket: WsClient,
+    last_session: Option<String>,
+    errors_seen: usize,
+}
+
+/// How many errors the test peer answers before the test gives up on it: above the
+/// server's strike limit, so a loop the server failed to cut shows as a failure.
+const LOOP_BOUND: usize = 600;
+
+impl ModulrLikeRobot {
+    async fn answer_offer(&mut self) -> String {
+        let offer = self.socket.recv_type("signalling.offer").await;
+        let session = offer["payload"]["connectionId"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        self.last_session = Some(session.clone());
+        self.socket.send(&answer(&session)).await;
+        session
+    }
+
+    /// The server ended the session; the agent's WebRTC link drops and it says so too.
+    async fn link_dropped(&mut self, session: &str) {
+        let notice = self.socket.recv_type("signalling.disconnected").await;
+        assert_eq!(notice["payload"]["connectionId"], session);
+        self.socket.send(&disconnected(session)).await;
+        self.settle().await;
+    }
+
+    /// Plays the agent's error loop until the server is quiet (a ping's pong arrives with
+    /// nothing before it) or the socket is closed.
+    async fn settle(&mut self) {
+        let ping = envelope("signalling.ping", None);
+        self.socket.send(&ping).await;
+        while self.errors_seen < LOOP_BOUND {
+            match self.socket.next_frame("the agent's pong").await {
+                Frame::Text(message) if message["type"] == "signalling.pong" => return,
+                Frame::Text(message) if message["type"] == "signalling.error" => {
+                    self.errors_seen += 1;
+                    let last = self.last_session.clone().unwrap_or_default();
+                    if !self
+                        .socket
+                        .try_send_text(disconnected(&last).to_string())
+                        .await
+                    {
+                        return;
+                    }
+                }
+                other => panic!("unexpected frame at the agent: {other:?}"),
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn three_sessions_in_a_row_with_the_modulr_agent_end_cleanly() {
+    let server = TestServer::start().await;
+    let (socket, _) = server.online_robot("robot-1").await;
+    let mut robot = ModulrLikeRobot {
+        socket,
+        last_session: None,
+        errors_seen: 0,
+    };
+    for round in 0..3 {
+        let mut client = server.client_for("robot-1", "alice", "operator").await;
+        let session = client.connection_id.clone();
+        client.send(&offer("robot-1", &session)).await;
+        assert_eq!(robot.answer_offer().await, session);
+        client.recv_type("signalling.answer").await;
+        // The client ends the session by message twice, then by closing its socket.
+        if round < 2 {
+            client.send(&disconnected(&session)).await;
+        } else {
+            drop(client);
+        }
+        robot.link_dropped(&session).await;
+        assert_eq!(
+            robot.errors_seen, 0,
+            "round {round}: the server answered a late disconnect"
+        );
+    }
+    assert!(server.state.hub.is_online("robot-1"));
+    let records = server.sessions("?robotId=robot-1").await;
+    assert_eq!(records.len(), 3);
+    for record in &records {
+        assert_eq!(record["endReason"], "closed", "{record}");
+    }
+    assert!(server
+        .metrics()
+        .await
+        .contains(r#"signalling_late_messages_total{type="signalling.disconnected"} 3"#));
+}
+
+#[tokio::test]
+async fn late_candidates_and_reports_are_dropped_silently_strangers_still_refused() {
+    let server = TestServer::start().await;
+    let (mut robot, _) = server.online_robot("robot-1").await;
+    let mut alice = server.client_for("robot-1", "alice", "operator").await;
+    let session = alice.connection_id.clone();
+    alice.send(&offer("robot-1", &session)).await;
+    robot.recv_type("signalling.offer").await;
+    alice.send(&disconnected(&session)).await;
+    robot.recv_type("signalling.disconnected").await;
+
+    // From either end, within the grace period: no error, nothing relayed.
+    robot.send(&ice(&session)).await;
+    let connected = envelope(
+        "signalling.connected",
+        Some(json!({"connectionId": session, "iceConnectionState": "connected"})),
+    );
+    robot.send(&connected).await;
+    robot.send(&disconnected(&session)).await;
+    robot.expect_nothing_pending().await;
+    alice.send(&ice(&session)).await;
+    alice.send(&disconnected(&session)).await;
+    alice.expect_nothing_pending().await;
+
+    // A socket that was never part of the session is refused, as before.
+    let mut bob = server.client_for("robot-1", "bob", "operator").await;
+    bob.send(&disconnected(&session)).await;
+    let error = bob.expect_error("FORBIDDEN").await;
+    assert_eq!(error["payload"]["details"]["reason"], "not_in_session");
+}
+
+#[tokio::test]
+async fn errors_from_peers_are_never_answered() {
+    let server = TestServer::start().await;
+    let (mut robot, _) = server.online_robot("robot-1").await;
+    let error = envelope(
+        "signalling.error",
+        Some(json!({"code": "FORBIDDEN", "message": "no"})),
+    );
+    robot.send(&error).await;
+    // Malformed, but still an error report: answering it is how ping-pong starts.
+    robot
+        .send_text(r#"{"type":"signalling.error","version":"0.3","payload":{}}"#.into())
+        .await;
+    robot.expect_nothing_pending().await;
+}
+
+#[tokio::test]
+async fn a_peer_that_keeps_earning_errors_is_cut_off_within_bounds() {
+    let server = TestServer::start().await;
+    let token = server.client_token("mallory").await;
+    let mut socket = WsClient::connect_with_token(&server.ws_url(), &token).await;
+    // Each bad message is followed by a good one: a strike counter reset by good
+    // messages would never fire.
+    let mut sent = 0;
+    let closed = loop {
+        assert!(sent <= 500, "still open after {sent} messages");
+        socket.send_text("{not json".into()).await;
+        socket.send(&envelope("signalling.ping", None)).await;
+        sent += 2;
+        // Errors, then the pong, unless the close comes first.
+        let closed = loop {
+            match socket.next_frame("an error, a pong or the close").await {
+                Frame::Text(message) if message["type"] == "signalling.pong" => break None,
+                Frame::Text(message) => assert_eq!(message["type"], "signalling.error"),
+                Frame::Close(close) => break Some(close),
+                other => panic!("unexpected frame: {other:?}"),
+            }
+        };
+        if let Some(close) = closed {
+            break close;
+        }
+    };
+    assert_eq!(closed.code, 1008, "{closed:?}");
+    assert!(server
+        .metrics()
+        .await
+        .contains("signalling_peers_cut_off_total 1"));
+}
+
+#[tokio::test]
+async fn robots_get_a_welcome_only_when_they_ask() {
+    let server = TestServer::start().await;
+    let key = server.enrolled_robot("robot-1").await;
+    // Nothing at open: the first thing a token-less socket hears is the answer to its ping.
+    let mut quiet = WsClient::connect(&server.ws_url()).await;
+    quiet.expect_nothing_pending().await;
+    // Registering without asking: verified, and still no welcome.
+    let challenge = {
+        quiet
+            .send(&envelope(
+                "signalling.register",
+                Some(json!({"agentId": "robot-1"})),
+            ))
+            .await;
+        quiet.recv_type("signalling.pki_challenge").await
+    };
+    quiet.send(&signed_response(&challenge, &key)).await;
+    quiet.recv_type("signalling.pki_verified").await;
+    quiet.expect_nothing_pending().await;
+    drop(quiet);
+    // Asking in register (as robot-agent does) brings the welcome with TURN credentials.
+    let mut asking = WsClient::connect(&server.ws_url()).await;
+    let welcome = asking.prove("robot-1", &key).await;
+    assert!(welcome["payload"]["connectionId"].is_string());
+    // A client always gets its welcome at open (connect_with_token waits for it).
+    let token = server.client_token("alice").await;
+    WsClient::connect_with_token(&server.ws_url(), &token).await;
+}
