@@ -30,4 +30,5 @@ if [[ ",$peers," == *",matchbox,"* ]] && [ ! -x "$tools/bin/matchbox_server" ]; 
     cargo install --quiet --locked --root "$tools" matchbox_server
 fi
 
-exec target/release/signalling-bench run "${smoke[@]}" --peers "$peers" --out "$out"
+bin_dir="${CARGO_TARGET_DIR:-target}/release"
+exec "$bin_dir/signalling-bench" run "${smoke[@]}" --peers "$peers" --out "$out" --bin-dir "$bin_dir"

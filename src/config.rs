@@ -189,6 +189,11 @@ pub struct Config {
     /// `disconnected`, ICE candidates) without an error.
     #[arg(long, env = "SIGNALLING_SESSION_GRACE", default_value_t = 60)]
     pub session_grace_secs: u64,
+    /// Also greet every client socket with the flat `{"type":"welcome"}` that Modulr's
+    /// older web app waits for before it sends anything. Off by default: it is not a spec
+    /// message. (Flat frames from clients are translated whatever this says.)
+    #[arg(long, env = "SIGNALLING_LEGACY_CLIENTS")]
+    pub legacy_clients: bool,
     /// WebSocket connections open at once (0: no limit); over it, upgrades get 503.
     #[arg(long, env = "SIGNALLING_MAX_CONNECTIONS", default_value_t = 50_000)]
     pub max_connections: usize,

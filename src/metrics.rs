@@ -37,13 +37,13 @@ pub struct Metrics {
     pub pki_results: IntCounterVec,
     /// `signalling.error` messages sent, by spec code.
     pub errors: IntCounterVec,
-    /// Loaded CRLs past their nextUpdate (still enforced; the issuer owes a newer one).
-    pub crl_stale: IntGauge,
     /// Messages about a session that had just ended, from one of its ends, accepted
     /// silently (a late `disconnected` is an idempotent end), by type.
     pub late_messages: IntCounterVec,
     /// Sockets closed for earning too many errors or exceeding the rate limit.
     pub peers_cut_off: IntCounter,
+    /// Loaded CRLs past their nextUpdate (still enforced; the issuer owes a newer one).
+    pub crl_stale: IntGauge,
     relay: Arc<[RelayMetrics]>,
 }
 
@@ -98,8 +98,6 @@ impl Metrics {
             &["code"],
         )
         .expect("valid metric");
-        let crl_stale = IntGauge::new("signalling_crl_stale", "Loaded CRLs past their nextUpdate")
-            .expect("valid metric");
         let late_messages = IntCounterVec::new(
             Opts::new(
                 "signalling_late_messages_total",
@@ -113,6 +111,8 @@ impl Metrics {
             "Sockets closed for too many errors or messages over the rate limit",
         )
         .expect("valid metric");
+        let crl_stale = IntGauge::new("signalling_crl_stale", "Loaded CRLs past their nextUpdate")
+            .expect("valid metric");
         for collector in [
             Box::new(crl_stale.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(connections.clone()),
@@ -144,9 +144,9 @@ impl Metrics {
             relay_latency,
             pki_results,
             errors,
-            crl_stale,
             late_messages,
             peers_cut_off,
+            crl_stale,
         }
     }
 

@@ -3,6 +3,7 @@
 //! reads cannot hold back its own login deadline, idle timeout or kick, and a writer that
 //! makes no progress for the write timeout gives up on the socket.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,6 +16,7 @@ use tracing::Instrument;
 
 use super::admission::Permit;
 use super::error::WsError;
+use super::legacy;
 use super::protocol::{Peer, Protocol};
 use crate::auth::ClientIdentity;
 use crate::messages;
@@ -68,13 +70,17 @@ async fn serve(
     let (sink, mut stream) = socket.split();
     let write_timeout = Duration::from_secs(config.write_timeout_secs.max(1));
     let (close_tx, close_rx) = oneshot::channel::<CloseRequest>();
+    let dialect = Arc::new(AtomicBool::new(false));
     let mut writer = tokio::spawn(
         write_loop(
             sink,
             inbox.queue,
             close_rx,
-            write_timeout,
-            config.send_queue,
+            Writer {
+                timeout: write_timeout,
+                queue_len: config.send_queue,
+                legacy: dialect.clone(),
+            },
         )
         .in_current_span(),
     );
@@ -98,7 +104,7 @@ async fn serve(
     );
     let mut last_heard = Instant::now();
 
-    if let Some(welcome) = protocol.welcome_at_open() {
+    for welcome in protocol.welcome_at_open() {
         out.reply(welcome);
     }
 
@@ -175,6 +181,9 @@ async fn serve(
                     continue;
                 }
                 let result = protocol.handle(text.as_str(), now).await;
+                if protocol.legacy && !dialect.load(Ordering::Relaxed) {
+                    dialect.store(true, Ordering::Relaxed);
+                }
                 for reply in protocol.replies.drain(..) {
                     out.reply(reply);
                 }
@@ -320,15 +329,40 @@ impl Outbox<'_> {
     }
 }
 
+/// How a socket's writer works.
+struct Writer {
+    /// Longest a batch of writes may take before the socket is given up.
+    timeout: Duration,
+    /// Most frames sent between a close request and the close frame.
+    queue_len: usize,
+    /// Set once the peer spoke the legacy flat dialect: frames are rendered for it.
+    legacy: Arc<AtomicBool>,
+}
+
+impl Writer {
+    /// The frame as this socket hears it; None for a message its dialect has no word for.
+    fn message(&self, frame: Outbound) -> Option<Message> {
+        match frame {
+            Outbound::Text(text) if self.legacy.load(Ordering::Relaxed) => {
+                legacy::render(&text).map(|flat| Message::Text(flat.into()))
+            }
+            Outbound::Text(text) => Some(Message::Text(text.into())),
+            Outbound::Ping => Some(Message::Ping(Default::default())),
+        }
+    }
+}
+
 /// Sends queued frames, a batch per wake-up with one flush, until the queue closes, the
-/// reader asks for a close, or a write makes no progress for `timeout`.
+/// reader asks for a close, or a write makes no progress for the writer's timeout.
 async fn write_loop(
     mut sink: Sink,
     mut queue: QueueReceiver,
     mut close: oneshot::Receiver<CloseRequest>,
-    timeout: Duration,
-    queue_len: usize,
+    writer: Writer,
 ) {
+    let timeout = writer.timeout;
+    let queue_len = writer.queue_len;
+    let message = |frame| writer.message(frame);
     loop {
         tokio::select! {
             biased;
@@ -339,7 +373,9 @@ async fn write_loop(
                     let closing = async {
                         for _ in 0..queue_len {
                             let Some(frame) = queue.try_recv() else { break };
-                            sink.feed(message(frame)).await?;
+                            if let Some(message) = message(frame) {
+                                sink.feed(message).await?;
+                            }
                         }
                         sink.send(Message::Close(Some(CloseFrame {
                             code,
@@ -355,10 +391,14 @@ async fn write_loop(
             frame = queue.recv() => {
                 let Some(frame) = frame else { return };
                 let batch = async {
-                    sink.feed(message(frame)).await?;
+                    if let Some(message) = message(frame) {
+                        sink.feed(message).await?;
+                    }
                     for _ in 1..WRITE_BATCH {
                         let Some(frame) = queue.try_recv() else { break };
-                        sink.feed(message(frame)).await?;
+                        if let Some(message) = message(frame) {
+                            sink.feed(message).await?;
+                        }
                     }
                     sink.flush().await
                 };
@@ -375,13 +415,6 @@ async fn write_loop(
                 }
             }
         }
-    }
-}
-
-fn message(frame: Outbound) -> Message {
-    match frame {
-        Outbound::Text(text) => Message::Text(text.into()),
-        Outbound::Ping => Message::Ping(Default::default()),
     }
 }
 

@@ -4,6 +4,7 @@
 mod admission;
 mod connection;
 mod error;
+mod legacy;
 mod protocol;
 
 use axum::extract::ws::WebSocketUpgrade;

@@ -8,6 +8,7 @@ use signalling_protocol::{
 };
 
 use super::error::WsError;
+use super::legacy::{self, LegacyError};
 use crate::auth::ClientIdentity;
 use crate::identity::Challenge;
 use crate::messages;
@@ -49,6 +50,9 @@ pub struct Protocol {
     /// A token-less socket asked for welcomes (`ready`, or `register` with
     /// `metadata.wantsWelcome`): it gets a fresh one, with TURN credentials, once verified.
     wants_welcome: bool,
+    /// The client speaks Modulr's older flat dialect (see `legacy`): its replies are
+    /// rendered flat by the writer.
+    pub legacy: bool,
 }
 
 /// Key in `signalling.register`'s `metadata` by which a robot asks for welcomes.
@@ -71,6 +75,7 @@ impl Protocol {
             token_deadline,
             replies: Vec::new(),
             wants_welcome: false,
+            legacy: false,
         }
     }
 
@@ -95,10 +100,13 @@ impl Protocol {
     /// token is a robot (or a legacy browser) and gets one when it asks: `ready`, or
     /// `register` with `metadata.wantsWelcome` (the Modulr agent logs an error for every
     /// welcome it did not ask for).
-    pub fn welcome_at_open(&self) -> Option<String> {
+    pub fn welcome_at_open(&self) -> Vec<String> {
         match self.peer {
-            Peer::Client(_) => Some(self.welcome()),
-            _ => None,
+            Peer::Client(_) if self.state.config.legacy_clients => {
+                vec![self.welcome(), legacy::welcome(&self.conn)]
+            }
+            Peer::Client(_) => vec![self.welcome()],
+            _ => Vec::new(),
         }
     }
 
@@ -150,6 +158,29 @@ impl Protocol {
         }
         let envelope = match Envelope::parse(text) {
             Ok(envelope) => envelope,
+            // Only frames that are not spec envelopes get here: the legacy check costs
+            // the spec path nothing.
+            Err(e) if matches!(self.peer, Peer::Client(_)) => match legacy_frame(text) {
+                Some(value) => {
+                    self.legacy = true;
+                    let envelope = legacy::to_envelope(value, &self.conn).map_err(|e| {
+                        let error = match e {
+                            LegacyError::ForeignFrom => WsError::Forbidden {
+                                reason: "foreign_from",
+                                message: "`from` names another connection",
+                            },
+                            LegacyError::Malformed(m) => ProtocolError::InvalidPayload(m).into(),
+                        };
+                        (error, None)
+                    })?;
+                    let id = envelope.id.clone();
+                    return self
+                        .dispatch(envelope, received)
+                        .await
+                        .map_err(|e| (e, Some(id)));
+                }
+                None => return Err((e.into(), raw_id(text))),
+            },
             // A peer's error is never answered, even a malformed one: that is how error
             // ping-pong starts.
             Err(e) if raw_type(text).as_deref() == Some("signalling.error") => {
@@ -458,6 +489,12 @@ impl Protocol {
             Err(DeliveryError::Full | DeliveryError::Gone) => Ok(()),
         }
     }
+}
+
+/// A frame in Modulr's flat dialect, parsed; None for anything else.
+fn legacy_frame(text: &str) -> Option<serde_json::Value> {
+    let value = serde_json::from_str::<serde_json::Value>(text).ok()?;
+    legacy::is_flat(&value).then_some(value)
 }
 
 /// The `id` of a message that failed to parse, so the error can still be correlated.

@@ -8,32 +8,47 @@ use reqwest::Method;
 use ring::signature::KeyPair;
 use serde_json::{json, Value};
 
+/// Every admin route. No body is sent: the token is checked before the body is read.
+const ADMIN_ROUTES: [(Method, &str); 12] = [
+    (Method::GET, "/v1/robots"),
+    (Method::POST, "/v1/robots"),
+    (Method::GET, "/v1/robots/robot-1"),
+    (Method::DELETE, "/v1/robots/robot-1"),
+    (Method::POST, "/v1/robots/robot-1/enrollment-token"),
+    (Method::POST, "/v1/robots/robot-1/revoke"),
+    (Method::GET, "/v1/robots/robot-1/grants"),
+    (Method::PUT, "/v1/robots/robot-1/grants/alice"),
+    (Method::DELETE, "/v1/robots/robot-1/grants/alice"),
+    (Method::POST, "/v1/tokens"),
+    (Method::DELETE, "/v1/tokens/x"),
+    (Method::GET, "/v1/sessions"),
+];
+
 #[tokio::test]
 async fn admin_routes_need_the_admin_token() {
     let server = TestServer::start().await;
-    for (method, path) in [
-        (Method::GET, "/v1/robots"),
-        (Method::POST, "/v1/tokens"),
-        (Method::GET, "/v1/sessions"),
-        (Method::DELETE, "/v1/robots/x"),
-    ] {
-        let response = server
-            .http
-            .request(method.clone(), server.url(path))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(response.status(), 401, "{method} {path}");
-        let body: Value = response.json().await.unwrap();
-        assert_eq!(body["error"], "UNAUTHORIZED");
-        let response = server
-            .http
-            .request(method.clone(), server.url(path))
-            .bearer_auth("wrong")
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(response.status(), 401);
+    let wrong_credentials: [(&str, Option<String>); 3] = [
+        ("no Authorization", None),
+        ("a wrong token", Some("Bearer wrong".into())),
+        (
+            "the token under another scheme",
+            Some(format!("Token {ADMIN_TOKEN}")),
+        ),
+    ];
+    for (method, path) in ADMIN_ROUTES {
+        for (what, authorization) in &wrong_credentials {
+            let mut request = server.http.request(method.clone(), server.url(path));
+            if let Some(value) = authorization {
+                request = request.header("authorization", value);
+            }
+            let response = request.send().await.unwrap();
+            assert_eq!(response.status(), 401, "{method} {path} with {what}");
+            let body: Value = response.json().await.unwrap();
+            assert_eq!(body["error"], "UNAUTHORIZED", "{method} {path} with {what}");
+        }
+        // The table is not vacuous: with the token, the same request gets past the check.
+        let (status, body) = server.admin(method.clone(), path, None).await;
+        assert_ne!(status, 401, "{method} {path} with the admin token: {body}");
     }
 }
 
@@ -61,19 +76,6 @@ async fn robot_lifecycle() {
     assert_eq!(status, 409);
     assert_eq!(body["error"], "CONFLICT");
 
-    let (status, _) = server
-        .admin(
-            Method::POST,
-            "/v1/robots",
-            Some(json!({"robotId": "bad id/with slash"})),
-        )
-        .await;
-    assert_eq!(status, 422);
-    let (status, _) = server
-        .admin(Method::POST, "/v1/robots", Some(json!({"robotId": 5})))
-        .await;
-    assert_eq!(status, 422);
-
     let (status, list) = server.admin(Method::GET, "/v1/robots", None).await;
     assert_eq!(status, 200);
     assert_eq!(list.as_array().unwrap().len(), 1);
@@ -83,10 +85,6 @@ async fn robot_lifecycle() {
     assert_eq!(robot["online"], false);
     assert_eq!(robot["credential"], Value::Null);
     assert_eq!(robot["lastSeenAt"], Value::Null);
-
-    let (status, body) = server.admin(Method::GET, "/v1/robots/nope", None).await;
-    assert_eq!(status, 404);
-    assert_eq!(body["error"], "NOT_FOUND");
 
     let (status, _) = server
         .admin(Method::DELETE, "/v1/robots/robot-1", None)
@@ -106,22 +104,31 @@ async fn enrollment_token_is_single_use_and_replaceable() {
     let public_key = STANDARD.encode(key.public_key().as_ref());
     let enroll = |token: String, key: String| json!({"robotId": "robot-1", "enrollmentToken": token, "publicKey": key});
 
-    let (status, body) = server
-        .post("/v1/enroll", enroll("set_wrong".into(), public_key.clone()))
-        .await;
-    assert_eq!(status, 401);
-    assert_eq!(body["error"], "UNAUTHORIZED");
-    let (status, _) = server
-        .post("/v1/enroll", enroll(token.clone(), "AAAA".into()))
-        .await;
-    assert_eq!(status, 422, "malformed key");
-    let (status, _) = server
-        .post(
-            "/v1/enroll",
-            json!({"robotId": "robot-1", "enrollmentToken": token, "publicKey": public_key, "csr": "x"}),
-        )
-        .await;
-    assert_eq!(status, 422, "both key and CSR");
+    let mut both = enroll(token.clone(), public_key.clone());
+    both["csr"] = json!("x");
+    for (why, body, status, error) in [
+        (
+            "a wrong token",
+            enroll("set_wrong".into(), public_key.clone()),
+            401,
+            "UNAUTHORIZED",
+        ),
+        (
+            "a malformed key",
+            enroll(token.clone(), "AAAA".into()),
+            422,
+            "UNPROCESSABLE",
+        ),
+        ("both key and CSR", both, 422, "UNPROCESSABLE"),
+    ] {
+        let (got, reply) = server.post("/v1/enroll", body).await;
+        assert_eq!(
+            (got, reply["error"].as_str()),
+            (status, Some(error)),
+            "{why}: {reply}"
+        );
+    }
+    // None of those used the token up.
     let (status, _) = server
         .post("/v1/enroll", enroll(token.clone(), public_key.clone()))
         .await;
@@ -177,88 +184,125 @@ async fn expired_enrollment_token_is_refused() {
     assert_eq!(status, 401);
 }
 
+enum Body {
+    Empty,
+    Json(Value),
+    /// Sent as is, labelled application/json.
+    Raw(String),
+}
+
 #[tokio::test]
 async fn malformed_requests_get_json_errors() {
     let server = TestServer::start().await;
-    let response = server
-        .http
-        .post(server.url("/v1/robots"))
-        .bearer_auth(ADMIN_TOKEN)
-        .header("content-type", "application/json")
-        .body("{oops")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 400);
-    assert_eq!(
-        response.json::<Value>().await.unwrap()["error"],
-        "BAD_REQUEST"
-    );
-
-    let response = server
-        .http
-        .post(server.url("/v1/enroll"))
-        .header("content-type", "application/json")
-        .body(format!("{{\"pad\": \"{}\"}}", "x".repeat(100 * 1024)))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 413);
-    assert_eq!(
-        response.json::<Value>().await.unwrap()["error"],
-        "PAYLOAD_TOO_LARGE"
-    );
-
-    let response = server
-        .http
-        .get(server.url("/nowhere"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 404);
-    assert_eq!(
-        response.json::<Value>().await.unwrap()["error"],
-        "NOT_FOUND"
-    );
-
-    let response = server
-        .http
-        .delete(server.url("/healthz"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 405);
-    assert!(response.json::<Value>().await.unwrap()["error"].is_string());
-
-    let (status, _) = server
-        .admin(
+    server.create_robot("robot-1").await;
+    let cases = [
+        (
+            Method::POST,
+            "/v1/robots",
+            Body::Raw("{oops".into()),
+            400,
+            "BAD_REQUEST",
+        ),
+        (
+            Method::POST,
+            "/v1/enroll",
+            Body::Raw(format!("{{\"pad\": \"{}\"}}", "x".repeat(100 * 1024))),
+            413,
+            "PAYLOAD_TOO_LARGE",
+        ),
+        (Method::GET, "/nowhere", Body::Empty, 404, "NOT_FOUND"),
+        (
+            Method::DELETE,
+            "/healthz",
+            Body::Empty,
+            405,
+            "METHOD_NOT_ALLOWED",
+        ),
+        (
+            Method::POST,
+            "/v1/robots",
+            Body::Json(json!({"robotId": "bad id/with slash"})),
+            422,
+            "UNPROCESSABLE",
+        ),
+        (
+            Method::POST,
+            "/v1/robots",
+            Body::Json(json!({"robotId": 5})),
+            422,
+            "UNPROCESSABLE",
+        ),
+        (
+            Method::POST,
+            "/v1/robots",
+            Body::Json(json!({"robotId": "robot-1"})),
+            409,
+            "CONFLICT",
+        ),
+        (
+            Method::GET,
+            "/v1/robots/nope",
+            Body::Empty,
+            404,
+            "NOT_FOUND",
+        ),
+        (
             Method::PUT,
             "/v1/robots/none/grants/alice",
-            Some(json!({"role": "operator"})),
-        )
-        .await;
-    assert_eq!(status, 404);
-    server.create_robot("robot-1").await;
-    let (status, _) = server
-        .admin(
+            Body::Json(json!({"role": "operator"})),
+            404,
+            "NOT_FOUND",
+        ),
+        (
             Method::PUT,
             "/v1/robots/robot-1/grants/alice",
-            Some(json!({"role": "god"})),
-        )
-        .await;
-    assert_eq!(status, 422);
-    let (status, _) = server
-        .admin(
+            Body::Json(json!({"role": "god"})),
+            422,
+            "UNPROCESSABLE",
+        ),
+        (
             Method::POST,
             "/v1/tokens",
-            Some(json!({"subject": "a", "ttlSeconds": 0})),
-        )
-        .await;
-    assert_eq!(status, 422);
-    let (status, _) = server
-        .admin(Method::GET, "/v1/sessions?active=maybe", None)
-        .await;
-    assert_eq!(status, 400);
+            Body::Json(json!({"subject": "a", "ttlSeconds": 0})),
+            422,
+            "UNPROCESSABLE",
+        ),
+        (
+            Method::DELETE,
+            "/v1/tokens/does-not-exist",
+            Body::Empty,
+            404,
+            "NOT_FOUND",
+        ),
+        (
+            Method::GET,
+            "/v1/sessions?active=maybe",
+            Body::Empty,
+            400,
+            "BAD_REQUEST",
+        ),
+    ];
+    for (method, path, body, status, error) in cases {
+        let mut request = server
+            .http
+            .request(method.clone(), server.url(path))
+            .bearer_auth(ADMIN_TOKEN);
+        request = match body {
+            Body::Empty => request,
+            Body::Json(value) => request.json(&value),
+            Body::Raw(text) => request
+                .header("content-type", "application/json")
+                .body(text),
+        };
+        let response = request.send().await.unwrap();
+        let got = response.status().as_u16();
+        let reply: Value = response.json().await.expect("a JSON error body");
+        assert_eq!(
+            (got, reply["error"].as_str()),
+            (status, Some(error)),
+            "{method} {path}: {reply}"
+        );
+    }
 }
 
 #[tokio::test]
@@ -304,10 +348,6 @@ async fn grants_and_tokens() {
     assert_eq!(status, 201);
     assert!(token["token"].as_str().unwrap().starts_with("sct_"));
     assert!(token["tokenId"].is_string() && token["expiresAt"].is_string());
-    let (status, _) = server
-        .admin(Method::DELETE, "/v1/tokens/does-not-exist", None)
-        .await;
-    assert_eq!(status, 404);
 }
 
 #[tokio::test]

@@ -430,6 +430,40 @@ impl WsClient {
         }
     }
 
+    /// The next frame from a socket that spoke Modulr's legacy flat dialect: a JSON object
+    /// whose `type` has no dot, with the fields that type carries in the web app's shape.
+    pub async fn recv_flat(&mut self) -> Value {
+        loop {
+            let wait = self.wait;
+            let next = tokio::time::timeout(wait, self.ws.next())
+                .await
+                .unwrap_or_else(|_| panic!("timed out after {wait:?} waiting for a flat frame"));
+            let text = match next {
+                Some(Ok(Message::Text(text))) => text,
+                Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
+                other => panic!("expected a flat text frame, got {other:?}"),
+            };
+            let value: Value = serde_json::from_str(&text).expect("JSON");
+            let fields: &[&str] = match value["type"].as_str() {
+                Some("welcome") => &["connectionId"],
+                Some("answer") => &["sdp"],
+                Some("candidate") => &["candidate"],
+                Some("error") => &["code", "message"],
+                Some("disconnected") => &["connectionId"],
+                _ => panic!("not a legacy frame: {value}"),
+            };
+            for field in fields {
+                assert!(!value[field].is_null(), "{field} missing: {value}");
+            }
+            if value["type"] == "candidate" {
+                for field in ["candidate", "sdpMid", "sdpMLineIndex"] {
+                    assert!(!value["candidate"][field].is_null(), "{value}");
+                }
+            }
+            return value;
+        }
+    }
+
     /// The next protocol message; panics on timeout, close, or a message that breaks the spec.
     pub async fn recv(&mut self) -> Value {
         match self.next_frame("a message").await {

@@ -1,7 +1,7 @@
 //! Bad input gets a spec error code and never a panic or a hang; limits and shutdown.
 
 use crate::helpers::*;
-use serde_json::json;
+use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::Message;
 
 #[tokio::test]
@@ -10,55 +10,96 @@ async fn malformed_messages_get_spec_error_codes() {
     let token = server.client_token("alice").await;
     let mut socket = WsClient::connect_with_token(&server.ws_url(), &token).await;
 
-    socket.send_text("{not json".into()).await;
-    socket.expect_error("INVALID_MESSAGE").await;
-    socket.send_text("[1,2,3]".into()).await;
-    socket.expect_error("INVALID_MESSAGE").await;
-
     let mut missing_id = envelope("signalling.ping", None);
     missing_id.as_object_mut().unwrap().remove("id");
-    socket.send(&missing_id).await;
-    socket.expect_error("VALIDATION_FAILED").await;
-
     let mut other_major = envelope("signalling.ping", None);
     other_major["version"] = json!("1.0");
-    socket.send(&other_major).await;
-    let error = socket.expect_error("UNSUPPORTED_VERSION").await;
-    assert_eq!(error["correlationId"], other_major["id"]);
-
-    let unknown = envelope("signalling.teleport", Some(json!({})));
-    socket.send(&unknown).await;
-    let error = socket.expect_error("UNSUPPORTED_MESSAGE_TYPE").await;
-    assert_eq!(error["correlationId"], unknown["id"]);
-
-    let agent_message = envelope("agent.movement", Some(json!({"forward": 1.0, "turn": 0.0})));
-    socket.send(&agent_message).await;
-    socket.expect_error("UNSUPPORTED_MESSAGE_TYPE").await;
-
-    let missing_field = envelope(
-        "signalling.offer",
-        Some(json!({"robotId": "r", "sdp": "x", "sdpType": "offer"})),
-    );
-    socket.send(&missing_field).await;
-    socket.expect_error("INVALID_PAYLOAD").await;
-
-    let extra_field = envelope(
-        "signalling.ice_candidate",
-        Some(
-            json!({"connectionId": "c", "candidate": "x", "sdpMid": "0", "sdpMLineIndex": 0, "evil": true}),
+    let text = |value: Value| Message::Text(value.to_string().into());
+    // (what, frame, error code, whether the error names the message's id)
+    let cases = [
+        (
+            "not JSON",
+            Message::Text("{not json".into()),
+            "INVALID_MESSAGE",
+            false,
         ),
-    );
-    socket.send(&extra_field).await;
-    socket.expect_error("INVALID_PAYLOAD").await;
-
-    let no_correlation = envelope("signalling.pki_response", Some(json!({"signature": "x"})));
-    socket.send(&no_correlation).await;
-    socket.expect_error("VALIDATION_FAILED").await;
-
-    socket
-        .send_message(Message::Binary(vec![1, 2, 3].into()))
-        .await;
-    socket.expect_error("INVALID_MESSAGE").await;
+        (
+            "not an object",
+            Message::Text("[1,2,3]".into()),
+            "INVALID_MESSAGE",
+            false,
+        ),
+        ("no id", text(missing_id), "VALIDATION_FAILED", false),
+        (
+            "another major version",
+            text(other_major),
+            "UNSUPPORTED_VERSION",
+            true,
+        ),
+        (
+            "an unknown type",
+            text(envelope("signalling.teleport", Some(json!({})))),
+            "UNSUPPORTED_MESSAGE_TYPE",
+            true,
+        ),
+        (
+            "an agent message",
+            text(envelope(
+                "agent.movement",
+                Some(json!({"forward": 1.0, "turn": 0.0})),
+            )),
+            "UNSUPPORTED_MESSAGE_TYPE",
+            false,
+        ),
+        (
+            "a missing payload field",
+            text(envelope(
+                "signalling.offer",
+                Some(json!({"robotId": "r", "sdp": "x", "sdpType": "offer"})),
+            )),
+            "INVALID_PAYLOAD",
+            false,
+        ),
+        (
+            "an extra payload field",
+            text(envelope(
+                "signalling.ice_candidate",
+                Some(json!({"connectionId": "c", "candidate": "x", "sdpMid": "0",
+                            "sdpMLineIndex": 0, "evil": true})),
+            )),
+            "INVALID_PAYLOAD",
+            false,
+        ),
+        (
+            "a response without correlationId",
+            text(envelope(
+                "signalling.pki_response",
+                Some(json!({"signature": "x"})),
+            )),
+            "VALIDATION_FAILED",
+            false,
+        ),
+        (
+            "a binary frame",
+            Message::Binary(vec![1, 2, 3].into()),
+            "INVALID_MESSAGE",
+            false,
+        ),
+    ];
+    for (what, frame, code, correlated) in cases {
+        let id = match &frame {
+            Message::Text(text) => serde_json::from_str::<Value>(text)
+                .ok()
+                .map(|v| v["id"].clone()),
+            _ => None,
+        };
+        socket.send_message(frame).await;
+        let error = socket.recv_type("signalling.error").await;
+        assert_eq!(error["payload"]["code"], code, "{what}: {error}");
+        if correlated {
+            assert_eq!(Some(error["correlationId"].clone()), id, "{what}: {error}");
+        }
+    }
 
     // Still alive and well after all that.
     socket.expect_nothing_pending().await;

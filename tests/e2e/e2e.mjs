@@ -6,204 +6,24 @@
 // No sleeps are used as synchronisation: every wait polls for a condition
 // with a bounded deadline.
 
-import { spawn } from 'node:child_process';
-import { mkdtempSync, readFileSync, writeFileSync, existsSync, statSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join, dirname, resolve } from 'node:path';
-import { fileURLToPath } from 'node:url';
-import { chromium } from 'playwright-core';
-import { loadSchemas, waitFor as waitForMs, CHROMIUM_ARGS } from './common.mjs';
+import { join } from 'node:path';
+import { readFileSync, statSync, writeFileSync } from 'node:fs';
+import {
+  HERE, SERVER_BIN, AGENT_BIN, Harness, driverMessages as readDriverLog, loadSchemas, waitFor, assert,
+  log, run, stop,
+} from './lib.mjs';
 
-const HERE = dirname(fileURLToPath(import.meta.url));
-const ROOT = resolve(HERE, '../..');
-const BIN = process.env.E2E_BIN_DIR || join(ROOT, 'target', 'debug');
-const SERVER_BIN = process.env.SERVER_BIN || join(BIN, 'signalling-server');
-const AGENT_BIN = process.env.AGENT_BIN || join(BIN, 'robot-agent');
 const PORT = 18080;
 const HTTP = `http://127.0.0.1:${PORT}`;
 const WS = `ws://127.0.0.1:${PORT}/ws`;
 const ADMIN = 'e2e-admin-token-0123456789';
 const ROBOT = 'e2e-robot';
-const WAIT_MS = 15000;
 
-const work = mkdtempSync(join(tmpdir(), 'robot-agent-e2e-'));
+const h = new Harness({ prefix: 'robot-agent-e2e-', http: HTTP, admin: ADMIN });
+const { work, check, start, api } = h;
 const driverLog = join(work, 'driver.jsonl');
-const children = [];
-let passed = 0;
-let failed = 0;
+const driverMessages = () => readDriverLog(driverLog);
 const figures = {};
-
-// ---------- helpers ----------
-
-function log(...args) {
-  console.log(`[e2e ${new Date().toISOString().slice(11, 23)}]`, ...args);
-}
-
-function waitFor(what, fn, timeoutMs = WAIT_MS, everyMs = 25) {
-  return waitForMs(what, fn, timeoutMs, everyMs);
-}
-
-async function check(name, fn) {
-  const started = Date.now();
-  try {
-    await fn();
-    passed += 1;
-    log(`ok   ${name} (${Date.now() - started} ms)`);
-  } catch (e) {
-    failed += 1;
-    log(`FAIL ${name}: ${e.stack || e}`);
-    throw e;
-  }
-}
-
-function assert(cond, message) {
-  if (!cond) throw new Error(`assertion failed: ${message}`);
-}
-
-function start(name, cmd, args, env = {}) {
-  const child = spawn(cmd, args, {
-    env: { ...process.env, RUST_LOG: process.env.RUST_LOG || 'info', ...env },
-    stdio: ['ignore', 'pipe', 'pipe'],
-  });
-  const out = join(work, `${name}.log`);
-  const sink = (chunk) => { writeFileSync(out, chunk, { flag: 'a' }); };
-  child.stdout.on('data', sink);
-  child.stderr.on('data', sink);
-  child.logFile = out;
-  children.push(child);
-  return child;
-}
-
-function stop(child) {
-  return new Promise((resolveStop) => {
-    if (child.exitCode !== null || child.signalCode !== null) return resolveStop();
-    child.once('exit', () => resolveStop());
-    child.kill('SIGTERM');
-  });
-}
-
-async function api(method, path, body, token = ADMIN) {
-  const response = await fetch(`${HTTP}${path}`, {
-    method,
-    headers: { 'content-type': 'application/json', ...(token ? { authorization: `Bearer ${token}` } : {}) },
-    body: body === undefined ? undefined : JSON.stringify(body),
-  });
-  const text = await response.text();
-  return { status: response.status, body: text ? JSON.parse(text) : null };
-}
-
-function driverMessages() {
-  if (!existsSync(driverLog)) return [];
-  return readFileSync(driverLog, 'utf8').split('\n').filter(Boolean).map((l) => JSON.parse(l));
-}
-
-function run(cmd, args) {
-  return new Promise((resolveRun, reject) => {
-    const child = spawn(cmd, args, { stdio: ['ignore', 'pipe', 'pipe'] });
-    let output = '';
-    child.stdout.on('data', (d) => { output += d; });
-    child.stderr.on('data', (d) => { output += d; });
-    child.on('exit', (code) => (code === 0 ? resolveRun(output) : reject(new Error(`${cmd} exited ${code}: ${output}`))));
-  });
-}
-
-// ---------- browser side (runs in Chromium) ----------
-
-const PAGE_SCRIPT = `
-window.robotClient = (() => {
-  const state = { ws: null, pc: null, dc: null, inbox: [], signals: [], setupMs: null, answerSdp: null };
-  const envelope = (type, payload, correlationId) => {
-    const m = { type, version: '0.5', id: crypto.randomUUID(), timestamp: new Date().toISOString() };
-    if (payload !== undefined) m.payload = payload;
-    if (correlationId) m.correlationId = correlationId;
-    return m;
-  };
-  async function connect(wsUrl, token, robotId, sessionId) {
-    const ws = new WebSocket(wsUrl + '?token=' + encodeURIComponent(token));
-    state.ws = ws;
-    await new Promise((ok, fail) => {
-      ws.onmessage = (e) => { const m = JSON.parse(e.data); if (m.type === 'signalling.welcome') ok(); };
-      ws.onerror = () => fail(new Error('websocket error'));
-    });
-    const pc = new RTCPeerConnection({ iceServers: [] });
-    state.pc = pc;
-    const dc = pc.createDataChannel('control');
-    state.dc = dc;
-    pc.addTransceiver('video', { direction: 'recvonly' });
-    dc.onmessage = (e) => state.inbox.push(JSON.parse(e.data));
-    pc.onicecandidate = (e) => {
-      if (!e.candidate || !e.candidate.candidate) return;
-      ws.send(JSON.stringify(envelope('signalling.ice_candidate', {
-        connectionId: sessionId, candidate: e.candidate.candidate,
-        sdpMid: e.candidate.sdpMid ?? '0', sdpMLineIndex: e.candidate.sdpMLineIndex ?? 0,
-      })));
-    };
-    const opened = new Promise((ok) => { dc.onopen = ok; });
-    ws.onmessage = async (e) => {
-      const m = JSON.parse(e.data);
-      state.signals.push(m);
-      if (m.type === 'signalling.answer' && m.payload.connectionId === sessionId) {
-        state.answerSdp = m.payload.sdp;
-        await pc.setRemoteDescription({ type: 'answer', sdp: m.payload.sdp });
-      } else if (m.type === 'signalling.ice_candidate' && m.payload.connectionId === sessionId) {
-        await pc.addIceCandidate({ candidate: m.payload.candidate, sdpMid: m.payload.sdpMid, sdpMLineIndex: m.payload.sdpMLineIndex });
-      }
-    };
-    const offer = await pc.createOffer();
-    await pc.setLocalDescription(offer);
-    const t0 = performance.now();
-    ws.send(JSON.stringify(envelope('signalling.offer', { robotId, connectionId: sessionId, sdpType: 'offer', sdp: pc.localDescription.sdp })));
-    await Promise.race([opened, new Promise((_, fail) => setTimeout(() => fail(new Error('data channel did not open: ' + JSON.stringify(state.signals.filter(s => s.type === 'signalling.error')))), 15000))]);
-    state.setupMs = performance.now() - t0;
-    return { setupMs: state.setupMs, answerSdp: state.answerSdp };
-  }
-  function send(type, payload, correlationId) {
-    const m = envelope(type, payload, correlationId);
-    state.dc.send(JSON.stringify(m));
-    return m.id;
-  }
-  function take() { const all = state.inbox; state.inbox = []; return all; }
-  function signals() { return state.signals.map((s) => s.type + ':' + JSON.stringify(s.payload)); }
-  function close() { try { state.pc.close(); } catch {} try { state.ws.close(); } catch {} }
-  return { connect, send, take, signals, close, state };
-})();
-`;
-
-class Client {
-  constructor(page, name, validate) {
-    this.page = page;
-    this.name = name;
-    this.validate = validate;
-    this.received = [];
-  }
-
-  async connect(token, sessionId) {
-    return this.page.evaluate(
-      ([ws, token, robot, session]) => window.robotClient.connect(ws, token, robot, session),
-      [WS, token, ROBOT, sessionId],
-    );
-  }
-
-  send(type, payload, correlationId) {
-    return this.page.evaluate(([t, p, c]) => window.robotClient.send(t, p, c), [type, payload, correlationId]);
-  }
-
-  async pull() {
-    const fresh = await this.page.evaluate(() => window.robotClient.take());
-    for (const m of fresh) this.validate(m);
-    this.received.push(...fresh);
-  }
-
-  /** The first not-yet-consumed message matching `pred`. */
-  async expect(what, pred, timeoutMs = WAIT_MS) {
-    return waitFor(`${this.name}: ${what}`, async () => {
-      await this.pull();
-      const i = this.received.findIndex(pred);
-      if (i < 0) return undefined;
-      return this.received.splice(i, 1)[0];
-    }, timeoutMs);
-  }
-}
 
 // ---------- the test ----------
 
@@ -272,24 +92,8 @@ async function main() {
   }
   const tokenFor = async (subject) => (await api('POST', '/v1/tokens', { subject })).body.token;
 
-  // A fresh profile per run; playwright takes it as the persistent
-  // context's directory (it refuses --user-data-dir in args).
-  const browser = await chromium.launchPersistentContext(join(work, 'chromium-profile'), {
-    executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
-    headless: true,
-    args: CHROMIUM_ARGS,
-  });
-  const newClient = async (name) => {
-    const page = await browser.newPage();
-    page.on('console', (m) => {
-      if (m.type() === 'error' && !m.text().startsWith('Failed to load resource')) log(`${name} console: ${m.text()}`);
-    });
-    // A page on the server's own (loopback) origin: Chromium's local
-    // network access checks block about:blank from reaching 127.0.0.1.
-    await page.goto(`${HTTP}/healthz`);
-    await page.evaluate(PAGE_SCRIPT);
-    return new Client(page, name, validate);
-  };
+  const browser = await h.browser();
+  const newClient = (name) => h.newClient(browser, name, validate, { ws: WS, robot: ROBOT });
 
   try {
     const alice = await newClient('alice');
@@ -387,25 +191,16 @@ async function main() {
   }
 }
 
-const cleanup = async () => {
-  for (const child of children.reverse()) await stop(child);
-};
-
 try {
   await main();
 } catch (e) {
-  if (failed === 0) {
-    failed += 1;
+  if (h.failed === 0) {
+    h.failed += 1;
     log(`FAIL setup: ${e.stack || e}`);
   }
-  for (const c of children) {
-    if (c.logFile && existsSync(c.logFile)) {
-      log(`--- ${c.logFile} (tail) ---`);
-      console.log(readFileSync(c.logFile, 'utf8').split('\n').slice(-40).join('\n'));
-    }
-  }
+  h.dumpLogs();
 } finally {
-  await cleanup();
+  await h.cleanup();
 }
 
 if (figures.setupMs !== undefined) {
@@ -417,5 +212,5 @@ if (figures.setupAfterRestartMs !== undefined) {
 if (figures.watchdogMs !== undefined) {
   console.log(`watchdog stop after last movement command: ${figures.watchdogMs} ms (configured 300 ms)`);
 }
-console.log(`e2e: ${passed} passed, ${failed} failed`);
-process.exit(failed === 0 ? 0 : 1);
+console.log(`e2e: ${h.passed} passed, ${h.failed} failed`);
+process.exit(h.failed === 0 ? 0 : 1);

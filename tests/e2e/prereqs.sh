@@ -1,15 +1,5 @@
-# Sourced by the browser test runners (run.sh, sdpmid.sh) with HERE set to
-# this directory: installs Debian chromium and the npm packages when they are
-# missing, and checks the tools the runners use.
-if [ ! -x /usr/bin/chromium ]; then
-    echo "installing chromium (apt)"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
-fi
-for tool in node npm python3 unshare ip; do
-    command -v "$tool" >/dev/null || { echo "missing $tool" >&2; exit 1; }
-done
-if [ ! -d "$HERE/node_modules/playwright-core" ] || [ ! -d "$HERE/node_modules/ajv-formats" ]; then
-    echo "installing npm packages"
-    (cd "$HERE" && if [ -f package-lock.json ]; then npm ci --no-audit --no-fund --loglevel=error; else npm install --no-audit --no-fund --loglevel=error; fi)
-fi
+# Sourced by the stand-alone browser test runners (sdpmid.sh, legacy.sh): installs Debian
+# chromium and the npm packages when missing, checks the tools, and builds the binaries
+# unless E2E_SKIP_BUILD=1 (see lib.sh).
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+e2e_prepare unshare ip

@@ -4,16 +4,8 @@
 # two binaries, and runs the scenario inside a loopback-only network
 # namespace. Exits non-zero on any failure.
 set -euo pipefail
-HERE="$(cd "$(dirname "$0")" && pwd)"
-ROOT="$(cd "$HERE/../.." && pwd)"
-
-. "$HERE/prereqs.sh"
-
-if [ "${E2E_SKIP_BUILD:-0}" != 1 ]; then
-    echo "building signalling-server and robot-agent"
-    (cd "$ROOT" && cargo build --workspace --bins)
-fi
-export E2E_BIN_DIR="${E2E_BIN_DIR:-${CARGO_TARGET_DIR:-$ROOT/target}/debug}"
+. "$(dirname "$0")/lib.sh"
+e2e_prepare unshare ip
 
 # Only loopback exists in the namespace: no traffic can leave the machine,
 # and WebRTC must work over 127.0.0.1 alone.

@@ -9,12 +9,6 @@ ROOT="$(cd "$HERE/../.." && pwd)"
 
 . "$HERE/prereqs.sh"
 
-export E2E_BIN_DIR="${E2E_BIN_DIR:-${CARGO_TARGET_DIR:-$ROOT/target}/debug}"
-if [ "${E2E_SKIP_BUILD:-0}" != 1 ] || [ ! -x "$E2E_BIN_DIR/signalling-server" ]; then
-    echo "building signalling-server"
-    (cd "$ROOT" && cargo build -p signalling-server --bins)
-fi
-
 # Only loopback exists in the namespace: no traffic can leave the machine,
 # and WebRTC must work over 127.0.0.1 alone.
 exec unshare -n sh -c 'ip link set lo up && exec node "$0/sdpmid.mjs"' "$HERE"

@@ -22,6 +22,10 @@ struct Legacy {
 /// `None` if `text` is not a legacy movement command (it may be a spec
 /// envelope); otherwise its checked payload, or why it is invalid.
 pub fn parse_legacy_movement(text: &str) -> Option<Result<MovementPayload, ProtocolError>> {
+    // Cheap test first: every data-channel message passes through here.
+    if !text.contains(LEGACY_MOVEMENT_TYPE) {
+        return None;
+    }
     let value: Value = serde_json::from_str(text).ok()?;
     if value.get("type").and_then(Value::as_str) != Some(LEGACY_MOVEMENT_TYPE) {
         return None;

@@ -299,6 +299,7 @@ include_loopback_candidates = true
 [safety]
 max_linear_speed = 0.8
 watchdog_ms = 250
+future_tolerance_ms = 200
 
 [reconnect]
 max_delay_ms = 2000
@@ -319,6 +320,11 @@ max_delay_ms = 2000
         assert_eq!(config.safety.max_linear, 0.8);
         assert_eq!(config.safety.max_angular, 1.0);
         assert_eq!(config.safety.watchdog, Duration::from_millis(250));
+        // The freshness window is the watchdog's; unset keys keep defaults.
+        let freshness = config.safety.freshness();
+        assert_eq!(freshness.window, Duration::from_millis(250));
+        assert_eq!(freshness.future_tolerance, Duration::from_millis(200));
+        assert_eq!(freshness.clock_window, Duration::from_secs(10));
         assert_eq!(config.reconnect.max(), Duration::from_millis(2000));
         assert!(config.include_loopback_candidates);
     }

@@ -109,7 +109,7 @@ impl Session {
         }
     }
 
-    /// Stale commands refused so far, in this session.
+    /// Stale commands refused since this session's last executed one.
     pub fn stale_run(&self) -> u64 {
         self.stale_run
     }

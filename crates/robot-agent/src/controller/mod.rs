@@ -1,5 +1,5 @@
 //! The controller: one task that owns the safety state, the navigation state
-//! and the driver. Sessions talk to it through a bounded channel, so every
+//! ([`navigation`]) and the driver. Sessions talk to it through a bounded channel, so every
 //! motion decision is made in one place, in order, whatever the number of
 //! sessions.
 
@@ -10,9 +10,13 @@ use serde_json::Value;
 use signalling_protocol::{Envelope, ErrorCode, Location, NavigationStatus};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::driver::{DriverCommand, DriverError, DriverEvent, DriverHandle, REQUEST_TIMEOUT};
+use crate::driver::{DriverCommand, DriverError, DriverEvent, DriverHandle};
 use crate::messages;
+
+mod navigation;
+
 use crate::safety::{Refusal, Role, SafetyCore, SafetyLimits, StopReason};
+use navigation::{Navigation, Notice};
 
 /// Capacity of the request channel: sessions wait (briefly) when it is full.
 const REQUEST_CAPACITY: usize = 64;
@@ -204,22 +208,12 @@ impl ControllerHandle {
     }
 }
 
-struct ActiveNav {
-    id: u64,
-    name: String,
-    session: String,
-    correlation: String,
-    started_sent: bool,
-}
-
 struct Controller {
     safety: SafetyCore,
     driver: mpsc::Sender<DriverCommand>,
     driver_ready: bool,
     sessions: HashMap<String, mpsc::Sender<Envelope>>,
-    nav: Option<ActiveNav>,
-    next_nav_id: u64,
-    accepted_tx: mpsc::Sender<(u64, Result<(), DriverError>)>,
+    nav: Navigation,
 }
 
 /// Starts the controller task in front of `driver`.
@@ -245,9 +239,7 @@ async fn run(limits: SafetyLimits, driver: DriverHandle, mut rx: mpsc::Receiver<
         driver: commands,
         driver_ready: false,
         sessions: HashMap::new(),
-        nav: None,
-        next_nav_id: 1,
-        accepted_tx,
+        nav: Navigation::new(accepted_tx),
     };
     let mut tick = tokio::time::interval(WATCHDOG_TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -294,15 +286,12 @@ impl Controller {
                 if !keep {
                     self.sessions.remove(&session);
                 }
-                let owned_nav = self.nav.as_ref().is_some_and(|n| n.session == session);
+                let owned_nav = self.nav.owned_by(&session);
                 if owned_nav {
-                    if let Some(nav) = self.nav.take() {
-                        self.notify_nav(
-                            &nav,
-                            NavigationStatus::Failed,
-                            Some(reason.as_str().into()),
-                        );
-                    }
+                    let notice = self
+                        .nav
+                        .finish(NavigationStatus::Failed, Some(reason.as_str().into()));
+                    self.deliver(notice);
                 }
                 if self.safety.session_ended(&session) || owned_nav {
                     tracing::info!(%session, reason = reason.as_str(), "driving session ended; stopping");
@@ -339,9 +328,10 @@ impl Controller {
                 let _ = reply.send(result);
             }
             Request::StopAll(reason) => {
-                if let Some(nav) = self.nav.take() {
-                    self.notify_nav(&nav, NavigationStatus::Failed, Some(reason.as_str().into()));
-                }
+                let notice = self
+                    .nav
+                    .finish(NavigationStatus::Failed, Some(reason.as_str().into()));
+                self.deliver(notice);
                 self.send_stop(reason);
             }
             Request::Status(reply) => {
@@ -349,7 +339,7 @@ impl Controller {
                     moving: self.safety.is_moving(),
                     estop: self.safety.estop().map(str::to_owned),
                     driver_ready: self.driver_ready,
-                    navigating: self.nav.as_ref().map(|n| n.name.clone()),
+                    navigating: self.nav.active().map(str::to_owned),
                     sessions: self.sessions.len(),
                 });
             }
@@ -371,23 +361,14 @@ impl Controller {
         }
         let velocity = self.safety.movement(now(), session, role, forward, turn)?;
         let nonzero = velocity.linear != 0.0 || velocity.angular != 0.0;
-        if self.nav.is_some() {
+        if self.nav.active().is_some() {
             if !nonzero {
                 // An idle joystick must not fight the navigation stack.
                 return Ok(());
             }
             // Manual control takes over from navigation.
-            if let Some(nav) = self.nav.take() {
-                self.notify_nav(
-                    &nav,
-                    NavigationStatus::Cancelled,
-                    Some("preempted by manual control".into()),
-                );
-                let (reply, _) = oneshot::channel();
-                let _ = self
-                    .driver
-                    .try_send(DriverCommand::CancelNavigation { reply });
-            }
+            let notice = self.nav.preempt(&self.driver);
+            self.deliver(notice);
         }
         self.driver
             .try_send(DriverCommand::Move {
@@ -411,9 +392,7 @@ impl Controller {
         if !role.may_drive() {
             return Err(Refusal::Forbidden(role.as_str()).into());
         }
-        if let Some(nav) = &self.nav {
-            return Err(NavRefusal::AlreadyActive(nav.name.clone()));
-        }
+        self.nav.check_idle()?;
         if !self.driver_ready {
             return Err(Refusal::DriverUnavailable.into());
         }
@@ -422,89 +401,25 @@ impl Controller {
             // Hand over from manual driving cleanly.
             self.send_stop(StopReason::NavigationCancelled);
         }
-        let id = self.next_nav_id;
-        self.next_nav_id += 1;
-        let (reply, answer) = oneshot::channel();
-        self.driver
-            .try_send(DriverCommand::Navigate {
-                name: location.name.clone(),
-                position: location.position,
-                orientation: location.orientation,
-                reply,
-            })
-            .map_err(|_| NavRefusal::Refused(Refusal::DriverBusy))?;
-        self.nav = Some(ActiveNav {
-            id,
-            name: location.name,
-            session,
-            correlation,
-            started_sent: false,
-        });
-        let accepted = self.accepted_tx.clone();
-        tokio::spawn(async move {
-            let result = match tokio::time::timeout(
-                REQUEST_TIMEOUT + Duration::from_secs(1),
-                answer,
-            )
-            .await
-            {
-                Ok(Ok(result)) => result,
-                Ok(Err(_)) => Err(DriverError::Unavailable),
-                Err(_) => Err(DriverError::Timeout),
-            };
-            let _ = accepted.send((id, result)).await;
-        });
-        Ok(())
+        self.nav.start(&self.driver, session, correlation, location)
     }
 
     fn cancel(&mut self, role: Role) -> Result<String, NavRefusal> {
         if !role.may_drive() {
             return Err(Refusal::Forbidden(role.as_str()).into());
         }
-        let nav = self.nav.take().ok_or(NavRefusal::NotActive)?;
-        let (reply, answer) = oneshot::channel();
-        if self
-            .driver
-            .try_send(DriverCommand::CancelNavigation { reply })
-            .is_err()
-        {
+        let (name, notice, queued) = self.nav.cancel(&self.driver)?;
+        if !queued {
             // The cancel could not be queued: a stop halts navigation too.
             self.send_stop(StopReason::NavigationCancelled);
-        } else {
-            tokio::spawn(async move {
-                if let Ok(Ok(Err(e))) = tokio::time::timeout(REQUEST_TIMEOUT, answer).await {
-                    tracing::warn!(error = %e, "driver refused to cancel navigation");
-                }
-            });
         }
-        self.notify_nav(&nav, NavigationStatus::Cancelled, None);
-        Ok(nav.name)
+        self.deliver(Some(notice));
+        Ok(name)
     }
 
     fn navigation_accepted(&mut self, id: u64, result: Result<(), DriverError>) {
-        let Some(nav) = self.nav.as_mut().filter(|n| n.id == id) else {
-            return;
-        };
-        match result {
-            Ok(()) => {
-                if !nav.started_sent {
-                    nav.started_sent = true;
-                    let envelope = messages::navigation_response(
-                        NavigationStatus::Started,
-                        &nav.name,
-                        None,
-                        &nav.correlation,
-                    );
-                    let session = nav.session.clone();
-                    self.send_to(&session, envelope);
-                }
-            }
-            Err(e) => {
-                if let Some(nav) = self.nav.take() {
-                    self.notify_nav(&nav, NavigationStatus::Failed, Some(e.to_string()));
-                }
-            }
-        }
+        let notice = self.nav.accepted(id, result);
+        self.deliver(notice);
     }
 
     fn driver_event(&mut self, event: DriverEvent) {
@@ -519,52 +434,29 @@ impl Controller {
                 }
                 self.driver_ready = false;
                 self.safety.stopped();
-                if let Some(nav) = self.nav.take() {
-                    self.notify_nav(
-                        &nav,
-                        NavigationStatus::Failed,
-                        Some(format!("driver unavailable: {reason}")),
-                    );
-                }
+                let notice = self.nav.finish(
+                    NavigationStatus::Failed,
+                    Some(format!("driver unavailable: {reason}")),
+                );
+                self.deliver(notice);
             }
             DriverEvent::Navigation {
                 name,
                 status,
                 message,
             } => {
-                let Some(nav) = self.nav.as_mut().filter(|n| n.name == name) else {
-                    tracing::debug!(%name, ?status, "navigation status for no active navigation");
-                    return;
-                };
-                if status == NavigationStatus::Started {
-                    if !nav.started_sent {
-                        nav.started_sent = true;
-                        let envelope = messages::navigation_response(
-                            status,
-                            &nav.name,
-                            message,
-                            &nav.correlation,
-                        );
-                        let session = nav.session.clone();
-                        self.send_to(&session, envelope);
-                    }
-                    return;
-                }
-                if let Some(nav) = self.nav.take() {
-                    self.notify_nav(&nav, status, message);
-                }
+                let notice = self.nav.driver_status(&name, status, message);
+                self.deliver(notice);
             }
             DriverEvent::EmergencyStop { reason } => {
                 tracing::error!(%reason, "emergency stop from driver; latched");
                 self.safety.emergency_stop(&reason);
                 self.send_stop(StopReason::EmergencyStop);
-                if let Some(nav) = self.nav.take() {
-                    self.notify_nav(
-                        &nav,
-                        NavigationStatus::Failed,
-                        Some(format!("emergency stop: {reason}")),
-                    );
-                }
+                let notice = self.nav.finish(
+                    NavigationStatus::Failed,
+                    Some(format!("emergency stop: {reason}")),
+                );
+                self.deliver(notice);
                 let sessions: Vec<String> = self.sessions.keys().cloned().collect();
                 for session in sessions {
                     let envelope = messages::error(
@@ -585,9 +477,10 @@ impl Controller {
         }
     }
 
-    fn notify_nav(&mut self, nav: &ActiveNav, status: NavigationStatus, message: Option<String>) {
-        let envelope = messages::navigation_response(status, &nav.name, message, &nav.correlation);
-        self.send_to(&nav.session, envelope);
+    fn deliver(&mut self, notice: Option<Notice>) {
+        if let Some(Notice { session, envelope }) = notice {
+            self.send_to(&session, envelope);
+        }
     }
 
     fn send_to(&mut self, session: &str, envelope: Envelope) {

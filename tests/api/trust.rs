@@ -2,11 +2,9 @@
 //! socket on re-enrollment, CRLs (issuer + serial, intermediates, persistence, staleness),
 //! path validation by webpki, and JWT issuer/audience. Everything over real sockets.
 
-mod common;
-
+use crate::helpers::*;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
-use common::*;
 use rcgen::PublicKeyData;
 use rcgen::{
     BasicConstraints, CertificateParams, CertificateRevocationListParams, DistinguishedName,
@@ -187,45 +185,19 @@ async fn login(
     chain: Option<&str>,
     key: &KeyPair,
 ) -> (WsClient, Value) {
-    let mut robot = WsClient::connect(&server.ws_url()).await;
-    // Like robot-agent, ask for the second welcome (it carries TURN credentials).
-    let mut payload = json!({ "agentId": robot_id, "metadata": { "wantsWelcome": true } });
-    if let Some(chain) = chain {
-        payload["metadata"]["certificate"] = json!(chain);
+    match chain {
+        Some(chain) => {
+            server
+                .robot_attempt(robot_id, &Certified::new(chain, key))
+                .await
+        }
+        None => server.robot_attempt(robot_id, key).await,
     }
-    robot
-        .send(&envelope("signalling.register", Some(payload)))
-        .await;
-    let reply = robot.recv().await;
-    if reply["type"] != "signalling.pki_challenge" {
-        return (robot, reply);
-    }
-    let bytes = STANDARD
-        .decode(reply["payload"]["challenge"].as_str().unwrap())
-        .unwrap();
-    let signature = rcgen::SigningKey::sign(key, &bytes).unwrap();
-    robot
-        .send(&pki_response(&reply, &STANDARD.encode(signature)))
-        .await;
-    let answer = robot.recv().await;
-    (robot, answer)
 }
 
 #[track_caller]
 fn assert_verified(reply: &Value) {
     assert_eq!(reply["type"], "signalling.pki_verified", "{reply}");
-}
-
-#[track_caller]
-fn assert_refused(reply: &Value) {
-    assert_eq!(reply["type"], "signalling.error", "{reply}");
-    assert_eq!(reply["payload"]["code"], "UNAUTHORIZED", "{reply}");
-}
-
-#[track_caller]
-fn assert_refused_because(reply: &Value, reason: &str) {
-    assert_refused(reply);
-    assert_eq!(reply["payload"]["details"]["reason"], reason, "{reply}");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -250,8 +222,8 @@ async fn an_old_csr_certificate_stops_working_after_re_enrollment_and_revoke() {
 
     // Whoever kept the old certificate and key is refused, and the real robot stays.
     let (mut thief, reply) = login(&server, "robot-1", Some(&old_chain), &old_key).await;
-    assert_refused_because(&reply, "credential_mismatch");
-    thief.expect_close().await;
+    assert_refused(&reply, "credential_mismatch");
+    thief.expect_close_with(1008).await;
     real.expect_nothing_pending().await;
 
     // Revoke and re-enroll with a bare key: neither certificate logs in any more.
@@ -266,7 +238,8 @@ async fn an_old_csr_certificate_stops_working_after_re_enrollment_and_revoke() {
     assert_eq!(enroll_key(&server, "robot-1", &token, &raw).await, 201);
     for (chain, key) in [(&old_chain, &old_key), (&new_chain, &new_key)] {
         let (_, reply) = login(&server, "robot-1", Some(chain), key).await;
-        assert_refused(&reply);
+        assert_eq!(reply["type"], "signalling.error", "{reply}");
+        assert_eq!(reply["payload"]["code"], "UNAUTHORIZED", "{reply}");
     }
     let mut robot = WsClient::connect(&server.ws_url()).await;
     robot.login_as_robot("robot-1", &bare).await;
@@ -292,7 +265,7 @@ async fn an_auto_registered_chain_is_recorded_and_superseded_by_enrollment() {
         201
     );
     let (_, reply) = login(&server, "robot-9", Some(&chain), &fleet_key).await;
-    assert_refused_because(&reply, "credential_mismatch");
+    assert_refused(&reply, "credential_mismatch");
     // A fleet certificate for the new key is that credential, and logs in.
     let renewed = root.leaf("robot-9", &new_key, 10);
     let (_, reply) = login(&server, "robot-9", Some(&renewed), &new_key).await;
@@ -333,7 +306,7 @@ async fn a_revoked_key_cannot_come_back_through_a_csr_or_a_fleet_certificate() {
     // The same key in a fleet certificate for another robot id is refused too.
     let chain = root.leaf("robot-2", &key, 2);
     let (_, reply) = login(&server, "robot-2", Some(&chain), &key).await;
-    assert_refused_because(&reply, "revoked");
+    assert_refused(&reply, "revoked");
 }
 
 #[tokio::test]
@@ -357,7 +330,7 @@ async fn revoking_a_key_closes_every_socket_that_proved_it() {
     assert_eq!(status, 200);
     let error = other.expect_error("UNAUTHORIZED").await;
     assert_eq!(error["payload"]["details"]["reason"], "revoked");
-    other.expect_close().await;
+    other.expect_close_with(4003).await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -373,7 +346,7 @@ async fn re_enrollment_closes_the_old_key_socket_at_once() {
     let raw = STANDARD.encode(new_key.public_key().as_ref());
     assert_eq!(enroll_key(&server, "robot-1", &token, &raw).await, 201);
     robot.expect_error("UNAUTHORIZED").await;
-    robot.expect_close().await;
+    robot.expect_close_with(4003).await;
     let mut again = WsClient::connect(&server.ws_url()).await;
     again.login_as_robot("robot-1", &new_key).await;
 }
@@ -391,7 +364,7 @@ async fn crl_entries_name_issuer_and_serial() {
     let key = KeyPair::generate().unwrap();
     let from_root = root.leaf("robot-1", &key, 7);
     let (_, reply) = login(&server, "robot-1", Some(&from_root), &key).await;
-    assert_refused_because(&reply, "revoked");
+    assert_refused(&reply, "revoked");
     let other = KeyPair::generate().unwrap();
     let from_factory = format!("{}{}", factory.leaf("robot-2", &other, 7), factory.pem);
     let (_, reply) = login(&server, "robot-2", Some(&from_factory), &other).await;
@@ -411,7 +384,7 @@ async fn a_crl_signed_by_an_intermediate_is_accepted_and_enforced() {
     let key = KeyPair::generate().unwrap();
     let listed = format!("{}{}", factory.leaf("robot-5", &key, 5), factory.pem);
     let (_, reply) = login(&server, "robot-5", Some(&listed), &key).await;
-    assert_refused_because(&reply, "revoked");
+    assert_refused(&reply, "revoked");
     let fine = format!("{}{}", factory.leaf("robot-6", &key, 6), factory.pem);
     let (_, reply) = login(&server, "robot-6", Some(&fine), &key).await;
     assert_verified(&reply);
@@ -425,7 +398,7 @@ async fn a_newer_crl_that_drops_an_entry_does_not_unrevoke() {
     let key1 = KeyPair::generate().unwrap();
     let listed = root.leaf("robot-1", &key1, 1);
     let (_, reply) = login(&server, "robot-1", Some(&listed), &key1).await;
-    assert_refused_because(&reply, "revoked");
+    assert_refused(&reply, "revoked");
 
     let key2 = KeyPair::generate().unwrap();
     let second = root.leaf("robot-2", &key2, 2);
@@ -440,9 +413,9 @@ async fn a_newer_crl_that_drops_an_entry_does_not_unrevoke() {
     std::fs::rename(&next, &crl_path).unwrap();
     // Robot 2 being cut off shows the new file is in force.
     robot2.expect_error("UNAUTHORIZED").await;
-    robot2.expect_close().await;
+    robot2.expect_close_with(4003).await;
     let (_, reply) = login(&server, "robot-1", Some(&listed), &key1).await;
-    assert_refused_because(&reply, "revoked");
+    assert_refused(&reply, "revoked");
     std::fs::remove_file(crl_path).ok();
 }
 
@@ -468,7 +441,7 @@ async fn a_stale_crl_is_reported_and_still_enforced() {
     let key = KeyPair::generate().unwrap();
     let listed = root.leaf("robot-3", &key, 3);
     let (_, reply) = login(&server, "robot-3", Some(&listed), &key).await;
-    assert_refused_because(&reply, "revoked");
+    assert_refused(&reply, "revoked");
 }
 
 #[tokio::test]

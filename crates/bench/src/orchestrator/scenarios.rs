@@ -1,0 +1,315 @@
+//! The benchmarks: idle capacity, relay throughput and latency, session setup and the
+//! registration storm. Each starts its workers, reads the figures and adds rows.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use serde_json::Value;
+
+use super::measure::{
+    clock_ticks, cpu_percent, median, proc_stats, rss_per_connection_kib, shares,
+};
+use super::process::{spec, Profiler, Running, Worker};
+use super::{row, Options, Profile, Row};
+use crate::worker::{deserialize, new_histogram, summarize, Latency, Scenario};
+
+pub async fn capacity(
+    opts: &Options,
+    running: &Running,
+    rows: &mut Vec<Row>,
+) -> anyhow::Result<()> {
+    let p = &opts.profile;
+    let pid = running.child.id().context("pid")?;
+    let (rss_before, _) = proc_stats(pid)?;
+    let robots = p.capacity_robots;
+    let clients = robots / 2;
+    let total = robots + clients;
+    let workers_needed = total.div_ceil(p.sockets_per_worker);
+    let started = Instant::now();
+    let mut workers = Vec::new();
+    for (w, scenario) in capacity_shares(robots, clients, workers_needed)
+        .into_iter()
+        .enumerate()
+    {
+        workers
+            .push(Worker::spawn(opts, &spec(&running.info, scenario, &format!("cap{w}-"))).await?);
+    }
+    let mut sockets = 0;
+    for worker in &mut workers {
+        sockets += worker.event("ready").await?["sockets"]
+            .as_u64()
+            .unwrap_or(0);
+    }
+    let connect_secs = started.elapsed().as_secs_f64();
+    // Let the target settle before reading memory, then watch idle CPU.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (rss_after, ticks_before) = proc_stats(pid)?;
+    tokio::time::sleep(Duration::from_secs_f64(p.idle_secs)).await;
+    let (_, ticks_after) = proc_stats(pid)?;
+    for worker in workers {
+        worker.finish().await?;
+    }
+    let name = &running.info.name;
+    let per_conn_kib = rss_per_connection_kib(rss_before, rss_after, sockets);
+    let cpu = cpu_percent(ticks_before, ticks_after, clock_ticks(), p.idle_secs);
+    rows.push(row(
+        "capacity",
+        name,
+        "idle sockets",
+        sockets as f64,
+        "sockets",
+    ));
+    rows.push(row(
+        "capacity",
+        name,
+        "RSS per idle connection",
+        per_conn_kib,
+        "KiB",
+    ));
+    rows.push(row(
+        "capacity",
+        name,
+        "RSS total",
+        rss_after as f64 / 1024.0,
+        "MiB",
+    ));
+    rows.push(row("capacity", name, "CPU while idle", cpu, "% of a core"));
+    rows.push(row(
+        "capacity",
+        name,
+        "time to connect all",
+        connect_secs,
+        "s",
+    ));
+    Ok(())
+}
+
+/// Each worker's part of the idle sockets: consecutive robot numbers, clients alongside.
+fn capacity_shares(robots: usize, clients: usize, workers: usize) -> Vec<Scenario> {
+    let mut first = 0;
+    shares(robots, workers)
+        .into_iter()
+        .zip(shares(clients, workers))
+        .map(|(robots, clients)| {
+            let scenario = Scenario::Capacity {
+                first,
+                robots,
+                clients,
+            };
+            first += robots;
+            scenario
+        })
+        .collect()
+}
+
+/// With BENCH_PERF_OUT set, the relay runs are profiled (see process::Profiler).
+pub async fn relay(opts: &Options, running: &Running, rows: &mut Vec<Row>) -> anyhow::Result<()> {
+    let profiler = Profiler::start(running, "relay");
+    let result = relay_runs(opts, running, rows).await;
+    profiler.stop().await;
+    result
+}
+
+async fn relay_runs(opts: &Options, running: &Running, rows: &mut Vec<Row>) -> anyhow::Result<()> {
+    let p = &opts.profile;
+    let name = &running.info.name;
+    for (label, size, b_to_a, rate, repeats) in relay_plan(p) {
+        let mut throughputs = Vec::new();
+        let mut p99s = Vec::new();
+        let mut merged = new_histogram();
+        for r in 0..repeats {
+            let scenario = Scenario::Relay {
+                sessions: p.relay_sessions,
+                size,
+                b_to_a,
+                rate,
+                window: p.window,
+                secs: p.relay_secs,
+            };
+            let (result, latency) =
+                run_worker(opts, running, scenario, &format!("rel{r}{size}-")).await?;
+            throughputs.push(result["throughput"].as_f64().unwrap_or(0.0));
+            p99s.push(latency.p99_us);
+            merged.add(deserialize(&latency)?)?;
+        }
+        let latency = summarize(&merged);
+        let mut t = row(label, name, "throughput", median(&throughputs), "msgs/s");
+        t.runs = throughputs;
+        rows.push(t);
+        let mut l = row(label, name, "p99 latency", median(&p99s), "µs");
+        l.runs = p99s;
+        l.latency = Some((&latency).into());
+        rows.push(l);
+    }
+    Ok(())
+}
+
+/// The relay runs: (label, message size, robot→client, offered rate, repeats).
+type RelayRun = (&'static str, usize, bool, Option<u64>, usize);
+
+fn relay_plan(p: &Profile) -> [RelayRun; 3] {
+    [
+        ("relay 250 B, saturated", 250, false, None, 1),
+        (
+            "relay 250 B, fixed load",
+            250,
+            false,
+            Some(p.offered_rate),
+            p.latency_repeats,
+        ),
+        ("relay 6 KB, saturated", 6_000, true, None, 1),
+    ]
+}
+
+/// One worker through ready → go → result; returns the result event and its latency.
+async fn run_worker(
+    opts: &Options,
+    running: &Running,
+    scenario: Scenario,
+    tag: &str,
+) -> anyhow::Result<(Value, Latency)> {
+    let mut worker = Worker::spawn(opts, &spec(&running.info, scenario, tag)).await?;
+    worker.event("ready").await?;
+    worker.say("go").await?;
+    let result = worker.event("result").await?;
+    worker.finish().await?;
+    let latency: Latency = serde_json::from_value(result["latency"].clone())?;
+    Ok((result, latency))
+}
+
+pub async fn setup(opts: &Options, running: &Running, rows: &mut Vec<Row>) -> anyhow::Result<()> {
+    let p = &opts.profile;
+    let scenario = Scenario::Setup {
+        sessions: p.setup_sessions,
+        sdp_size: 2_000,
+        secs: p.setup_secs,
+    };
+    let (result, latency) = run_worker(opts, running, scenario, "setup").await?;
+    rows.push(rate_row(
+        "session setup (offer → answer)",
+        running,
+        "rate",
+        "offers/s",
+        &result,
+        &latency,
+    ));
+    Ok(())
+}
+
+pub async fn storm(
+    opts: &Options,
+    running: &Running,
+    p256: bool,
+    rows: &mut Vec<Row>,
+) -> anyhow::Result<()> {
+    let p = &opts.profile;
+    let scenario = Scenario::Storm {
+        first: 0,
+        robots: p.storm_robots,
+        p256,
+        concurrency: p.storm_concurrency,
+    };
+    let (result, latency) = run_worker(opts, running, scenario, "storm").await?;
+    let label = if p256 {
+        "registration storm, ECDSA P-256"
+    } else {
+        "registration storm, Ed25519"
+    };
+    rows.push(rate_row(
+        label,
+        running,
+        "verified registrations",
+        "per s",
+        &result,
+        &latency,
+    ));
+    Ok(())
+}
+
+/// A worker's `per_sec` figure with its latency distribution.
+fn rate_row(
+    benchmark: &str,
+    running: &Running,
+    metric: &str,
+    unit: &str,
+    result: &Value,
+    latency: &Latency,
+) -> Row {
+    let mut r = row(
+        benchmark,
+        &running.info.name,
+        metric,
+        result["per_sec"].as_f64().unwrap_or(0.0),
+        unit,
+    );
+    r.latency = Some(latency.into());
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::orchestrator::{FULL, SMOKE};
+
+    #[test]
+    fn capacity_workers_take_consecutive_robots_and_all_clients() {
+        let parts = capacity_shares(12_000, 6_000, 3);
+        let mut next_robot = 0;
+        let mut clients_total = 0;
+        for part in &parts {
+            let Scenario::Capacity {
+                first,
+                robots,
+                clients,
+            } = part
+            else {
+                panic!("not a capacity scenario: {part:?}");
+            };
+            assert_eq!(*first, next_robot, "robot numbers follow on");
+            assert_eq!((*robots, *clients), (4_000, 2_000));
+            next_robot += robots;
+            clients_total += clients;
+        }
+        assert_eq!((next_robot, clients_total), (12_000, 6_000));
+        let uneven: Vec<_> = capacity_shares(5, 2, 2)
+            .into_iter()
+            .map(|s| match s {
+                Scenario::Capacity {
+                    first,
+                    robots,
+                    clients,
+                } => (first, robots, clients),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(uneven, vec![(0, 3, 1), (3, 2, 1)]);
+    }
+
+    #[test]
+    fn the_relay_plan_repeats_only_the_fixed_load_run() {
+        for profile in [FULL, SMOKE] {
+            let plan = relay_plan(&profile);
+            let labels: Vec<&str> = plan.iter().map(|run| run.0).collect();
+            assert_eq!(
+                labels,
+                [
+                    "relay 250 B, saturated",
+                    "relay 250 B, fixed load",
+                    "relay 6 KB, saturated"
+                ]
+            );
+            assert_eq!(plan[0], ("relay 250 B, saturated", 250, false, None, 1));
+            assert_eq!(
+                plan[1],
+                (
+                    "relay 250 B, fixed load",
+                    250,
+                    false,
+                    Some(profile.offered_rate),
+                    profile.latency_repeats
+                )
+            );
+            assert_eq!(plan[2], ("relay 6 KB, saturated", 6_000, true, None, 1));
+        }
+    }
+}
