@@ -130,10 +130,15 @@ pub async fn revoke(
     State(state): State<SharedState>,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<Revoked>, ApiError> {
-    if !state.identity.revoke(&id, "admin").await? {
+    let Some(revoked) = state.identity.revoke(&id, "admin").await? else {
         return Err(ApiError::NotFound(format!("no robot {id}")));
-    }
+    };
     let disconnected = state.hub.kick_robot(&id, Kick::Revoked);
+    // The same key may have proved another robot id (a fleet certificate for it): that
+    // socket goes too.
+    state
+        .hub
+        .kick_robots_with_credentials(&revoked, Kick::Revoked);
     tracing::warn!(robot = %id, disconnected, "robot credential revoked");
     Ok(Json(Revoked {
         robot_id: id,

@@ -9,6 +9,7 @@
 //! * A CRL past its nextUpdate is stale: still enforced, and reported (log, metric,
 //!   `/readyz`), because the issuer should have published a newer one.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use super::{cert_revocation_entry, unix_now, Identity};
@@ -33,7 +34,8 @@ pub enum CrlApplyError {
 #[derive(Debug, Default)]
 pub struct CrlApplied {
     pub lists: usize,
-    /// Revocation entries of every listed certificate (to close live sockets using one).
+    /// Revocation entries newly listed by this load (persisted now; live sockets that
+    /// proved one of them must close).
     pub entries: Vec<String>,
     /// Issuers whose CRL is already past nextUpdate.
     pub stale: Vec<String>,
@@ -66,10 +68,18 @@ impl Identity {
                 }
             }
         }
+        // Entries of the lists in force were persisted when those were loaded: only what
+        // is new needs writing (a large CRL reloads cheaply) and kicking.
+        let known: HashSet<String> = current
+            .iter()
+            .flat_map(RevocationList::ids)
+            .map(|id| cert_revocation_entry(&id))
+            .collect();
         let entries: Vec<String> = lists
             .iter()
             .flat_map(RevocationList::ids)
             .map(|id| cert_revocation_entry(&id))
+            .filter(|entry| !known.contains(entry))
             .collect();
         // Persist first: if this fails, the previous set stays in force and nothing is lost.
         self.store.revoke_many(&entries, "serial", "crl").await?;

@@ -524,10 +524,15 @@ impl Identity {
 
     /// Revokes the robot's current credential — its key, or its certificate by issuer and
     /// serial and the certificate's key — and marks the robot revoked until it enrolls
-    /// again. Returns false if the robot does not exist.
-    pub async fn revoke(&self, robot_id: &str, source: &str) -> Result<bool, IdentityError> {
+    /// again. Returns the revoked entries (to close every live socket that proved one of
+    /// them), or `None` if the robot does not exist.
+    pub async fn revoke(
+        &self,
+        robot_id: &str,
+        source: &str,
+    ) -> Result<Option<Vec<String>>, IdentityError> {
         let Some(record) = self.store.robot(robot_id).await? else {
-            return Ok(false);
+            return Ok(None);
         };
         let mut entries: Vec<(String, &str)> = Vec::new();
         match &record.credential {
@@ -552,7 +557,7 @@ impl Identity {
                 .await?;
         }
         self.store.mark_credential_revoked(robot_id).await?;
-        Ok(true)
+        Ok(Some(entries.into_iter().map(|(entry, _)| entry).collect()))
     }
 }
 

@@ -47,7 +47,7 @@ async fn load(state: &SharedState, path: &Path) -> Result<Option<SystemTime>, St
         .kick_robots_with_credentials(&applied.entries, Kick::Revoked);
     tracing::info!(
         lists = applied.lists,
-        entries = applied.entries.len(),
+        new_entries = applied.entries.len(),
         disconnected = kicked,
         "CRL loaded"
     );

@@ -309,6 +309,30 @@ async fn a_revoked_key_cannot_come_back_through_a_csr_or_a_fleet_certificate() {
     assert_refused(&reply, "revoked");
 }
 
+#[tokio::test]
+async fn revoking_a_key_closes_every_socket_that_proved_it() {
+    let root = Ca::root("Fleet Root");
+    let server = ca_server(Some(&root), true).await;
+    let key = KeyPair::generate().unwrap();
+    let token = server.create_robot("robot-1").await;
+    assert_eq!(
+        enroll_key(&server, "robot-1", &token, &spki_pem(&key)).await,
+        201
+    );
+    // The same key, certified by the fleet CA for another robot id, is online.
+    let chain = root.leaf("robot-2", &key, 2);
+    let (mut other, reply) = login(&server, "robot-2", Some(&chain), &key).await;
+    assert_verified(&reply);
+    other.recv_type("signalling.welcome").await;
+    let (status, _) = server
+        .admin(reqwest::Method::POST, "/v1/robots/robot-1/revoke", None)
+        .await;
+    assert_eq!(status, 200);
+    let error = other.expect_error("UNAUTHORIZED").await;
+    assert_eq!(error["payload"]["details"]["reason"], "revoked");
+    other.expect_close_with(4003).await;
+}
+
 // ---------------------------------------------------------------------------------------
 // Item 3: re-enrollment closes the old-key socket at once
 
