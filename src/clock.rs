@@ -18,3 +18,8 @@ pub fn now_secs() -> u64 {
         .map(|d| d.as_secs())
         .unwrap_or(0)
 }
+
+/// Unix seconds as a signed count, as X.509 validity and CRL dates compare them.
+pub fn now_unix() -> i64 {
+    i64::try_from(now_secs()).unwrap_or(i64::MAX)
+}

@@ -39,9 +39,7 @@ pub fn run(command: PkiCommand) -> anyhow::Result<()> {
                 bail!("{}", crate::identity::ROBOT_ID_RULE);
             }
             let ca = load_ca(&out)?;
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)?
-                .as_secs() as i64;
+            let now = crate::clock::now_unix();
             let lifetime = Duration::from_secs(u64::from(days) * 86_400);
             let (issued, key) = ca.issue_key_and_cert(&robot_id, lifetime, now)?;
             let cert_path = out.join(format!("{robot_id}.pem"));

@@ -39,7 +39,7 @@ pub async fn readyz(State(state): State<SharedState>) -> Result<Json<Health>, Ap
 /// CRL freshness: a stale CRL is reported, not fatal (it still revokes what it lists, and
 /// failing readiness on every node at once would take the whole fleet offline).
 fn crl_detail(state: &SharedState) -> Value {
-    let status = state.identity.crl_status(crate::identity::unix_now());
+    let status = state.identity.crl_status(crate::clock::now_unix());
     let lists: Vec<Value> = status
         .iter()
         .map(|s| {

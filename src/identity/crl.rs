@@ -12,7 +12,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use super::{cert_revocation_entry, unix_now, Identity};
+use super::{cert_revocation_entry, Identity};
 use crate::pki::{load_crls, CrlError, RevocationList};
 use crate::store::StoreError;
 
@@ -53,7 +53,7 @@ pub struct CrlStatus {
 impl Identity {
     /// Loads a CRL file's bytes, persists its entries, and puts it in force.
     pub async fn apply_crl_file(&self, bytes: &[u8]) -> Result<CrlApplied, CrlApplyError> {
-        let now = unix_now();
+        let now = crate::clock::now_unix();
         let empty = crate::pki::TrustStore::new();
         let lists = load_crls(bytes, self.trust().unwrap_or(&empty), self.ca(), now)?;
         let current = self.crl_snapshot();
@@ -213,7 +213,7 @@ mod tests {
             .expect("newer CRL");
         assert_eq!(second.entries.len(), 1);
         assert!(store.is_revoked(&[listed]).await.unwrap());
-        let status = identity.crl_status(crate::identity::unix_now());
+        let status = identity.crl_status(crate::clock::now_unix());
         assert_eq!(status.len(), 1);
         assert!(!status[0].stale);
         let id = CertId {

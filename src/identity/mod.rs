@@ -212,10 +212,6 @@ fn chain_entries(chain: &VerifiedChain) -> Vec<String> {
     entries
 }
 
-pub(crate) fn unix_now() -> i64 {
-    i64::try_from(crate::clock::now_secs()).unwrap_or(i64::MAX)
-}
-
 impl Identity {
     pub fn new(store: Store, config: IdentityConfig) -> Result<Identity, X509Error> {
         let mut roots = config.trust.clone().unwrap_or_default();
@@ -380,7 +376,13 @@ impl Identity {
         let verified = tokio::task::spawn_blocking(move || {
             let _permit = permit;
             let lists: Vec<_> = crls.iter().map(RevocationList::webpki).collect();
-            verify_chain_with_crls(&chain_pem, &roots, &robot_id, unix_now(), &lists)
+            verify_chain_with_crls(
+                &chain_pem,
+                &roots,
+                &robot_id,
+                crate::clock::now_unix(),
+                &lists,
+            )
         })
         .await
         .map_err(|e| IdentityError::Verifier(e.to_string()))??;
@@ -494,7 +496,8 @@ impl Identity {
             }
             (None, Some(csr)) => {
                 let ca = self.ca.as_ref().ok_or(EnrollError::NoCa)?;
-                let issued = ca.sign_csr(csr, robot_id, self.cert_lifetime, unix_now())?;
+                let issued =
+                    ca.sign_csr(csr, robot_id, self.cert_lifetime, crate::clock::now_unix())?;
                 // A key revoked as a bare key stays revoked inside a certificate.
                 if self
                     .store

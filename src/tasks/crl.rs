@@ -56,7 +56,7 @@ async fn load(state: &SharedState, path: &Path) -> Result<Option<SystemTime>, St
 
 /// Sets the stale-CRL gauge and warns once per issuer when its CRL goes past nextUpdate.
 fn report_staleness(state: &SharedState, reported: &mut Vec<String>) {
-    let status = state.identity.crl_status(crate::identity::unix_now());
+    let status = state.identity.crl_status(crate::clock::now_unix());
     let stale: Vec<_> = status.iter().filter(|s| s.stale).collect();
     state
         .metrics
