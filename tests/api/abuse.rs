@@ -223,10 +223,9 @@ async fn connection_caps_in_all_and_per_address() {
 async fn a_lowered_grant_ends_the_sessions_above_it() {
     let server = TestServer::start().await;
     let (mut robot, _) = server.online_robot("robot-1").await;
-    let mut alice = server.client_for("robot-1", "alice", "operator").await;
-    let session = alice.connection_id.clone();
-    alice.send(&offer("robot-1", &session)).await;
-    robot.recv_type("signalling.offer").await;
+    let (mut alice, _) = server
+        .open_session(&mut robot, "robot-1", "alice", "operator")
+        .await;
 
     server.grant("robot-1", "alice", "viewer").await;
     let notice = alice.recv_type("signalling.disconnected").await;

@@ -258,6 +258,22 @@ impl TestServer {
         WsClient::connect_with_token(&self.ws_url(), &token).await
     }
 
+    /// A client for `subject` with `role` on `robot_id`, in a session with the online
+    /// `robot` under its own connection id (the offer delivered); returns it and the id.
+    pub async fn open_session(
+        &self,
+        robot: &mut WsClient,
+        robot_id: &str,
+        subject: &str,
+        role: &str,
+    ) -> (WsClient, String) {
+        let mut client = self.client_for(robot_id, subject, role).await;
+        let session = client.connection_id.clone();
+        client.send(&offer(robot_id, &session)).await;
+        robot.recv_type("signalling.offer").await;
+        (client, session)
+    }
+
     pub async fn metrics(&self) -> String {
         self.http
             .get(self.url("/metrics"))

@@ -241,10 +241,9 @@ async fn a_new_verified_connection_replaces_the_old_one() {
     let key = server.enrolled_robot("robot-1").await;
     let mut first = WsClient::connect(&server.ws_url()).await;
     first.login_as_robot("robot-1", &key).await;
-    let mut client = server.client_for("robot-1", "alice", "operator").await;
-    let session = client.connection_id.clone();
-    client.send(&offer("robot-1", &session)).await;
-    first.recv_type("signalling.offer").await;
+    let (mut client, session) = server
+        .open_session(&mut first, "robot-1", "alice", "operator")
+        .await;
 
     let mut second = WsClient::connect(&server.ws_url()).await;
     second.login_as_robot("robot-1", &key).await;

@@ -228,10 +228,9 @@ async fn dead_connections_are_dropped() {
 async fn graceful_shutdown_tells_peers_and_ends_records() {
     let server = TestServer::start().await;
     let (mut robot, _) = server.online_robot("robot-1").await;
-    let mut alice = server.client_for("robot-1", "alice", "operator").await;
-    let session = alice.connection_id.clone();
-    alice.send(&offer("robot-1", &session)).await;
-    robot.recv_type("signalling.offer").await;
+    let (mut alice, _) = server
+        .open_session(&mut robot, "robot-1", "alice", "operator")
+        .await;
     let database_url = server.state.config.database_url().to_string();
     let kept = server.shutdown().await;
     for socket in [&mut robot, &mut alice] {

@@ -121,10 +121,9 @@ async fn three_sessions_in_a_row_with_the_modulr_agent_end_cleanly() {
 async fn late_candidates_and_reports_are_dropped_silently_strangers_still_refused() {
     let server = TestServer::start().await;
     let (mut robot, _) = server.online_robot("robot-1").await;
-    let mut alice = server.client_for("robot-1", "alice", "operator").await;
-    let session = alice.connection_id.clone();
-    alice.send(&offer("robot-1", &session)).await;
-    robot.recv_type("signalling.offer").await;
+    let (mut alice, session) = server
+        .open_session(&mut robot, "robot-1", "alice", "operator")
+        .await;
     alice.send(&disconnected(&session)).await;
     robot.recv_type("signalling.disconnected").await;
 

@@ -215,10 +215,9 @@ async fn injection_into_a_foreign_session_goes_nowhere() {
 async fn robot_leaving_tells_its_clients() {
     let server = TestServer::start().await;
     let (mut robot, _) = server.online_robot("robot-1").await;
-    let mut alice = server.client_for("robot-1", "alice", "operator").await;
-    let session = alice.connection_id.clone();
-    alice.send(&offer("robot-1", &session)).await;
-    robot.recv_type("signalling.offer").await;
+    let (mut alice, session) = server
+        .open_session(&mut robot, "robot-1", "alice", "operator")
+        .await;
     drop(robot);
     let notice = alice.recv_type("signalling.disconnected").await;
     assert_eq!(notice["payload"]["connectionId"], session.as_str());
@@ -231,10 +230,9 @@ async fn robot_leaving_tells_its_clients() {
 async fn renegotiation_in_the_same_session_is_forwarded() {
     let server = TestServer::start().await;
     let (mut robot, _) = server.online_robot("robot-1").await;
-    let mut alice = server.client_for("robot-1", "alice", "operator").await;
-    let session = alice.connection_id.clone();
-    alice.send(&offer("robot-1", &session)).await;
-    robot.recv_type("signalling.offer").await;
+    let (mut alice, session) = server
+        .open_session(&mut robot, "robot-1", "alice", "operator")
+        .await;
     let mut restart = offer("robot-1", &session);
     restart["payload"]["iceRestart"] = json!(true);
     alice.send(&restart).await;
@@ -275,10 +273,9 @@ async fn several_sessions_per_client_socket() {
 async fn withdrawn_grant_ends_live_sessions() {
     let server = TestServer::start().await;
     let (mut robot, _) = server.online_robot("robot-1").await;
-    let mut alice = server.client_for("robot-1", "alice", "operator").await;
-    let session = alice.connection_id.clone();
-    alice.send(&offer("robot-1", &session)).await;
-    robot.recv_type("signalling.offer").await;
+    let (mut alice, session) = server
+        .open_session(&mut robot, "robot-1", "alice", "operator")
+        .await;
     let (status, _) = server
         .admin(
             reqwest::Method::DELETE,
@@ -304,10 +301,9 @@ async fn withdrawn_grant_ends_live_sessions() {
 async fn revoked_robot_is_cut_off_mid_session() {
     let server = TestServer::start().await;
     let (mut robot, key) = server.online_robot("robot-1").await;
-    let mut alice = server.client_for("robot-1", "alice", "operator").await;
-    let session = alice.connection_id.clone();
-    alice.send(&offer("robot-1", &session)).await;
-    robot.recv_type("signalling.offer").await;
+    let (mut alice, session) = server
+        .open_session(&mut robot, "robot-1", "alice", "operator")
+        .await;
 
     let (status, body) = server
         .admin(reqwest::Method::POST, "/v1/robots/robot-1/revoke", None)
