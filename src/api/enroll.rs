@@ -2,9 +2,9 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 use serde::Deserialize;
-use serde_json::{json, Value};
 
 use super::extract::ApiJson;
+use super::views::Enrolled;
 use super::ApiError;
 use crate::relay::Kick;
 use crate::state::SharedState;
@@ -21,7 +21,7 @@ pub struct Enroll {
 pub async fn enroll(
     State(state): State<SharedState>,
     ApiJson(body): ApiJson<Enroll>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Json<Enrolled>), ApiError> {
     let certificate = state
         .identity
         .enroll(
@@ -36,9 +36,12 @@ pub async fn enroll(
     // its new credential).
     let disconnected = state.hub.kick_robot(&body.robot_id, Kick::Revoked);
     tracing::info!(robot = %body.robot_id, csr = certificate.is_some(), disconnected, "robot enrolled");
-    let mut answer = json!({ "robotId": body.robot_id, "enrolled": true });
-    if let Some(chain) = certificate {
-        answer["certificate"] = Value::String(chain);
-    }
-    Ok((StatusCode::CREATED, Json(answer)))
+    Ok((
+        StatusCode::CREATED,
+        Json(Enrolled {
+            robot_id: body.robot_id,
+            enrolled: true,
+            certificate,
+        }),
+    ))
 }

@@ -5,9 +5,7 @@ use axum::http::header;
 use axum::response::IntoResponse;
 use axum::Json;
 
-use serde_json::{json, Value};
-
-use super::views::Health;
+use super::views::{CrlHealth, CrlList, Health};
 use super::ApiError;
 use crate::state::SharedState;
 
@@ -38,21 +36,22 @@ pub async fn readyz(State(state): State<SharedState>) -> Result<Json<Health>, Ap
 
 /// CRL freshness: a stale CRL is reported, not fatal (it still revokes what it lists, and
 /// failing readiness on every node at once would take the whole fleet offline).
-fn crl_detail(state: &SharedState) -> Value {
+fn crl_detail(state: &SharedState) -> CrlHealth {
     let status = state.identity.crl_status(crate::clock::now_unix());
-    let lists: Vec<Value> = status
+    let lists: Vec<CrlList> = status
         .iter()
-        .map(|s| {
-            json!({
-                "issuer": s.issuer,
-                "thisUpdate": super::rfc3339(s.this_update_unix.saturating_mul(1000)),
-                "nextUpdate": super::rfc3339(s.next_update_unix.saturating_mul(1000)),
-                "stale": s.stale,
-            })
+        .map(|s| CrlList {
+            issuer: s.issuer.to_string(),
+            this_update: super::rfc3339(s.this_update_unix.saturating_mul(1000)),
+            next_update: super::rfc3339(s.next_update_unix.saturating_mul(1000)),
+            stale: s.stale,
         })
         .collect();
-    let stale = status.iter().any(|s| s.stale);
-    json!({ "status": if stale { "stale" } else { "fresh" }, "lists": lists })
+    let stale = lists.iter().any(|l| l.stale);
+    CrlHealth {
+        status: if stale { "stale" } else { "fresh" },
+        lists,
+    }
 }
 
 pub async fn metrics(State(state): State<SharedState>) -> impl IntoResponse {

@@ -128,5 +128,31 @@ pub struct Health {
     pub database: Option<&'static str>,
     /// Freshness of the loaded CRLs, when `--crl` is set (a stale CRL shows here).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub crl: Option<serde_json::Value>,
+    pub crl: Option<CrlHealth>,
+}
+
+#[derive(Serialize)]
+pub struct CrlHealth {
+    /// "fresh", or "stale" when any list is past its nextUpdate.
+    pub status: &'static str,
+    pub lists: Vec<CrlList>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CrlList {
+    pub issuer: String,
+    pub this_update: Option<String>,
+    pub next_update: Option<String>,
+    pub stale: bool,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Enrolled {
+    pub robot_id: String,
+    pub enrolled: bool,
+    /// The chain our CA issued, for a CSR enrollment.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub certificate: Option<String>,
 }

@@ -237,7 +237,7 @@ impl Protocol {
             }
             // Peers report their own errors; answering them could start an error ping-pong.
             Signalling::Error(error) => {
-                tracing::debug!(conn = %self.conn, code = error.code.as_str(), "peer reported an error")
+                tracing::debug!(code = error.code.as_str(), "peer reported an error")
             }
             Signalling::Pong => {}
             Signalling::Welcome(_) | Signalling::PkiChallenge(_) | Signalling::PkiVerified(_) => {
@@ -348,7 +348,7 @@ impl Protocol {
             .store
             .touch_robot(&verified.robot_id, &self.state.node_id)
             .await?;
-        tracing::info!(robot = %verified.robot_id, credential = verified.credential_kind, conn = %self.conn, "robot verified");
+        tracing::info!(robot = %verified.robot_id, credential = verified.credential_kind, "robot verified");
         self.replies
             .push(messages::pki_verified(&verified.robot_id, &envelope.id));
         self.peer = Peer::Robot {
