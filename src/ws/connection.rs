@@ -29,6 +29,9 @@ type Sink = SplitSink<WebSocket, Message>;
 /// Window over which strikes (errors earned, messages over the rate limit) are counted.
 const STRIKE_WINDOW: Duration = Duration::from_secs(10);
 
+/// How long a socket the server closes waits for the peer's close frame.
+const CLOSE_HANDSHAKE: Duration = Duration::from_secs(2);
+
 /// Frames the writer sends before one flush.
 const WRITE_BATCH: usize = 64;
 
@@ -117,6 +120,7 @@ async fn serve(
     let kicked = kick_watch.changed();
     tokio::pin!(kicked);
     let mut writer_done = false;
+    let mut peer_closed = false;
 
     while out.close.is_none() {
         tokio::select! {
@@ -155,6 +159,7 @@ async fn serve(
                     }
                 };
                 if matches!(frame, Message::Close(_)) {
+                    peer_closed = true;
                     out.close = Some((1000, "closed"));
                     continue;
                 }
@@ -247,6 +252,19 @@ async fn serve(
         match close {
             Some(close) => {
                 let _ = close_tx.send(close);
+                if !peer_closed {
+                    // Our close: wait (bounded) for the peer's, reading what it still
+                    // sends. Dropping the socket with unread input makes the kernel answer
+                    // with a reset, which can overtake the close frame on its way.
+                    let handshake = async {
+                        while let Some(Ok(frame)) = stream.next().await {
+                            if matches!(frame, Message::Close(_)) {
+                                break;
+                            }
+                        }
+                    };
+                    let _ = tokio::time::timeout(CLOSE_HANDSHAKE, handshake).await;
+                }
             }
             None => drop(close_tx),
         }
