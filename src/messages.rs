@@ -86,7 +86,6 @@ pub fn error(
 /// The shape is the protocol crate's [`SessionMeta`], which the robot agent reads back.
 /// `role` is a [`Role`]'s text (callers hold the typed role); anything else would be a bug
 /// here, and is sent as the least-privileged role rather than as an unknown word.
-pub fn session_meta(subject: &str, role: &str) -> Map<String, Value> {
-    debug_assert!(Role::parse(role).is_some(), "unknown role {role:?}");
-    SessionMeta::new(subject, Role::parse_or_viewer(Some(role))).to_meta()
+pub fn session_meta(subject: &str, role: Role) -> Map<String, Value> {
+    SessionMeta::new(subject, role).to_meta()
 }

@@ -100,6 +100,7 @@ struct State {
     ended_order: VecDeque<(Instant, String)>,
 }
 
+#[derive(Debug, Clone, Copy)]
 pub struct OpenSession<'a> {
     pub session_id: &'a str,
     pub robot_id: &'a str,
@@ -251,13 +252,13 @@ impl Hub {
             .get(request.robot_id)
             .cloned()
             .ok_or_else(|| RelayError::RobotOffline(request.robot_id.to_string()))?;
-        if request.role.controls() {
+        if request.role.may_drive() {
             let holder = state.conns.get(&robot_conn).and_then(|entry| {
                 entry
                     .sessions
                     .iter()
                     .filter_map(|id| state.sessions.get(id))
-                    .find(|s| s.role.controls())
+                    .find(|s| s.role.may_drive())
             });
             if let Some(holder) = holder {
                 let locked_by = (request.role == Role::Owner).then(|| holder.subject.to_string());
@@ -472,7 +473,7 @@ impl Hub {
                 .sessions
                 .iter()
                 .filter(|(_, s)| s.robot_id == robot_id && &*s.subject == subject)
-                .filter(|(_, s)| allowed.is_none_or(|role| rank(s.role) > rank(role)))
+                .filter(|(_, s)| allowed.is_none_or(|role| s.role > role))
                 .map(|(id, _)| id.clone())
                 .collect();
             end_both_ways(&mut state, ids, cause)
@@ -522,15 +523,6 @@ fn end_both_ways(state: &mut State, ids: Vec<String>, cause: &str) -> Vec<EndedS
             })
         })
         .collect()
-}
-
-/// Privilege order of roles: a grant lowered below a session's role ends the session.
-fn rank(role: Role) -> u8 {
-    match role {
-        Role::Viewer => 0,
-        Role::Operator => 1,
-        Role::Owner => 2,
-    }
 }
 
 /// Forgets sessions whose grace period is over, and releases their ids.

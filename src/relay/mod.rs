@@ -16,4 +16,4 @@ pub use bus::{
     QueueReceiver,
 };
 pub use hub::{EndedSession, Hub, HubLimits, OpenSession, RelayError, Route, SessionOpened};
-pub use sessions::{EndReason, Opened, SessionError, Sessions};
+pub use sessions::{EndReason, SessionError, Sessions};

@@ -45,14 +45,6 @@ impl EndReason {
     }
 }
 
-/// A session as opened: where the offer goes.
-#[derive(Debug)]
-pub struct Opened {
-    pub robot_conn: ConnId,
-    /// False for a renegotiation offer within a session that already existed.
-    pub new: bool,
-}
-
 pub struct Sessions {
     hub: Arc<Hub>,
     store: Store,
@@ -68,24 +60,16 @@ impl Sessions {
         }
     }
 
-    /// Checks the session rules, reserves the session and writes its record. A record that
-    /// cannot be written undoes the reservation.
+    /// Checks the session rules, reserves the session and writes its record (a record that
+    /// cannot be written undoes the reservation); returns the robot's socket, where the
+    /// offer goes. A renegotiation offer within an existing session writes nothing.
     pub async fn open(
         &self,
         client_conn: &ConnId,
         request: OpenSession<'_>,
-    ) -> Result<Opened, SessionError> {
-        let (session_id, robot_id, subject, role) = (
-            request.session_id,
-            request.robot_id,
-            request.subject,
-            request.role,
-        );
+    ) -> Result<ConnId, SessionError> {
         match self.hub.open_session(client_conn, request)? {
-            SessionOpened::Existing { robot_conn } => Ok(Opened {
-                robot_conn,
-                new: false,
-            }),
+            SessionOpened::Existing { robot_conn } => Ok(robot_conn),
             SessionOpened::New {
                 record_id,
                 robot_conn,
@@ -94,21 +78,18 @@ impl Sessions {
                     .store
                     .start_session(
                         &record_id,
-                        session_id,
-                        robot_id,
-                        subject,
-                        role.as_str(),
+                        request.session_id,
+                        request.robot_id,
+                        request.subject,
+                        request.role.as_str(),
                         &self.node_id,
                     )
                     .await;
                 if let Err(e) = written {
-                    self.hub.end_session(session_id);
+                    self.hub.end_session(request.session_id);
                     return Err(e.into());
                 }
-                Ok(Opened {
-                    robot_conn,
-                    new: true,
-                })
+                Ok(robot_conn)
             }
         }
     }

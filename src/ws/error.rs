@@ -1,6 +1,7 @@
 use serde_json::{json, Map, Value};
 use signalling_protocol::{ErrorCode, ProtocolError};
 
+use super::legacy::LegacyError;
 use crate::identity::IdentityError;
 use crate::relay::{RelayError, SessionError};
 use crate::store::StoreError;
@@ -43,6 +44,18 @@ pub enum WsError {
     TokenExpired,
     #[error("internal error")]
     Store(#[from] StoreError),
+}
+
+impl From<LegacyError> for WsError {
+    fn from(e: LegacyError) -> Self {
+        match e {
+            LegacyError::ForeignFrom => WsError::Forbidden {
+                reason: "foreign_from",
+                message: "`from` names another connection",
+            },
+            LegacyError::Malformed(m) => ProtocolError::InvalidPayload(m).into(),
+        }
+    }
 }
 
 impl From<SessionError> for WsError {

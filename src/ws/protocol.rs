@@ -8,7 +8,7 @@ use signalling_protocol::{
 };
 
 use super::error::WsError;
-use super::legacy::{self, LegacyError};
+use super::legacy;
 use crate::auth::ClientIdentity;
 use crate::identity::Challenge;
 use crate::messages;
@@ -163,16 +163,8 @@ impl Protocol {
             Err(e) if matches!(self.peer, Peer::Client(_)) => match legacy_frame(text) {
                 Some(value) => {
                     self.legacy = true;
-                    let envelope = legacy::to_envelope(value, &self.conn).map_err(|e| {
-                        let error = match e {
-                            LegacyError::ForeignFrom => WsError::Forbidden {
-                                reason: "foreign_from",
-                                message: "`from` names another connection",
-                            },
-                            LegacyError::Malformed(m) => ProtocolError::InvalidPayload(m).into(),
-                        };
-                        (error, None)
-                    })?;
+                    let envelope =
+                        legacy::to_envelope(value, &self.conn).map_err(|e| (e.into(), None))?;
                     let id = envelope.id.clone();
                     return self
                         .dispatch(envelope, received)
@@ -395,7 +387,7 @@ impl Protocol {
             .grant(&payload.robot_id, &identity.subject)
             .await?
             .ok_or_else(|| WsError::NoGrant(payload.robot_id.clone()))?;
-        let opened = self
+        let robot_conn = self
             .state
             .sessions
             .open(
@@ -408,8 +400,7 @@ impl Protocol {
                 },
             )
             .await?;
-        let robot_conn = opened.robot_conn;
-        envelope.meta = Some(messages::session_meta(&identity.subject, role.as_str()));
+        envelope.meta = Some(messages::session_meta(&identity.subject, role));
         self.forward(&robot_conn, &envelope, received)
     }
 
@@ -465,7 +456,7 @@ impl Protocol {
         envelope.meta = if route.from_robot {
             None
         } else {
-            Some(messages::session_meta(&route.subject, route.role.as_str()))
+            Some(messages::session_meta(&route.subject, route.role))
         };
         self.forward(&route.target, &envelope, received)
     }

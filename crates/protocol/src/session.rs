@@ -16,8 +16,10 @@ use serde_json::{Map, Value};
 pub const SESSION_META_KEY: &str = "session";
 
 /// What a subject may do with a robot. Stored as lowercase text (grants
-/// table, admin API) and sent in `meta.session.role`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+/// table, admin API) and sent in `meta.session.role`. Ordered by privilege
+/// (viewer < operator < owner): a grant lowered below a live session's role
+/// ends that session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
     Viewer,
@@ -57,12 +59,6 @@ impl Role {
     /// on the server).
     pub fn may_drive(self) -> bool {
         matches!(self, Role::Operator | Role::Owner)
-    }
-
-    /// The server's view of [`Role::may_drive`]: roles that drive hold the
-    /// robot's single control lock.
-    pub fn controls(self) -> bool {
-        self.may_drive()
     }
 }
 

@@ -91,3 +91,8 @@ fn only_operators_and_owners_drive() {
     assert!(Role::Operator.may_drive());
     assert!(Role::Owner.may_drive());
 }
+
+#[test]
+fn roles_are_ordered_by_privilege() {
+    assert!(Role::Viewer < Role::Operator && Role::Operator < Role::Owner);
+}
