@@ -2,111 +2,14 @@
 //! socket on re-enrollment, CRLs (issuer + serial, intermediates, persistence, staleness),
 //! path validation by webpki, and JWT issuer/audience. Everything over real sockets.
 
+use crate::fleet_ca::{name, temp_file, Ca};
 use crate::helpers::*;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use rcgen::PublicKeyData;
-use rcgen::{
-    BasicConstraints, CertificateParams, CertificateRevocationListParams, DistinguishedName,
-    DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyIdMethod, KeyPair, KeyUsagePurpose,
-    RevocationReason, RevokedCertParams, SerialNumber,
-};
+use rcgen::{CertificateParams, KeyPair};
 use serde_json::{json, Value};
 use time::{Duration, OffsetDateTime};
-
-// ---------------------------------------------------------------------------------------
-// Certificates
-
-struct Ca {
-    params: CertificateParams,
-    key: KeyPair,
-    pem: String,
-}
-
-fn name(cn: &str) -> DistinguishedName {
-    let mut dn = DistinguishedName::new();
-    dn.push(DnType::CommonName, cn);
-    dn
-}
-
-fn ca_params(cn: &str) -> CertificateParams {
-    let mut params = CertificateParams::default();
-    params.distinguished_name = name(cn);
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    params.not_before = OffsetDateTime::now_utc() - Duration::hours(1);
-    params.not_after = OffsetDateTime::now_utc() + Duration::days(30);
-    params
-}
-
-impl Ca {
-    fn root(cn: &str) -> Ca {
-        let params = ca_params(cn);
-        let key = KeyPair::generate().unwrap();
-        let pem = params.self_signed(&key).unwrap().pem();
-        Ca { params, key, pem }
-    }
-
-    fn intermediate(&self, cn: &str) -> Ca {
-        let mut params = ca_params(cn);
-        params.use_authority_key_identifier_extension = true;
-        let key = KeyPair::generate().unwrap();
-        let pem = params.signed_by(&key, &self.issuer()).unwrap().pem();
-        Ca { params, key, pem }
-    }
-
-    fn issuer(&self) -> Issuer<'_, &KeyPair> {
-        Issuer::from_params(&self.params, &self.key)
-    }
-
-    fn leaf(&self, cn: &str, key: &KeyPair, serial: u64) -> String {
-        let mut params = CertificateParams::default();
-        params.distinguished_name = name(cn);
-        params.is_ca = IsCa::ExplicitNoCa;
-        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-        params.not_before = OffsetDateTime::now_utc() - Duration::hours(1);
-        params.not_after = OffsetDateTime::now_utc() + Duration::days(1);
-        params.serial_number = Some(SerialNumber::from(serial));
-        params.use_authority_key_identifier_extension = true;
-        params.signed_by(key, &self.issuer()).unwrap().pem()
-    }
-
-    /// A CRL listing `serials`, issued `age` ago and valid for `validity` from then.
-    fn crl_at(&self, serials: &[u64], age: Duration, validity: Duration) -> String {
-        let this_update = OffsetDateTime::now_utc() - age;
-        CertificateRevocationListParams {
-            this_update,
-            next_update: this_update + validity,
-            crl_number: SerialNumber::from(1u64),
-            issuing_distribution_point: None,
-            revoked_certs: serials
-                .iter()
-                .map(|s| RevokedCertParams {
-                    serial_number: SerialNumber::from(*s),
-                    revocation_time: this_update,
-                    reason_code: Some(RevocationReason::KeyCompromise),
-                    invalidity_date: None,
-                })
-                .collect(),
-            key_identifier_method: KeyIdMethod::Sha256,
-        }
-        .signed_by(&self.issuer())
-        .unwrap()
-        .pem()
-        .unwrap()
-    }
-
-    fn crl(&self, serials: &[u64]) -> String {
-        self.crl_at(serials, Duration::minutes(1), Duration::days(1))
-    }
-}
-
-fn temp_file(name: &str, contents: &str) -> std::path::PathBuf {
-    let path = std::env::temp_dir().join(format!("{}-{name}", uuid::Uuid::new_v4()));
-    std::fs::write(&path, contents).unwrap();
-    path
-}
 
 /// A server whose own CA signs enrollment CSRs; `anchors` are extra fleet anchors.
 async fn ca_server(anchors: Option<&Ca>, auto_register: bool) -> TestServer {

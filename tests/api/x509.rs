@@ -1,112 +1,11 @@
 //! Robot identity with X.509: fleet CA trust, just-in-time registration, CSR enrollment,
 //! revocation by serial and by CRL. Certificates are made here with rcgen.
 
+use crate::fleet_ca::{name, temp_file, Ca};
 use crate::helpers::*;
-use rcgen::{
-    BasicConstraints, CertificateParams, CertificateRevocationListParams, DistinguishedName,
-    DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyIdMethod, KeyPair, KeyUsagePurpose,
-    RevocationReason, RevokedCertParams, SerialNumber, SignatureAlgorithm,
-};
+use rcgen::{CertificateParams, KeyPair, SignatureAlgorithm};
 use serde_json::json;
 use time::{Duration, OffsetDateTime};
-
-struct Ca {
-    params: CertificateParams,
-    key: KeyPair,
-    pem: String,
-}
-
-fn name(cn: &str) -> DistinguishedName {
-    let mut dn = DistinguishedName::new();
-    dn.push(DnType::CommonName, cn);
-    dn
-}
-
-fn ca_params(cn: &str, is_ca: bool) -> CertificateParams {
-    let mut params = CertificateParams::default();
-    params.distinguished_name = name(cn);
-    params.is_ca = if is_ca {
-        IsCa::Ca(BasicConstraints::Unconstrained)
-    } else {
-        IsCa::ExplicitNoCa
-    };
-    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    params.not_before = OffsetDateTime::now_utc() - Duration::hours(1);
-    params.not_after = OffsetDateTime::now_utc() + Duration::days(30);
-    params
-}
-
-impl Ca {
-    fn root(cn: &str) -> Ca {
-        let params = ca_params(cn, true);
-        let key = KeyPair::generate().unwrap();
-        let pem = params.self_signed(&key).unwrap().pem();
-        Ca { params, key, pem }
-    }
-
-    fn intermediate(&self, cn: &str, is_ca: bool) -> Ca {
-        let mut params = ca_params(cn, is_ca);
-        params.use_authority_key_identifier_extension = true;
-        let key = KeyPair::generate().unwrap();
-        let pem = params.signed_by(&key, &self.issuer()).unwrap().pem();
-        Ca { params, key, pem }
-    }
-
-    fn issuer(&self) -> Issuer<'_, &KeyPair> {
-        Issuer::from_params(&self.params, &self.key)
-    }
-
-    /// A leaf for `cn` with `key`; `adjust` can break it.
-    fn leaf(
-        &self,
-        cn: &str,
-        key: &KeyPair,
-        serial: u64,
-        adjust: impl FnOnce(&mut CertificateParams),
-    ) -> String {
-        let mut params = CertificateParams::default();
-        params.distinguished_name = name(cn);
-        params.is_ca = IsCa::ExplicitNoCa;
-        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-        params.not_before = OffsetDateTime::now_utc() - Duration::hours(1);
-        params.not_after = OffsetDateTime::now_utc() + Duration::days(1);
-        params.serial_number = Some(SerialNumber::from(serial));
-        params.use_authority_key_identifier_extension = true;
-        adjust(&mut params);
-        params.signed_by(key, &self.issuer()).unwrap().pem()
-    }
-
-    fn crl(&self, serials: &[u64]) -> String {
-        let now = OffsetDateTime::now_utc();
-        CertificateRevocationListParams {
-            this_update: now - Duration::minutes(1),
-            next_update: now + Duration::days(1),
-            crl_number: SerialNumber::from(1u64),
-            issuing_distribution_point: None,
-            revoked_certs: serials
-                .iter()
-                .map(|s| RevokedCertParams {
-                    serial_number: SerialNumber::from(*s),
-                    revocation_time: now - Duration::minutes(1),
-                    reason_code: Some(RevocationReason::KeyCompromise),
-                    invalidity_date: None,
-                })
-                .collect(),
-            key_identifier_method: KeyIdMethod::Sha256,
-        }
-        .signed_by(&self.issuer())
-        .unwrap()
-        .pem()
-        .unwrap()
-    }
-}
-
-fn temp_file(name: &str, contents: &str) -> std::path::PathBuf {
-    let path = std::env::temp_dir().join(format!("{}-{name}", uuid::Uuid::new_v4()));
-    std::fs::write(&path, contents).unwrap();
-    path
-}
 
 async fn fleet_server(ca: &Ca, auto_register: bool) -> TestServer {
     let anchors = temp_file("anchors.pem", &ca.pem);
@@ -128,7 +27,7 @@ async fn each_key_type_logs_in_with_a_fleet_certificate() {
     ];
     for (serial, (robot_id, algorithm)) in algorithms.into_iter().enumerate() {
         let key = KeyPair::generate_for(algorithm).unwrap();
-        let chain = ca.leaf(robot_id, &key, 100 + serial as u64, |_| {});
+        let chain = ca.leaf(robot_id, &key, 100 + serial as u64);
         let _robot = server
             .robot_login(robot_id, &Certified::new(&chain, &key))
             .await;
@@ -155,7 +54,7 @@ async fn raw_r_s_ecdsa_signatures_are_accepted() {
     let signer =
         EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, pkcs8.as_ref(), &rng).unwrap();
     let key = KeyPair::try_from(pkcs8.as_ref()).unwrap();
-    let chain = ca.leaf("robot-rs", &key, 7, |_| {});
+    let chain = ca.leaf("robot-rs", &key, 7);
     // Fixed-width r‖s, not ASN.1 DER: 32 + 32 bytes for P-256.
     assert_eq!(signer.sign_challenge(b"anything").len(), 64);
     server
@@ -166,12 +65,12 @@ async fn raw_r_s_ecdsa_signatures_are_accepted() {
 #[tokio::test]
 async fn leaf_plus_intermediate_chain() {
     let root = Ca::root("Fleet Root");
-    let intermediate = root.intermediate("Factory 7", true);
+    let intermediate = root.intermediate("Factory 7");
     let server = fleet_server(&root, true).await;
     let key = KeyPair::generate().unwrap();
     let chain = format!(
         "{}{}",
-        intermediate.leaf("robot-1", &key, 1, |_| {}),
+        intermediate.leaf("robot-1", &key, 1),
         intermediate.pem
     );
     server
@@ -179,7 +78,7 @@ async fn leaf_plus_intermediate_chain() {
         .await;
     // Without the intermediate, the leaf does not chain to the anchor.
     let key = KeyPair::generate().unwrap();
-    let lone_leaf = intermediate.leaf("robot-2", &key, 2, |_| {});
+    let lone_leaf = intermediate.leaf("robot-2", &key, 2);
     let (_robot, reply) = server
         .robot_attempt("robot-2", &Certified::new(&lone_leaf, &key))
         .await;
@@ -190,35 +89,31 @@ async fn leaf_plus_intermediate_chain() {
 async fn bad_certificates_are_refused_with_a_reason() {
     let root = Ca::root("Fleet Root");
     let stranger = Ca::root("Someone Else");
-    let not_a_ca = root.intermediate("Not A CA", false);
+    let not_a_ca = root.intermediate_with("Not A CA", false);
     let server = fleet_server(&root, true).await;
     let key = KeyPair::generate().unwrap();
     let now = OffsetDateTime::now_utc();
     let cases: Vec<(String, &str)> = vec![
         (
-            root.leaf("robot-x", &key, 1, |p| {
+            root.leaf_with("robot-x", &key, 1, |p| {
                 p.not_before = now - Duration::days(10);
                 p.not_after = now - Duration::days(1);
             }),
             "expired",
         ),
         (
-            root.leaf("robot-x", &key, 2, |p| {
+            root.leaf_with("robot-x", &key, 2, |p| {
                 p.not_before = now + Duration::days(1);
                 p.not_after = now + Duration::days(10);
             }),
             "not_yet_valid",
         ),
-        (stranger.leaf("robot-x", &key, 3, |_| {}), "untrusted"),
+        (stranger.leaf("robot-x", &key, 3), "untrusted"),
         (
-            format!(
-                "{}{}",
-                not_a_ca.leaf("robot-x", &key, 4, |_| {}),
-                not_a_ca.pem
-            ),
+            format!("{}{}", not_a_ca.leaf("robot-x", &key, 4), not_a_ca.pem),
             "not_ca",
         ),
-        (root.leaf("robot-other", &key, 5, |_| {}), "name_mismatch"),
+        (root.leaf("robot-other", &key, 5), "name_mismatch"),
         (
             "-----BEGIN CERTIFICATE-----\nZ2FyYmFnZQ==\n-----END CERTIFICATE-----\n".into(),
             "malformed",
@@ -246,7 +141,7 @@ async fn valid_certificate_but_signature_by_another_key() {
     let server = fleet_server(&root, true).await;
     let key = KeyPair::generate().unwrap();
     let thief = KeyPair::generate().unwrap();
-    let chain = root.leaf("robot-1", &key, 1, |_| {});
+    let chain = root.leaf("robot-1", &key, 1);
     let (_robot, reply) = server
         .robot_attempt("robot-1", &Certified::new(&chain, &thief))
         .await;
@@ -258,7 +153,7 @@ async fn without_auto_register_unknown_robots_are_refused_even_with_a_good_chain
     let root = Ca::root("Fleet Root");
     let server = fleet_server(&root, false).await;
     let key = KeyPair::generate().unwrap();
-    let chain = root.leaf("robot-1", &key, 1, |_| {});
+    let chain = root.leaf("robot-1", &key, 1);
     let (_robot, reply) = server
         .robot_attempt("robot-1", &Certified::new(&chain, &key))
         .await;
@@ -275,7 +170,7 @@ async fn revoked_serial_closes_the_live_connection_and_stays_refused() {
     let root = Ca::root("Fleet Root");
     let server = fleet_server(&root, true).await;
     let key = KeyPair::generate().unwrap();
-    let chain = root.leaf("robot-1", &key, 4242, |_| {});
+    let chain = root.leaf("robot-1", &key, 4242);
     let mut robot = server
         .robot_login("robot-1", &Certified::new(&chain, &key))
         .await;
@@ -305,14 +200,14 @@ async fn crl_listed_serials_are_refused_and_reloads_cut_off_live_robots() {
     })
     .await;
     let key = KeyPair::generate().unwrap();
-    let listed = root.leaf("robot-1", &key, 1, |_| {});
+    let listed = root.leaf("robot-1", &key, 1);
     let (_robot, reply) = server
         .robot_attempt("robot-1", &Certified::new(&listed, &key))
         .await;
     assert_refused(&reply, "revoked");
 
     let other_key = KeyPair::generate().unwrap();
-    let fine = root.leaf("robot-2", &other_key, 2, |_| {});
+    let fine = root.leaf("robot-2", &other_key, 2);
     let mut robot = server
         .robot_login("robot-2", &Certified::new(&fine, &other_key))
         .await;
