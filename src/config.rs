@@ -116,8 +116,8 @@ pub struct Config {
     /// Shared secret of the TURN server (coturn `use-auth-secret`).
     #[arg(long, env = "SIGNALLING_TURN_SECRET", hide_env_values = true)]
     pub turn_secret: Option<String>,
-    /// Lifetime of TURN credentials in seconds.
-    #[arg(long, env = "SIGNALLING_TURN_TTL", default_value_t = 86_400)]
+    /// Lifetime of TURN credentials in seconds; connections get fresh ones before expiry.
+    #[arg(long, env = "SIGNALLING_TURN_TTL", default_value_t = 600)]
     pub turn_ttl: u64,
 
     #[arg(long, env = "SIGNALLING_TLS_CERT", requires = "tls_key")]

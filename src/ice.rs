@@ -28,7 +28,25 @@ impl IceConfig {
         servers
     }
 
-    /// STUN plus TURN with short-lived credentials bound to `user`.
+    /// Whether welcomes carry credentials that expire, so long connections need fresh ones.
+    pub fn issues_credentials(&self) -> bool {
+        !self.turn_urls.is_empty() && self.turn_secret.is_some()
+    }
+
+    /// When a connection should get fresh credentials: well before the old ones lapse, so
+    /// a peer that gathers candidates or restarts ICE late still holds valid ones.
+    pub fn refresh_after(&self) -> std::time::Duration {
+        let ttl = self.turn_ttl_secs.max(1);
+        // At 80 % of the lifetime, and never later than one minute before expiry.
+        let at = (ttl * 4 / 5)
+            .min(ttl.saturating_sub(60))
+            .max(ttl / 2)
+            .max(1);
+        std::time::Duration::from_secs(at)
+    }
+
+    /// STUN plus TURN with short-lived credentials bound to `user` (the TURN server logs
+    /// it: the client's subject, or `robot:<id>`).
     pub fn servers_for(&self, user: &str, now_unix: u64) -> Vec<IceServer> {
         let mut servers = self.public_servers();
         if self.turn_urls.is_empty() {
@@ -70,6 +88,26 @@ mod tests {
     }
 
     const REFERENCE: &str = "AkrfkaTFidB25FhW8hdKxFMMJc8=";
+
+    #[test]
+    fn credentials_refresh_before_they_lapse() {
+        let cfg = |ttl| IceConfig {
+            stun_urls: vec![],
+            turn_urls: vec!["turn:127.0.0.1:3478".into()],
+            turn_secret: Some("x".into()),
+            turn_ttl_secs: ttl,
+        };
+        assert_eq!(cfg(600).refresh_after().as_secs(), 480);
+        assert_eq!(cfg(3_600).refresh_after().as_secs(), 2_880);
+        assert_eq!(cfg(100).refresh_after().as_secs(), 50);
+        assert_eq!(cfg(2).refresh_after().as_secs(), 1);
+        assert!(cfg(600).issues_credentials());
+        let stun_only = IceConfig {
+            turn_urls: vec![],
+            ..cfg(600)
+        };
+        assert!(!stun_only.issues_credentials());
+    }
 
     #[test]
     fn turn_only_with_urls() {

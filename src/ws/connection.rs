@@ -116,6 +116,9 @@ async fn serve(
     let mut deadline = protocol.deadline(login_deadline);
     let timer = sleep_until(timer_instant(&deadline));
     tokio::pin!(timer);
+    let mut refresh_at = protocol.credentials_refresh_at();
+    let refresh = sleep_until(far_or(refresh_at));
+    tokio::pin!(refresh);
     let mut kick_watch = inbox.kick.clone();
     let kicked = kick_watch.changed();
     tokio::pin!(kicked);
@@ -207,6 +210,11 @@ async fn serve(
                     timer.as_mut().reset(timer_instant(&next));
                 }
                 deadline = next;
+                let next_refresh = protocol.credentials_refresh_at();
+                if next_refresh != refresh_at {
+                    refresh.as_mut().reset(far_or(next_refresh));
+                    refresh_at = next_refresh;
+                }
                 let now_role = protocol.role_label();
                 if now_role != role {
                     state.metrics.connections.with_label_values(&[role]).dec();
@@ -224,6 +232,14 @@ async fn serve(
                     continue;
                 }
                 out.send(Outbound::Ping);
+            }
+            _ = &mut refresh, if refresh_at.is_some() => {
+                protocol.refresh_credentials();
+                for reply in protocol.replies.drain(..) {
+                    out.reply(reply);
+                }
+                refresh_at = protocol.credentials_refresh_at();
+                refresh.as_mut().reset(far_or(refresh_at));
             }
             _ = &mut timer, if deadline.is_some() => {
                 if let Some((_, error)) = deadline.take() {
@@ -442,8 +458,13 @@ async fn write_loop(
 /// When the deadline timer fires; far in the future when there is no deadline (the branch
 /// is disabled then anyway).
 fn timer_instant(deadline: &Option<(Instant, WsError)>) -> tokio::time::Instant {
-    match deadline {
-        Some((at, _)) => tokio::time::Instant::from_std(*at),
+    far_or(deadline.as_ref().map(|(at, _)| *at))
+}
+
+/// The instant as a timer's, or one far in the future for a timer that is off.
+fn far_or(at: Option<Instant>) -> tokio::time::Instant {
+    match at {
+        Some(at) => tokio::time::Instant::from_std(at),
         None => tokio::time::Instant::now() + Duration::from_secs(86_400 * 365),
     }
 }

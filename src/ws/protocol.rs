@@ -53,6 +53,8 @@ pub struct Protocol {
     /// The client speaks Modulr's older flat dialect (see `legacy`): its replies are
     /// rendered flat by the writer.
     pub legacy: bool,
+    /// When the socket last got TURN credentials, which expire: it gets fresh ones in time.
+    credentials_issued: Option<Instant>,
 }
 
 /// Key in `signalling.register`'s `metadata` by which a robot asks for welcomes.
@@ -76,6 +78,7 @@ impl Protocol {
             replies: Vec::new(),
             wants_welcome: false,
             legacy: false,
+            credentials_issued: None,
         }
     }
 
@@ -100,7 +103,7 @@ impl Protocol {
     /// token is a robot (or a legacy browser) and gets one when it asks: `ready`, or
     /// `register` with `metadata.wantsWelcome` (the Modulr agent logs an error for every
     /// welcome it did not ask for).
-    pub fn welcome_at_open(&self) -> Vec<String> {
+    pub fn welcome_at_open(&mut self) -> Vec<String> {
         match self.peer {
             Peer::Client(_) if self.state.config.legacy_clients => {
                 vec![self.welcome(), legacy::welcome(&self.conn)]
@@ -110,19 +113,32 @@ impl Protocol {
         }
     }
 
-    pub fn welcome(&self) -> String {
+    pub fn welcome(&mut self) -> String {
+        let ice = &self.state.ice;
         let servers = match &self.peer {
-            Peer::Unverified { .. } => self.state.ice.public_servers(),
-            Peer::Robot { robot_id } => self
-                .state
-                .ice
-                .servers_for(robot_id, crate::clock::now_secs()),
-            Peer::Client(identity) => self
-                .state
-                .ice
-                .servers_for(&identity.subject, crate::clock::now_secs()),
+            Peer::Unverified { .. } => ice.public_servers(),
+            Peer::Robot { robot_id } => {
+                ice.servers_for(&format!("robot:{robot_id}"), crate::clock::now_secs())
+            }
+            Peer::Client(identity) => ice.servers_for(&identity.subject, crate::clock::now_secs()),
         };
+        if ice.issues_credentials() && !matches!(self.peer, Peer::Unverified { .. }) {
+            self.credentials_issued = Some(Instant::now());
+        }
         messages::welcome(&self.conn, servers)
+    }
+
+    /// When this socket's TURN credentials are due for renewal, if it holds any.
+    pub fn credentials_refresh_at(&self) -> Option<Instant> {
+        self.credentials_issued
+            .map(|issued| issued + self.state.ice.refresh_after())
+    }
+
+    /// A fresh welcome, with new TURN credentials, for a socket whose old ones are
+    /// about to lapse (the same welcome it got before; its connectionId is unchanged).
+    pub fn refresh_credentials(&mut self) {
+        let welcome = self.welcome();
+        self.replies.push(welcome);
     }
 
     /// When the socket must be closed unless something happens first.

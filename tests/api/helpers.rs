@@ -354,6 +354,8 @@ pub struct WsClient {
     ws: WebSocketStream<MaybeTlsStream<TcpStream>>,
     /// The connectionId from the first welcome.
     pub connection_id: String,
+    /// The welcome a client got at the upgrade (Null for a token-less socket).
+    pub welcome: Value,
     /// The bound on each wait: WAIT, shorter only in the harness's own tests.
     pub wait: Duration,
 }
@@ -393,6 +395,7 @@ impl WsClient {
             .as_str()
             .expect("connectionId")
             .to_string();
+        client.welcome = welcome;
         client
     }
 
@@ -401,6 +404,7 @@ impl WsClient {
         WsClient {
             ws,
             connection_id: String::new(),
+            welcome: Value::Null,
             wait: WAIT,
         }
     }

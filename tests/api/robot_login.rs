@@ -5,7 +5,7 @@ use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD};
 use base64::Engine;
 use ring::rand::SystemRandom;
 use ring::signature::{EcdsaKeyPair, KeyPair, ECDSA_P256_SHA256_ASN1_SIGNING};
-use serde_json::json;
+use serde_json::{json, Value};
 
 #[tokio::test]
 async fn ed25519_robot_logs_in_and_is_online() {
@@ -292,13 +292,63 @@ async fn second_welcome_carries_turn_credentials_only_after_verification() {
     let second = robot.prove("robot-1", &key).await;
     let servers = second["payload"]["iceServers"].as_array().unwrap();
     assert_eq!(servers.len(), 2, "{second}");
+    // TURN REST username `expiry:robot:<id>`: the TURN server's logs name the robot.
     assert!(servers[1]["username"]
         .as_str()
         .unwrap()
-        .ends_with(":robot-1"));
+        .ends_with(":robot:robot-1"));
     assert!(servers[1]["credential"].is_string());
     assert_eq!(
         second["payload"]["connectionId"],
         robot.connection_id.as_str()
     );
+}
+
+/// The expiry in a TURN REST username (`expiry:user`), and the user.
+fn turn_user(welcome: &Value) -> (u64, String) {
+    let servers = welcome["payload"]["iceServers"].as_array().unwrap();
+    let turn = servers
+        .iter()
+        .find(|s| s["username"].is_string())
+        .unwrap_or_else(|| panic!("no TURN entry: {welcome}"));
+    let (expiry, user) = turn["username"].as_str().unwrap().split_once(':').unwrap();
+    (expiry.parse().unwrap(), user.to_string())
+}
+
+#[tokio::test]
+async fn long_connections_get_fresh_turn_credentials_before_expiry() {
+    // A 2 s lifetime: renewed after 1 s, so each side sees a second welcome well in time.
+    let server = TestServer::start_with(|c| {
+        c.turn_urls = vec!["turn:127.0.0.1:3478".into()];
+        c.turn_secret = Some("turn-secret".into());
+        c.turn_ttl = 2;
+    })
+    .await;
+    let key = server.enrolled_robot("robot-1").await;
+    let mut client = server.client_for("robot-1", "alice", "operator").await;
+    let first = client.welcome.clone();
+    let (expiry, user) = turn_user(&first);
+    assert_eq!(user, "alice");
+    let refreshed = client.recv_type("signalling.welcome").await;
+    let (later, user) = turn_user(&refreshed);
+    assert_eq!(user, "alice");
+    assert!(
+        later > expiry,
+        "fresh credentials expire later: {first} then {refreshed}"
+    );
+    assert_eq!(
+        refreshed["payload"]["connectionId"],
+        first["payload"]["connectionId"]
+    );
+
+    let mut robot = WsClient::connect(&server.ws_url()).await;
+    robot.send_text(r#"{"type":"ready"}"#.into()).await;
+    robot.recv_type("signalling.welcome").await;
+    let verified = robot.prove("robot-1", &key).await;
+    let (expiry, user) = turn_user(&verified);
+    assert_eq!(user, "robot:robot-1");
+    let refreshed = robot.recv_type("signalling.welcome").await;
+    let (later, user) = turn_user(&refreshed);
+    assert_eq!(user, "robot:robot-1");
+    assert!(later > expiry);
 }
