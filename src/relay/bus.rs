@@ -3,6 +3,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use axum::extract::ws::Utf8Bytes;
 use tokio::sync::{mpsc, watch};
 
 use crate::rate_limit::RateLimiter;
@@ -10,11 +11,18 @@ use crate::rate_limit::RateLimiter;
 /// A socket's server-assigned id (the `connectionId` of its welcome).
 pub type ConnId = Arc<str>;
 
-/// A frame queued for a socket.
+/// A frame queued for a socket. Text is shared bytes: a relayed message is the frame that
+/// was received (or one spliced copy of it), never copied again on its way out.
 #[derive(Debug, Clone)]
 pub enum Outbound {
-    Text(String),
+    Text(Utf8Bytes),
     Ping,
+}
+
+impl Outbound {
+    pub fn text(text: impl Into<Utf8Bytes>) -> Outbound {
+        Outbound::Text(text.into())
+    }
 }
 
 impl Outbound {
@@ -366,7 +374,7 @@ mod tests {
 
     fn recv_text(rx: &mut MailboxReceiver) -> Option<String> {
         match rx.queue.try_recv()? {
-            Outbound::Text(t) => Some(t),
+            Outbound::Text(t) => Some(t.to_string()),
             Outbound::Ping => None,
         }
     }

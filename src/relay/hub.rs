@@ -386,7 +386,7 @@ impl Hub {
     /// Tells the remaining ends of ended sessions.
     pub fn notify(&self, ended: &[EndedSession]) {
         for (to, text) in ended.iter().flat_map(|e| &e.notices) {
-            let _ = self.deliver(None, to, Outbound::Text(text.clone()));
+            let _ = self.deliver(None, to, Outbound::text(text.as_str()));
         }
     }
 
@@ -658,7 +658,7 @@ mod tests {
         hub.notify(&ended);
         assert!(!hub.is_online("r1"));
         let notice = match bob_rx.queue.try_recv() {
-            Some(Outbound::Text(t)) => t,
+            Some(Outbound::Text(t)) => t.to_string(),
             other => panic!("expected a notice, got {other:?}"),
         };
         assert!(notice.contains("signalling.disconnected") && notice.contains("s3"));

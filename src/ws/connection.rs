@@ -188,7 +188,7 @@ async fn serve(
                     out.too_large();
                     continue;
                 }
-                let result = protocol.handle(text.as_str(), now).await;
+                let result = protocol.handle(&text, now).await;
                 if protocol.legacy && !dialect.load(Ordering::Relaxed) {
                     dialect.store(true, Ordering::Relaxed);
                 }
@@ -321,7 +321,7 @@ impl Outbox<'_> {
     }
 
     fn reply(&mut self, text: String) {
-        self.send(Outbound::Text(text));
+        self.send(Outbound::text(text));
     }
 
     fn error(&mut self, error: &WsError, correlation: Option<&str>) {
@@ -383,7 +383,7 @@ impl Writer {
             Outbound::Text(text) if self.legacy.load(Ordering::Relaxed) => {
                 legacy::render(&text).map(|flat| Message::Text(flat.into()))
             }
-            Outbound::Text(text) => Some(Message::Text(text.into())),
+            Outbound::Text(text) => Some(Message::Text(text)),
             Outbound::Ping => Some(Message::Ping(Default::default())),
         }
     }

@@ -2,9 +2,10 @@
 
 use std::time::Instant;
 
+use axum::extract::ws::Utf8Bytes;
 use signalling_protocol::{
     is_legacy_ready, Body, ConnectedPayload, DisconnectReason, DisconnectedPayload, Envelope,
-    OfferPayload, PkiResponsePayload, ProtocolError, RegisterPayload, Signalling,
+    PkiResponsePayload, ProtocolError, RegisterPayload, Relayed, RelayedKind, Role, Signalling,
 };
 
 use super::error::WsError;
@@ -25,6 +26,54 @@ enum Relay {
     FromRobot,
     Connected,
     Ends(DisconnectReason),
+}
+
+/// A session message on its way to the other end, and how it is written for it.
+enum Forward<'a> {
+    /// The frame as received, vouched for by the one-pass view: passed on as is (to a
+    /// client) or with the server's `meta` spliced in (to a robot).
+    Received {
+        text: &'a Utf8Bytes,
+        view: &'a Relayed<'a>,
+    },
+    /// A message the full parser read (legacy frames, valid but unusual forms): written anew.
+    Parsed(Envelope),
+}
+
+impl Forward<'_> {
+    fn kind(&self) -> &str {
+        match self {
+            Forward::Received { view, .. } => view.kind.type_name(),
+            Forward::Parsed(envelope) => &envelope.kind,
+        }
+    }
+
+    /// For the robot: `meta.session` says who it talks to, whatever the sender put there.
+    fn to_robot(self, subject: &str, role: Role) -> Utf8Bytes {
+        match self {
+            Forward::Received { text, view } => view.with_meta(text, subject, role).into(),
+            Forward::Parsed(mut envelope) => {
+                envelope.meta = Some(messages::session_meta(subject, role));
+                envelope.to_json().into()
+            }
+        }
+    }
+
+    /// For the client: without any `meta` of the robot's.
+    fn to_client(self) -> Utf8Bytes {
+        match self {
+            Forward::Received { text, view } if !view.has_meta() => text.clone(),
+            Forward::Received { text, .. } => match Envelope::parse(text) {
+                Ok(envelope) => Forward::Parsed(envelope).to_client(),
+                // Unreachable: the view accepted it, and the parser accepts all it does.
+                Err(_) => text.clone(),
+            },
+            Forward::Parsed(mut envelope) => {
+                envelope.meta = None;
+                envelope.to_json().into()
+            }
+        }
+    }
 }
 
 /// What the socket is, as far as the server knows.
@@ -161,9 +210,18 @@ impl Protocol {
     /// Handles one text frame. `Err` carries the id of the offending message, if known.
     pub async fn handle(
         &mut self,
-        text: &str,
+        frame: &Utf8Bytes,
         received: Instant,
     ) -> Result<(), (WsError, Option<String>)> {
+        let text = frame.as_str();
+        // Session messages, nearly all the traffic, in one pass; anything the view does
+        // not vouch for is read by the full parser below.
+        if let Some(view) = Relayed::parse(text) {
+            return self
+                .relay_received(frame, &view, received)
+                .await
+                .map_err(|e| (e, Some(view.id.to_string())));
+        }
         // The legacy greeting is tiny; checking size first keeps a second JSON parse off
         // the relay path.
         if text.len() <= LEGACY_READY_MAX && is_legacy_ready(text) {
@@ -216,32 +274,47 @@ impl Protocol {
             Signalling::Capabilities(_) => self.replies.push(messages::capabilities(&envelope.id)),
             Signalling::Register(payload) => self.register(payload).await?,
             Signalling::PkiResponse(payload) => self.pki_response(&envelope, payload).await?,
-            Signalling::Offer(payload) => self.offer(envelope, payload, received).await?,
-            Signalling::Answer(ref payload) => {
-                let session = payload.connection_id.clone();
-                self.relay(envelope, &session, received, Relay::FromRobot)
+            Signalling::Offer(payload) => {
+                let (robot, session) = (payload.robot_id, payload.connection_id);
+                self.offer(Forward::Parsed(envelope), &robot, &session, received)
+                    .await?
+            }
+            Signalling::Answer(payload) => {
+                let session = payload.connection_id;
+                self.relay(
+                    Forward::Parsed(envelope),
+                    &session,
+                    received,
+                    Relay::FromRobot,
+                )
+                .await?;
+            }
+            Signalling::IceCandidate(payload) => {
+                let session = payload.connection_id;
+                self.relay(Forward::Parsed(envelope), &session, received, Relay::Plain)
                     .await?;
             }
-            Signalling::IceCandidate(ref payload) => {
-                let session = payload.connection_id.clone();
-                self.relay(envelope, &session, received, Relay::Plain)
-                    .await?;
-            }
-            Signalling::Connected(ConnectedPayload {
-                ref connection_id, ..
-            }) => {
-                let session = connection_id.clone();
-                self.relay(envelope, &session, received, Relay::Connected)
-                    .await?;
+            Signalling::Connected(ConnectedPayload { connection_id, .. }) => {
+                self.relay(
+                    Forward::Parsed(envelope),
+                    &connection_id,
+                    received,
+                    Relay::Connected,
+                )
+                .await?;
             }
             Signalling::Disconnected(DisconnectedPayload {
-                ref connection_id,
+                connection_id,
                 reason,
                 ..
             }) => {
-                let session = connection_id.clone();
-                self.relay(envelope, &session, received, Relay::Ends(reason))
-                    .await?;
+                self.relay(
+                    Forward::Parsed(envelope),
+                    &connection_id,
+                    received,
+                    Relay::Ends(reason),
+                )
+                .await?;
             }
             // Peers report their own errors; answering them could start an error ping-pong.
             Signalling::Error(error) => {
@@ -370,10 +443,40 @@ impl Protocol {
         Ok(())
     }
 
+    /// A session message read by the one-pass view: the same rules as any other.
+    async fn relay_received(
+        &mut self,
+        text: &Utf8Bytes,
+        view: &Relayed<'_>,
+        received: Instant,
+    ) -> Result<(), WsError> {
+        let forward = Forward::Received { text, view };
+        let session = &view.session;
+        match &view.kind {
+            RelayedKind::Offer { robot_id } => {
+                self.offer(forward, robot_id, session, received).await
+            }
+            RelayedKind::Answer => {
+                self.relay(forward, session, received, Relay::FromRobot)
+                    .await
+            }
+            RelayedKind::IceCandidate => self.relay(forward, session, received, Relay::Plain).await,
+            RelayedKind::Connected => {
+                self.relay(forward, session, received, Relay::Connected)
+                    .await
+            }
+            RelayedKind::Disconnected(reason) => {
+                self.relay(forward, session, received, Relay::Ends(*reason))
+                    .await
+            }
+        }
+    }
+
     async fn offer(
         &mut self,
-        mut envelope: Envelope,
-        payload: OfferPayload,
+        forward: Forward<'_>,
+        robot_id: &str,
+        session_id: &str,
         received: Instant,
     ) -> Result<(), WsError> {
         let identity = match &self.peer {
@@ -391,7 +494,7 @@ impl Protocol {
                 })
             }
         };
-        if payload.connection_id.is_empty() || payload.connection_id.len() > 128 {
+        if session_id.is_empty() || session_id.len() > 128 {
             return Err(ProtocolError::InvalidPayload(
                 "connectionId must be 1-128 characters".into(),
             )
@@ -400,31 +503,32 @@ impl Protocol {
         let role = self
             .state
             .store
-            .grant(&payload.robot_id, &identity.subject)
+            .grant(robot_id, &identity.subject)
             .await?
-            .ok_or_else(|| WsError::NoGrant(payload.robot_id.clone()))?;
+            .ok_or_else(|| WsError::NoGrant(robot_id.to_string()))?;
         let robot_conn = self
             .state
             .sessions
             .open(
                 &self.conn,
                 OpenSession {
-                    session_id: &payload.connection_id,
-                    robot_id: &payload.robot_id,
+                    session_id,
+                    robot_id,
                     subject: &identity.subject,
                     role,
                 },
             )
             .await?;
-        envelope.meta = Some(messages::session_meta(&identity.subject, role));
-        self.forward(&robot_conn, &envelope, received)
+        let metrics = self.state.metrics.relay(forward.kind());
+        let text = forward.to_robot(&identity.subject, role);
+        self.deliver(&robot_conn, metrics, text, received)
     }
 
     /// Relays a session message to the other end, after recording what it means for the
     /// session (so the record is current by the time the other end hears of it).
     async fn relay(
         &mut self,
-        mut envelope: Envelope,
+        forward: Forward<'_>,
         session_id: &str,
         received: Instant,
         kind: Relay,
@@ -444,7 +548,7 @@ impl Protocol {
                 self.state
                     .metrics
                     .late_messages
-                    .with_label_values(&[envelope.kind.as_str()])
+                    .with_label_values(&[forward.kind()])
                     .inc();
                 return Ok(());
             }
@@ -469,24 +573,31 @@ impl Protocol {
             Relay::FromRobot | Relay::Plain => {}
         }
         // Never pass on a peer's own meta: the robot learns who it talks to from us alone.
-        envelope.meta = if route.from_robot {
-            None
+        let metrics = self.state.metrics.relay(forward.kind());
+        let text = if route.from_robot {
+            forward.to_client()
         } else {
-            Some(messages::session_meta(&route.subject, route.role))
+            forward.to_robot(&route.subject, route.role)
         };
-        self.forward(&route.target, &envelope, received)
+        self.deliver(&route.target, metrics, text, received)
     }
 
     /// Queues the message for the other end. A sender over its share at the receiver is
     /// told to slow down; a receiver that is gone or too slow is not the sender's error.
-    fn forward(&self, to: &ConnId, envelope: &Envelope, received: Instant) -> Result<(), WsError> {
-        let delivered =
-            self.state
-                .hub
-                .deliver(Some(&self.conn), to, Outbound::Text(envelope.to_json()));
+    fn deliver(
+        &self,
+        to: &ConnId,
+        metrics: Option<&crate::metrics::RelayMetrics>,
+        text: Utf8Bytes,
+        received: Instant,
+    ) -> Result<(), WsError> {
+        let delivered = self
+            .state
+            .hub
+            .deliver(Some(&self.conn), to, Outbound::Text(text));
         match delivered {
             Ok(()) => {
-                if let Some(metrics) = self.state.metrics.relay(&envelope.kind) {
+                if let Some(metrics) = metrics {
                     metrics.relayed.inc();
                     metrics.latency.observe(received.elapsed().as_secs_f64());
                 }

@@ -344,3 +344,37 @@ async fn revoked_robot_is_cut_off_mid_session() {
         .await;
     assert_eq!(status, 403);
 }
+
+#[tokio::test]
+async fn a_robots_own_meta_never_reaches_the_client_and_a_clients_never_the_robot() {
+    let server = TestServer::start().await;
+    let (mut robot, _) = server.online_robot("robot-1").await;
+    let mut client = server.client_for("robot-1", "alice", "viewer").await;
+    let session = client.connection_id.clone();
+    client.send(&offer("robot-1", &session)).await;
+    robot.recv_type("signalling.offer").await;
+
+    // The Modulr agent tags its messages with `meta.source`; it is the robot's to keep.
+    let mut answer = envelope(
+        "signalling.answer",
+        Some(json!({"connectionId": session, "sdpType": "answer", "sdp": "v=0\r\n"})),
+    );
+    answer["meta"] = json!({"source": "agent-service", "session": {"subject": "x"}});
+    robot.send(&answer).await;
+    let got = client.recv_type("signalling.answer").await;
+    assert_eq!(got["payload"], answer["payload"]);
+    assert!(got.get("meta").is_none(), "{got}");
+
+    // A forged session placed last, with an escaped key, is replaced all the same.
+    let candidate = ice(&session).to_string();
+    let forged = format!(
+        r#"{},"\u006deta":{{"session":{{"subject":"root","role":"owner"}}}}}}"#,
+        &candidate[..candidate.len() - 1]
+    );
+    client.send_text(forged).await;
+    let got = robot.recv_type("signalling.ice_candidate").await;
+    assert_eq!(
+        got["meta"]["session"],
+        json!({"subject": "alice", "role": "viewer"})
+    );
+}

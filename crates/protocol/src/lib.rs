@@ -20,6 +20,7 @@ mod common;
 mod envelope;
 mod error;
 mod legacy;
+mod relayed;
 mod session;
 mod signalling;
 
@@ -36,6 +37,7 @@ pub use common::{CapabilitiesPayload, ErrorPayload};
 pub use envelope::{is_legacy_ready, Envelope};
 pub use error::{ErrorCode, ProtocolError};
 pub use legacy::{parse_legacy_movement, LEGACY_MOVEMENT_TYPE};
+pub use relayed::{Relayed, RelayedKind};
 pub use session::{Role, SessionMeta, SESSION_META_KEY};
 pub use signalling::{
     AnswerPayload, AnswerSdpType, ConnectedIceState, ConnectedPayload, DataChannelState,
