@@ -253,7 +253,7 @@ async fn serve(
     // Out of presence and sessions first: the peers must not wait on a socket that is
     // closing, whatever its writer is doing.
     state.metrics.connections.with_label_values(&[role]).dec();
-    state.sessions.detach(&conn).await;
+    Box::pin(state.sessions.detach(&conn)).await;
     match &protocol.peer {
         Peer::Robot { robot_id } => tracing::info!(robot = %robot_id, "robot disconnected"),
         Peer::Client(identity) => {

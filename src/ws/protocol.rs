@@ -13,7 +13,7 @@ use super::legacy;
 use crate::auth::ClientIdentity;
 use crate::identity::Challenge;
 use crate::messages;
-use crate::relay::{ConnId, DeliveryError, EndReason, OpenSession, Outbound, RelayError};
+use crate::relay::{ConnId, DeliveryError, EndReason, OpenSession, Outbound, RelayError, Route};
 use crate::state::SharedState;
 
 /// Longest text considered as a legacy `{"type":"ready"}` greeting.
@@ -222,6 +222,17 @@ impl Protocol {
                 .await
                 .map_err(|e| (e, Some(view.id.to_string())));
         }
+        // Everything else (logins, pings, legacy frames, unusual forms) is rarer and waits
+        // on more: its future lives on the heap while it runs, not in every socket's task.
+        Box::pin(self.handle_parsed(text, received)).await
+    }
+
+    /// A frame the one-pass view did not take, read by the full parser.
+    async fn handle_parsed(
+        &mut self,
+        text: &str,
+        received: Instant,
+    ) -> Result<(), (WsError, Option<String>)> {
         // The legacy greeting is tiny; checking size first keeps a second JSON parse off
         // the relay path.
         if text.len() <= LEGACY_READY_MAX && is_legacy_ready(text) {
@@ -272,12 +283,15 @@ impl Protocol {
         match message {
             Signalling::Ping => self.replies.push(messages::pong(&envelope.id)),
             Signalling::Capabilities(_) => self.replies.push(messages::capabilities(&envelope.id)),
-            Signalling::Register(payload) => self.register(payload).await?,
-            Signalling::PkiResponse(payload) => self.pki_response(&envelope, payload).await?,
+            // Logins wait on the database and the signature pool: their futures are large,
+            // so they live on the heap while they run instead of in every idle socket's task.
+            Signalling::Register(payload) => Box::pin(self.register(payload)).await?,
+            Signalling::PkiResponse(payload) => {
+                Box::pin(self.pki_response(&envelope, payload)).await?
+            }
             Signalling::Offer(payload) => {
                 let (robot, session) = (payload.robot_id, payload.connection_id);
-                self.offer(Forward::Parsed(envelope), &robot, &session, received)
-                    .await?
+                Box::pin(self.offer(Forward::Parsed(envelope), &robot, &session, received)).await?
             }
             Signalling::Answer(payload) => {
                 let session = payload.connection_id;
@@ -453,21 +467,18 @@ impl Protocol {
         let forward = Forward::Received { text, view };
         let session = &view.session;
         match &view.kind {
+            // Once per session, and it waits on the database: on the heap (see `dispatch`).
             RelayedKind::Offer { robot_id } => {
-                self.offer(forward, robot_id, session, received).await
+                Box::pin(self.offer(forward, robot_id, session, received)).await
             }
-            RelayedKind::Answer => {
-                self.relay(forward, session, received, Relay::FromRobot)
-                    .await
-            }
-            RelayedKind::IceCandidate => self.relay(forward, session, received, Relay::Plain).await,
+            RelayedKind::Answer => self.relay_now(forward, session, received, Relay::FromRobot),
+            RelayedKind::IceCandidate => self.relay_now(forward, session, received, Relay::Plain),
+            // These write the session's record first: rarer, on the heap (see `dispatch`).
             RelayedKind::Connected => {
-                self.relay(forward, session, received, Relay::Connected)
-                    .await
+                Box::pin(self.relay(forward, session, received, Relay::Connected)).await
             }
             RelayedKind::Disconnected(reason) => {
-                self.relay(forward, session, received, Relay::Ends(*reason))
-                    .await
+                Box::pin(self.relay(forward, session, received, Relay::Ends(*reason))).await
             }
         }
     }
@@ -533,6 +544,49 @@ impl Protocol {
         received: Instant,
         kind: Relay,
     ) -> Result<(), WsError> {
+        let Some(route) = self.route(&forward, session_id, &kind)? else {
+            return Ok(());
+        };
+        match kind {
+            // Records are written once per session: their futures go on the heap.
+            Relay::Connected => Box::pin(self.state.sessions.connected(&route)).await?,
+            Relay::Ends(reason) => {
+                let reason = match reason {
+                    DisconnectReason::Closed => EndReason::Closed,
+                    DisconnectReason::Failed => EndReason::Failed,
+                    DisconnectReason::Timeout => EndReason::Timeout,
+                };
+                Box::pin(self.state.sessions.end_by_peer(session_id, reason)).await?;
+            }
+            Relay::FromRobot | Relay::Plain => {}
+        }
+        self.send_routed(&route, forward, received)
+    }
+
+    /// A relayed message that changes nothing in the session's record (answers and
+    /// candidates, nearly all the traffic): routed and queued without awaiting anything.
+    fn relay_now(
+        &mut self,
+        forward: Forward<'_>,
+        session_id: &str,
+        received: Instant,
+        kind: Relay,
+    ) -> Result<(), WsError> {
+        match self.route(&forward, session_id, &kind)? {
+            Some(route) => self.send_routed(&route, forward, received),
+            None => Ok(()),
+        }
+    }
+
+    /// Where a session message goes, if anywhere: only between the two ends of a live
+    /// session, answers from the robot only. None: a late message for a session that just
+    /// ended, dropped quietly.
+    fn route(
+        &self,
+        forward: &Forward<'_>,
+        session_id: &str,
+        kind: &Relay,
+    ) -> Result<Option<Route>, WsError> {
         if matches!(self.peer, Peer::Unverified { .. }) {
             return Err(WsError::Unauthorized {
                 reason: "not_verified",
@@ -550,28 +604,25 @@ impl Protocol {
                     .late_messages
                     .with_label_values(&[forward.kind()])
                     .inc();
-                return Ok(());
+                return Ok(None);
             }
             Err(e) => return Err(e.into()),
         };
-        match kind {
-            Relay::FromRobot if !route.from_robot => {
-                return Err(WsError::Forbidden {
-                    reason: "wrong_direction",
-                    message: "only the robot of a session sends its answer",
-                })
-            }
-            Relay::Connected => self.state.sessions.connected(&route).await?,
-            Relay::Ends(reason) => {
-                let reason = match reason {
-                    DisconnectReason::Closed => EndReason::Closed,
-                    DisconnectReason::Failed => EndReason::Failed,
-                    DisconnectReason::Timeout => EndReason::Timeout,
-                };
-                self.state.sessions.end_by_peer(session_id, reason).await?;
-            }
-            Relay::FromRobot | Relay::Plain => {}
+        if matches!(kind, Relay::FromRobot) && !route.from_robot {
+            return Err(WsError::Forbidden {
+                reason: "wrong_direction",
+                message: "only the robot of a session sends its answer",
+            });
         }
+        Ok(Some(route))
+    }
+
+    fn send_routed(
+        &self,
+        route: &Route,
+        forward: Forward<'_>,
+        received: Instant,
+    ) -> Result<(), WsError> {
         // Never pass on a peer's own meta: the robot learns who it talks to from us alone.
         let metrics = self.state.metrics.relay(forward.kind());
         let text = if route.from_robot {
