@@ -1,10 +1,10 @@
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use axum::extract::ws::Utf8Bytes;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{watch, Notify};
 
 use crate::rate_limit::RateLimiter;
 
@@ -129,13 +129,27 @@ struct Queued {
     share: Option<Arc<Share>>,
 }
 
-/// The accounting shared by a socket's queue and its writer.
+/// A socket's queue and its accounting, shared by the senders and the writer.
+///
+/// A plain deque behind a mutex rather than a channel: a channel reserves its first block
+/// of slots up front (about 2 KiB here) in every socket, and most sockets sit idle. The
+/// deque holds nothing until a frame comes and gives its room back after a burst.
 #[derive(Debug)]
 struct QueueState {
     limits: QueueLimits,
     bytes: AtomicUsize,
     shares: Mutex<HashMap<ConnId, Arc<Share>>>,
+    frames: Mutex<VecDeque<Queued>>,
+    /// Wakes the writer: a frame came, or the last sender went away.
+    ready: Notify,
+    /// Live `Mailbox` handles; none left means the queue is closed once drained.
+    senders: AtomicUsize,
+    /// The writer is gone: nothing queued now would ever be sent.
+    receiver_gone: AtomicBool,
 }
+
+/// Room a drained queue keeps; more than this was a burst and is given back.
+const QUEUE_ROOM_KEPT: usize = 16;
 
 impl QueueState {
     fn release(&self, bytes: usize, share: Option<&Share>) {
@@ -144,17 +158,48 @@ impl QueueState {
             share.release(bytes);
         }
     }
+
+    fn frames(&self) -> MutexGuard<'_, VecDeque<Queued>> {
+        // No code panics while holding it; a poisoned deque is still a valid deque.
+        self.frames.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn pop(&self) -> Option<Queued> {
+        let mut frames = self.frames();
+        let queued = frames.pop_front();
+        if frames.is_empty() && frames.capacity() > QUEUE_ROOM_KEPT {
+            *frames = VecDeque::new();
+        }
+        queued
+    }
 }
 
 /// Past this many senders, shares with nothing queued are forgotten.
 const SHARES_KEPT: usize = 32;
 
 /// The sending half of a socket's queue and its kick switch.
-#[derive(Clone)]
 pub struct Mailbox {
-    queue: mpsc::Sender<Queued>,
     kick: Arc<watch::Sender<Option<Kick>>>,
     accounting: Arc<QueueState>,
+}
+
+impl Clone for Mailbox {
+    fn clone(&self) -> Mailbox {
+        self.accounting.senders.fetch_add(1, Ordering::Relaxed);
+        Mailbox {
+            kick: self.kick.clone(),
+            accounting: self.accounting.clone(),
+        }
+    }
+}
+
+impl Drop for Mailbox {
+    fn drop(&mut self) {
+        if self.accounting.senders.fetch_sub(1, Ordering::AcqRel) == 1 {
+            // The last one: the writer sends what is queued, then sees the end.
+            self.accounting.ready.notify_one();
+        }
+    }
 }
 
 /// What the socket task reads.
@@ -165,18 +210,28 @@ pub struct MailboxReceiver {
 
 /// The receiving half of a socket's queue; taking a frame releases its accounting.
 pub struct QueueReceiver {
-    queue: mpsc::Receiver<Queued>,
     accounting: Arc<QueueState>,
 }
 
 impl QueueReceiver {
+    /// The next frame; None once every `Mailbox` is gone and the queue is drained.
+    /// Cancel-safe: a frame is only taken by the synchronous pop after the wake-up.
     pub async fn recv(&mut self) -> Option<Outbound> {
-        let queued = self.queue.recv().await?;
-        Some(self.release(queued))
+        loop {
+            if let Some(queued) = self.accounting.pop() {
+                return Some(self.release(queued));
+            }
+            if self.accounting.senders.load(Ordering::Acquire) == 0 {
+                // A frame queued just before the last sender left is still delivered.
+                return self.accounting.pop().map(|queued| self.release(queued));
+            }
+            // A notification sent since the pop above is kept as a permit: none is lost.
+            self.accounting.ready.notified().await;
+        }
     }
 
     pub fn try_recv(&mut self) -> Option<Outbound> {
-        let queued = self.queue.try_recv().ok()?;
+        let queued = self.accounting.pop()?;
         Some(self.release(queued))
     }
 
@@ -187,27 +242,37 @@ impl QueueReceiver {
     }
 }
 
+impl Drop for QueueReceiver {
+    fn drop(&mut self) {
+        self.accounting.receiver_gone.store(true, Ordering::Release);
+        // What was queued is dropped now, not when the last sender lets go.
+        let drained = std::mem::take(&mut *self.accounting.frames());
+        for queued in drained {
+            self.release(queued);
+        }
+    }
+}
+
 impl Mailbox {
     /// A bounded queue: a socket that cannot keep up is closed, never buffered without limit.
     pub fn new(limits: QueueLimits) -> (Mailbox, MailboxReceiver) {
-        let (queue, queue_rx) = mpsc::channel(limits.messages);
         let (kick, kick_rx) = watch::channel(None);
         let accounting = Arc::new(QueueState {
             limits,
             bytes: AtomicUsize::new(0),
             shares: Mutex::new(HashMap::new()),
+            frames: Mutex::new(VecDeque::new()),
+            ready: Notify::new(),
+            senders: AtomicUsize::new(1),
+            receiver_gone: AtomicBool::new(false),
         });
         (
             Mailbox {
-                queue,
                 kick: Arc::new(kick),
                 accounting: accounting.clone(),
             },
             MailboxReceiver {
-                queue: QueueReceiver {
-                    queue: queue_rx,
-                    accounting,
-                },
+                queue: QueueReceiver { accounting },
                 kick: kick_rx,
             },
         )
@@ -225,20 +290,26 @@ impl Mailbox {
             self.accounting.release(bytes, share.as_deref());
             return Err(DeliveryError::Full);
         }
-        let queued = Queued {
-            frame,
-            bytes,
-            share,
-        };
-        self.queue.try_send(queued).map_err(|e| {
-            let (error, queued) = match e {
-                mpsc::error::TrySendError::Full(q) => (DeliveryError::Full, q),
-                mpsc::error::TrySendError::Closed(q) => (DeliveryError::Gone, q),
-            };
-            self.accounting
-                .release(queued.bytes, queued.share.as_deref());
-            error
-        })
+        {
+            let mut frames = self.accounting.frames();
+            if self.accounting.receiver_gone.load(Ordering::Acquire) {
+                drop(frames);
+                self.accounting.release(bytes, share.as_deref());
+                return Err(DeliveryError::Gone);
+            }
+            if frames.len() >= self.accounting.limits.messages {
+                drop(frames);
+                self.accounting.release(bytes, share.as_deref());
+                return Err(DeliveryError::Full);
+            }
+            frames.push_back(Queued {
+                frame,
+                bytes,
+                share,
+            });
+        }
+        self.accounting.ready.notify_one();
+        Ok(())
     }
 
     /// Checks and takes a sender's share for one frame of `bytes`.
@@ -434,5 +505,50 @@ mod tests {
             rated.send(Some(&big), text(&chunk)),
             Err(DeliveryError::SenderThrottled)
         );
+    }
+
+    #[tokio::test]
+    async fn the_writer_wakes_for_frames_and_ends_after_the_last_sender() {
+        let (mailbox, mut rx) = Mailbox::new(QueueLimits::new(8, 1 << 20, 0));
+        let sender = mailbox.clone();
+        let waiting = tokio::spawn(async move { rx.queue.recv().await.map(|f| (f, rx)) });
+        sender.send(None, text("wake")).expect("queued");
+        let (frame, mut rx) = waiting.await.expect("task").expect("a frame");
+        assert!(matches!(frame, Outbound::Text(t) if t == "wake"));
+        // Queued before the last handle went away: still delivered, then the end.
+        sender.send(None, text("last")).expect("queued");
+        drop(sender);
+        drop(mailbox);
+        assert!(matches!(rx.queue.recv().await, Some(Outbound::Text(t)) if t == "last"));
+        assert!(rx.queue.recv().await.is_none());
+    }
+
+    #[test]
+    fn a_gone_writer_refuses_frames_and_frees_what_was_queued() {
+        let (mailbox, rx) = Mailbox::new(QueueLimits::new(8, 1 << 20, 0));
+        let sender: ConnId = Arc::from("s");
+        mailbox.send(Some(&sender), text("queued")).expect("queued");
+        drop(rx);
+        assert_eq!(mailbox.accounting.bytes.load(Ordering::Relaxed), 0);
+        assert_eq!(
+            mailbox.send(Some(&sender), text("late")),
+            Err(DeliveryError::Gone)
+        );
+    }
+
+    #[test]
+    fn a_drained_queue_gives_its_room_back_after_a_burst() {
+        let (mailbox, mut rx) = Mailbox::new(QueueLimits::new(1024, 1 << 20, 0));
+        assert_eq!(
+            mailbox.accounting.frames().capacity(),
+            0,
+            "nothing reserved up front"
+        );
+        for _ in 0..100 {
+            mailbox.send(None, text("x")).expect("queued");
+        }
+        while rx.queue.try_recv().is_some() {}
+        assert_eq!(mailbox.accounting.frames().capacity(), 0);
+        assert_eq!(mailbox.accounting.bytes.load(Ordering::Relaxed), 0);
     }
 }
