@@ -113,13 +113,21 @@ pub async fn relay(opts: &Options, running: &Running, rows: &mut Vec<Row>) -> an
 async fn relay_runs(opts: &Options, running: &Running, rows: &mut Vec<Row>) -> anyhow::Result<()> {
     let p = &opts.profile;
     let name = &running.info.name;
-    for (label, size, b_to_a, rate, repeats) in relay_plan(p) {
+    for RelayRun {
+        label,
+        size,
+        b_to_a,
+        rate,
+        repeats,
+        sessions,
+    } in relay_plan(p)
+    {
         let mut throughputs = Vec::new();
         let mut p99s = Vec::new();
         let mut merged = new_histogram();
         for r in 0..repeats {
             let scenario = Scenario::Relay {
-                sessions: p.relay_sessions,
+                sessions,
                 size,
                 b_to_a,
                 rate,
@@ -133,10 +141,10 @@ async fn relay_runs(opts: &Options, running: &Running, rows: &mut Vec<Row>) -> a
             merged.add(deserialize(&latency)?)?;
         }
         let latency = summarize(&merged);
-        let mut t = row(label, name, "throughput", median(&throughputs), "msgs/s");
+        let mut t = row(&label, name, "throughput", median(&throughputs), "msgs/s");
         t.runs = throughputs;
         rows.push(t);
-        let mut l = row(label, name, "p99 latency", median(&p99s), "µs");
+        let mut l = row(&label, name, "p99 latency", median(&p99s), "µs");
         l.runs = p99s;
         l.latency = Some((&latency).into());
         rows.push(l);
@@ -144,20 +152,57 @@ async fn relay_runs(opts: &Options, running: &Running, rows: &mut Vec<Row>) -> a
     Ok(())
 }
 
-/// The relay runs: (label, message size, robot→client, offered rate, repeats).
-type RelayRun = (&'static str, usize, bool, Option<u64>, usize);
+/// One relay run: message size, direction (robot → client), offered rate (None: as fast
+/// as the window allows), repeats, and how many sessions share the load.
+#[derive(Debug, Clone, PartialEq)]
+struct RelayRun {
+    label: String,
+    size: usize,
+    b_to_a: bool,
+    rate: Option<u64>,
+    repeats: usize,
+    sessions: usize,
+}
 
-fn relay_plan(p: &Profile) -> [RelayRun; 3] {
-    [
-        ("relay 250 B, saturated", 250, false, None, 1),
-        (
-            "relay 250 B, fixed load",
+fn relay_plan(p: &Profile) -> Vec<RelayRun> {
+    let run = |label: String, size, b_to_a, rate, repeats, sessions| RelayRun {
+        label,
+        size,
+        b_to_a,
+        rate,
+        repeats,
+        sessions,
+    };
+    let many = p.relay_sessions;
+    let few = p.relay_few_sessions;
+    vec![
+        run("relay 250 B, saturated".into(), 250, false, None, 1, many),
+        run(
+            "relay 250 B, fixed load".into(),
             250,
             false,
             Some(p.offered_rate),
             p.latency_repeats,
+            many,
         ),
-        ("relay 6 KB, saturated", 6_000, true, None, 1),
+        run("relay 6 KB, saturated".into(), 6_000, true, None, 1, many),
+        // The same load over few sessions: per-socket costs weigh more, batching less.
+        run(
+            format!("relay 250 B, saturated, {few} sessions"),
+            250,
+            false,
+            None,
+            1,
+            few,
+        ),
+        run(
+            format!("relay 6 KB, saturated, {few} sessions"),
+            6_000,
+            true,
+            None,
+            1,
+            few,
+        ),
     ]
 }
 
@@ -289,27 +334,27 @@ mod tests {
     fn the_relay_plan_repeats_only_the_fixed_load_run() {
         for profile in [FULL, SMOKE] {
             let plan = relay_plan(&profile);
-            let labels: Vec<&str> = plan.iter().map(|run| run.0).collect();
+            let few = profile.relay_few_sessions;
+            let labels: Vec<&str> = plan.iter().map(|run| run.label.as_str()).collect();
             assert_eq!(
                 labels,
                 [
-                    "relay 250 B, saturated",
-                    "relay 250 B, fixed load",
-                    "relay 6 KB, saturated"
+                    "relay 250 B, saturated".to_string(),
+                    "relay 250 B, fixed load".to_string(),
+                    "relay 6 KB, saturated".to_string(),
+                    format!("relay 250 B, saturated, {few} sessions"),
+                    format!("relay 6 KB, saturated, {few} sessions"),
                 ]
             );
-            assert_eq!(plan[0], ("relay 250 B, saturated", 250, false, None, 1));
-            assert_eq!(
-                plan[1],
-                (
-                    "relay 250 B, fixed load",
-                    250,
-                    false,
-                    Some(profile.offered_rate),
-                    profile.latency_repeats
-                )
-            );
-            assert_eq!(plan[2], ("relay 6 KB, saturated", 6_000, true, None, 1));
+            for run in &plan {
+                let fixed = run.label.contains("fixed load");
+                assert_eq!(run.rate.is_some(), fixed);
+                assert_eq!(run.repeats, if fixed { profile.latency_repeats } else { 1 });
+                assert_eq!(run.b_to_a, run.size == 6_000);
+            }
+            assert_eq!(plan[0].sessions, profile.relay_sessions);
+            assert_eq!(plan[4].sessions, few);
+            assert_eq!(plan[1].rate, Some(profile.offered_rate));
         }
     }
 }
