@@ -49,7 +49,7 @@ impl Forward<'_> {
     }
 
     /// For the robot: `meta.session` says who it talks to, whatever the sender put there.
-    fn to_robot(self, subject: &str, role: Role) -> Utf8Bytes {
+    fn into_robot(self, subject: &str, role: Role) -> Utf8Bytes {
         match self {
             Forward::Received { text, view } => view.with_meta(text, subject, role).into(),
             Forward::Parsed(mut envelope) => {
@@ -60,11 +60,11 @@ impl Forward<'_> {
     }
 
     /// For the client: without any `meta` of the robot's.
-    fn to_client(self) -> Utf8Bytes {
+    fn into_client(self) -> Utf8Bytes {
         match self {
             Forward::Received { text, view } if !view.has_meta() => text.clone(),
             Forward::Received { text, .. } => match Envelope::parse(text) {
-                Ok(envelope) => Forward::Parsed(envelope).to_client(),
+                Ok(envelope) => Forward::Parsed(envelope).into_client(),
                 // Unreachable: the view accepted it, and the parser accepts all it does.
                 Err(_) => text.clone(),
             },
@@ -531,7 +531,7 @@ impl Protocol {
             )
             .await?;
         let metrics = self.state.metrics.relay(forward.kind());
-        let text = forward.to_robot(&identity.subject, role);
+        let text = forward.into_robot(&identity.subject, role);
         self.deliver(&robot_conn, metrics, text, received)
     }
 
@@ -626,9 +626,9 @@ impl Protocol {
         // Never pass on a peer's own meta: the robot learns who it talks to from us alone.
         let metrics = self.state.metrics.relay(forward.kind());
         let text = if route.from_robot {
-            forward.to_client()
+            forward.into_client()
         } else {
-            forward.to_robot(&route.subject, route.role)
+            forward.into_robot(&route.subject, route.role)
         };
         self.deliver(&route.target, metrics, text, received)
     }
