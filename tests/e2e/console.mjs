@@ -131,7 +131,7 @@ async function main() {
     await check('grants: add, change role, remove', async () => {
       await page.getByRole('link', { name: ROBOT }).click();
       await page.locator('#robot-state .badge.on').waitFor();
-      for (const [subject, role] of [['alice', 'operator'], ['bob', 'viewer']]) {
+      for (const [subject, role] of [['alice', 'operator'], ['bob', 'viewer'], ['carol', 'viewer']]) {
         await page.getByLabel('Subject').fill(subject);
         await page.locator('#grant-role').selectOption(role);
         await page.getByRole('button', { name: 'Grant', exact: true }).click();
@@ -147,21 +147,24 @@ async function main() {
       noProblems('grants');
     });
 
-    let aliceToken;
-    await check('tokens: create a client token for alice', async () => {
+    const tokens = {};
+    await check('tokens: create client tokens for alice and carol', async () => {
       await page.getByRole('link', { name: 'Tokens' }).click();
-      await page.getByLabel('Subject').fill('alice');
-      await page.getByRole('button', { name: 'Create token' }).click();
-      aliceToken = (await page.locator('#new-token').textContent()).trim();
-      assert(aliceToken.startsWith('sct_'), aliceToken);
-      await page.locator('#tokens-table tr:has-text("alice")').first().waitFor();
+      for (const subject of ['carol', 'alice']) {
+        await page.getByLabel('Subject').fill(subject);
+        await page.getByRole('button', { name: 'Create token' }).click();
+        await page.locator(`#new-token-for:has-text("${subject}")`).waitFor();
+        tokens[subject] = (await page.locator('#new-token').textContent()).trim();
+        assert(tokens[subject].startsWith('sct_'), tokens[subject]);
+        await page.locator(`#tokens-table tr:has-text("${subject}")`).first().waitFor();
+      }
       await screenshot(page, 'tokens');
       noProblems('tokens');
     });
 
     await check('alice signs in and sees only her robot', async () => {
       await page.getByRole('button', { name: 'Sign out' }).click();
-      await signIn(page, aliceToken, '#my-robots-table');
+      await signIn(page, tokens.alice, '#my-robots-table');
       await page.locator(`#my-robots-table tr[data-robot="${ROBOT}"] .badge.on`).waitFor();
       const rows = await page.locator('#my-robots-table tbody tr').count();
       assert(rows === 1, `${rows} rows`);
@@ -230,7 +233,27 @@ async function main() {
       noProblems('e-stop');
     });
 
-    await check('the session shows on the sessions page, live then ended', async () => {
+    await check('a viewer sees the session and its figures but no drive controls', async () => {
+      await page.getByRole('link', { name: '← My robots' }).click();
+      await page.getByRole('button', { name: 'Sign out' }).click();
+      await signIn(page, tokens.carol, '#my-robots-table');
+      await page.getByRole('link', { name: 'Watch' }).click();
+      await page.locator('#teleop-status:has-text("viewer")').waitFor({ timeout: 20000 });
+      assert(await page.locator('#drive').isHidden(), 'drive controls hidden');
+      await waitFor('viewer stats', async () => (await page.locator('#stat-candidate').textContent())?.includes('host'));
+      const before = driverMessages().filter((m) => m.method === 'move').length;
+      // A window for a negative check: W held for ten of the page's 100 ms ticks.
+      await page.keyboard.down('w');
+      const t = await page.evaluate(() => performance.now());
+      await page.waitForFunction((t0) => performance.now() > t0 + 1000, t);
+      await page.keyboard.up('w');
+      assert(driverMessages().filter((m) => m.method === 'move').length === before, 'a viewer moves nothing');
+      assert(await page.locator('#notice').isHidden(), 'no refusal shown: nothing was sent');
+      await screenshot(page, 'teleop-viewer');
+      noProblems('viewer');
+    });
+
+    await check('the sessions show on the sessions page, ended', async () => {
       await page.getByRole('link', { name: '← My robots' }).click();
       await page.getByRole('button', { name: 'Sign out' }).click();
       await signIn(page, ADMIN, '#robots-table');

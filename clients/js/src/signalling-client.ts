@@ -536,7 +536,8 @@ export class Session extends Emitter {
 
   private fail(e: SignallingError): void {
     this.emit('error', e);
-    if (this.state === 'connecting') this.end(e.reason ?? e.code);
+    // A refused offer opened no session: there is nothing to tell the server.
+    if (this.state === 'connecting') this.end(e.reason ?? e.code, false);
   }
 
   /** A signalling message about this session (routed by `payload.connectionId`). */

@@ -122,6 +122,7 @@ for (const [code, reason] of [['FORBIDDEN', 'no_grant'], ['FORBIDDEN', 'robot_bu
     ws.deliver({ type: 'signalling.error', correlationId: offer.id, payload: { code, message: 'refused', details: { reason } } });
     await assert.rejects(pending, (e) => e instanceof SignallingError && e.code === code && e.reason === reason);
     assert.equal(FakePeer.last().closed, true);
+    assert.equal(ws.sentOf('signalling.disconnected').length, 0, 'no session to end');
   });
 }
 

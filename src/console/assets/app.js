@@ -384,7 +384,7 @@ function tokensPage() {
         const button = h('button', { type: 'button', class: 'secondary' }, 'Copy token');
         button.addEventListener('click', () => copy(t.token, button));
         created.replaceChildren(h('div', { class: 'card secret', role: 'status' },
-          h('p', {}, h('strong', {}, `Token for ${t.subject}`), ` (expires ${when(t.expiresAt)}). It is shown only now.`),
+          h('p', {}, h('strong', { id: 'new-token-for' }, `Token for ${t.subject}`), ` (expires ${when(t.expiresAt)}). It is shown only now.`),
           h('p', {}, code, ' ', button)));
         subject.value = '';
         await refresh();
@@ -519,6 +519,7 @@ function teleopPage(robotId) {
 
   let client = null;
   let session = null;
+  let drives = false; // operators and owners; a viewer's page sends no commands at all
   let closed = false;
   const input = { keys: new Set(), stick: [0, 0], pad: [0, 0] };
   let moving = false;
@@ -528,7 +529,7 @@ function teleopPage(robotId) {
 
   // Keyboard: held keys drive; Space is the emergency stop wherever focus is.
   const onKey = (e) => {
-    if (!session || e.target instanceof HTMLInputElement && e.target.type !== 'range') return;
+    if (!session || !drives || (e.target instanceof HTMLInputElement && e.target.type !== 'range')) return;
     if (e.code === 'Space' && e.type === 'keydown') {
       e.preventDefault();
       engage();
@@ -572,7 +573,7 @@ function teleopPage(robotId) {
   stick.addEventListener('pointercancel', stickEnd);
 
   function engage() {
-    if (!session) return;
+    if (!session || !drives) return;
     try {
       session.emergencyStop();
     } catch (err) {
@@ -592,7 +593,7 @@ function teleopPage(robotId) {
 
   // 10 Hz: one command per tick while any input is active, one zero command on release.
   const tick = () => {
-    if (!session || session.state !== 'open' || session.emergencyStopped) return;
+    if (!session || !drives || session.state !== 'open' || session.emergencyStopped) return;
     const pads = navigator.getGamepads ? [...navigator.getGamepads()].filter(Boolean) : [];
     const pad = pads[0];
     const dead = (v) => (Math.abs(v) < 0.15 ? 0 : v);
@@ -650,7 +651,7 @@ function teleopPage(robotId) {
       session = await client.openSession(robotId, { video: true });
       if (closed) { session.close(); return; }
       window.consoleSession = session; // for tests and the curious
-      const drives = role === 'operator' || role === 'owner';
+      drives = role === 'operator' || role === 'owner';
       controls.hidden = !drives;
       setStatus(drives ? `Connected as ${role}. You may drive.` : 'Connected as viewer: you can watch, not drive.');
       session.on('video', (stream) => {
