@@ -192,6 +192,46 @@ async function main() {
       noProblems('teleop');
     });
 
+    await check('the SDK in Chromium: typed errors, request/reply, clean close', async () => {
+      await h.api('POST', '/v1/robots', { robotId: 'offline-robot' });
+      await h.api('PUT', '/v1/robots/offline-robot/grants/carol', { role: 'viewer' });
+      const other = await browser.newPage();
+      await other.goto(`${HTTP}/healthz`);
+      const result = await other.evaluate(async ({ ws, robot, alice, carol }) => {
+        const { SignallingClient } = await import('/sdk/signalling-client.js');
+        const out = {};
+        const code = async (p) => {
+          try { await p; return 'resolved'; } catch (e) { return `${e.code}/${e.reason ?? ''}`; }
+        };
+        out.badToken = await code(SignallingClient.connect({ url: ws, token: 'sct_wrong', reconnect: false }));
+        const asAlice = await SignallingClient.connect({ url: ws, token: alice });
+        out.busy = await code(asAlice.openSession(robot));
+        await asAlice.close();
+        const asCarol = await SignallingClient.connect({ url: ['ws://127.0.0.1:9/ws', ws], token: carol });
+        out.noGrant = await code(asCarol.openSession('no-such-robot'));
+        out.offline = await code(asCarol.openSession('offline-robot'));
+        const s = await asCarol.openSession(robot, { video: true });
+        const pong = await s.request({ type: 'agent.ping' });
+        out.pong = pong.type;
+        out.moveRefused = await code(s.request({ type: 'agent.movement', payload: { forward: 0.5, turn: 0 } }));
+        out.serverRtt = (await asCarol.ping()) >= 0;
+        await s.close();
+        out.closed = s.state;
+        await asCarol.close();
+        return out;
+      }, { ws: WS, robot: ROBOT, alice: tokens.alice, carol: tokens.carol });
+      await other.close();
+      log(`SDK in Chromium: ${JSON.stringify(result)}`);
+      assert(result.badToken === 'UNAUTHORIZED/token', result.badToken);
+      assert(result.busy === 'FORBIDDEN/robot_busy', result.busy);
+      assert(result.noGrant === 'FORBIDDEN/no_grant', result.noGrant);
+      assert(result.offline === 'CONNECTION_FAILED/robot_offline', result.offline);
+      assert(result.pong === 'agent.pong', result.pong);
+      assert(result.moveRefused === 'MOVEMENT_FAILED/forbidden', result.moveRefused);
+      assert(result.serverRtt && result.closed === 'closed', JSON.stringify(result));
+      noProblems('the console page while the SDK ran beside it');
+    });
+
     await check('the keyboard drives the robot (the driver records the moves)', async () => {
       const before = driverMessages().length;
       await page.keyboard.down('w');
@@ -237,7 +277,7 @@ async function main() {
       await page.getByRole('link', { name: '← My robots' }).click();
       await page.getByRole('button', { name: 'Sign out' }).click();
       await signIn(page, tokens.carol, '#my-robots-table');
-      await page.getByRole('link', { name: 'Watch' }).click();
+      await page.locator(`#my-robots-table tr[data-robot="${ROBOT}"] a.teleop-link`).click();
       await page.locator('#teleop-status:has-text("viewer")').waitFor({ timeout: 20000 });
       assert(await page.locator('#drive').isHidden(), 'drive controls hidden');
       await waitFor('viewer stats', async () => (await page.locator('#stat-candidate').textContent())?.includes('host'));
