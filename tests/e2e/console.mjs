@@ -248,6 +248,33 @@ async function main() {
         .some((m) => (m.method === 'move' && m.params.linear === 0 && m.params.angular === 0) || m.method === 'stop'));
     });
 
+    await check('the on-screen joystick and a gamepad drive too', async () => {
+      const stopped = (from) => driverMessages().slice(from)
+        .some((m) => (m.method === 'move' && m.params.linear === 0 && m.params.angular === 0) || m.method === 'stop');
+      // Joystick: press in the middle, drag to the top edge (full forward).
+      let before = driverMessages().length;
+      const box = await page.locator('.joystick').boundingBox();
+      await page.mouse.move(box.x + box.width / 2, box.y + box.height / 2);
+      await page.mouse.down();
+      await page.mouse.move(box.x + box.width / 2, box.y + 2, { steps: 4 });
+      await waitFor('joystick moves at the driver', () => driverMessages().slice(before)
+        .filter((m) => m.method === 'move' && m.params.linear > 0.2).length >= 2);
+      await page.mouse.up();
+      await waitFor('joystick release stops', () => stopped(before));
+      // Gamepad: the browser's Gamepad API, its left stick pushed forward and turned left.
+      before = driverMessages().length;
+      await page.evaluate(() => {
+        window.fakePad = { axes: [-1, -1, 0, 0], buttons: [{ pressed: false }, { pressed: false }] };
+        Object.defineProperty(navigator, 'getGamepads', { configurable: true, value: () => [window.fakePad] });
+      });
+      const padMove = await waitFor('gamepad moves at the driver', () => driverMessages().slice(before)
+        .find((m) => m.method === 'move' && m.params.linear > 0 && m.params.angular > 0));
+      assert(padMove.params.linear === 0.25 && padMove.params.angular === 0.5, JSON.stringify(padMove));
+      await page.evaluate(() => { window.fakePad.axes = [0, 0, 0, 0]; });
+      await waitFor('gamepad release stops', () => stopped(before));
+      noProblems('joystick and gamepad');
+    });
+
     await check('Space is the emergency stop: the robot stops and driving is blocked', async () => {
       await page.keyboard.down('w');
       const before = driverMessages().length;
