@@ -13,7 +13,7 @@ import { join } from 'node:path';
 import { writeFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import {
-  ROOT, HERE, SERVER_BIN, AGENT_BIN, Harness, driverMessages as readDriverLog, waitFor, assert, log, run,
+  ROOT, HERE, SERVER_BIN, AGENT_BIN, Harness, driverMessages as readDriverLog, waitFor, assert, log, run, stop,
 } from './lib.mjs';
 
 const freePort = () => new Promise((resolve, reject) => {
@@ -73,7 +73,8 @@ async function signIn(page, token, landing) {
 
 async function main() {
   const dbUrl = `sqlite://${join(work, 'server.db')}`;
-  start('server', SERVER_BIN, ['--listen', `127.0.0.1:${PORT}`, '--admin-token', ADMIN, '--database-url', dbUrl]);
+  const serverArgs = ['--listen', `127.0.0.1:${PORT}`, '--admin-token', ADMIN, '--database-url', dbUrl];
+  let server = start('server', SERVER_BIN, serverArgs);
   await waitFor('server health', async () => (await fetch(`${HTTP}/healthz`)).ok);
 
   const browser = await h.browser();
@@ -122,6 +123,9 @@ async function main() {
         'max_linear_speed = 0.5',
         'max_angular_speed = 1.0',
         'watchdog_ms = 300',
+        '[reconnect]',
+        'initial_delay_ms = 200',
+        'max_delay_ms = 1000',
         '',
       ].join('\n'));
       start('agent', AGENT_BIN, ['--config-dir', configDir, 'run']);
@@ -342,6 +346,47 @@ async function main() {
       assert(overflow <= 0, `page wider than the screen by ${overflow}px`);
       await screenshot(page, 'phone');
       noProblems('phone width');
+    });
+
+    await check('the SDK reconnects by itself after a server restart, and opens a new session', async () => {
+      // The console page polls the API: park it so the outage is no failed request of its.
+      await page.goto(`${HTTP}/healthz`);
+      const other = await browser.newPage();
+      await other.goto(`${HTTP}/healthz`);
+      await other.evaluate(async ({ ws, token }) => {
+        const { SignallingClient } = await import('/sdk/signalling-client.js');
+        window.sdk = await SignallingClient.connect({ url: ws, token, initialDelayMs: 100, maxDelayMs: 500 });
+        window.sdkStates = [];
+        window.sdk.on('state', (st) => window.sdkStates.push(st));
+        window.firstId = window.sdk.connectionId;
+      }, { ws: WS, token: tokens.alice });
+      await stop(server);
+      await waitFor('the SDK notices', () => other.evaluate(() => window.sdk.state === 'reconnecting'));
+      server = start('server-restarted', SERVER_BIN, serverArgs);
+      await waitFor('the SDK is back', () => other.evaluate(() => window.sdk.state === 'open'), 20000);
+      await waitFor('robot online again', async () => (await h.api('GET', `/v1/robots/${ROBOT}`)).body?.online === true, 20000);
+      const result = await other.evaluate(async (robot) => {
+        let session;
+        // The server marks the robot online a moment before the agent has read its
+        // verification; an offer in that moment is refused, so retry within a bound.
+        for (let i = 0; ; i++) {
+          try {
+            session = await window.sdk.openSession(robot, { timeoutMs: 5000 });
+            break;
+          } catch (e) {
+            if (i >= 20) throw e;
+            await new Promise((r) => setTimeout(r, 100 * (i + 1)));
+          }
+        }
+        const pong = await session.request({ type: 'agent.ping' });
+        await session.close();
+        await window.sdk.close();
+        return { states: window.sdkStates, newId: window.sdk.connectionId !== window.firstId, pong: pong.type };
+      }, ROBOT);
+      await other.close();
+      log(`SDK across a server restart: ${JSON.stringify(result)}`);
+      assert(result.states.join(',') === 'reconnecting,open,closed', result.states.join(','));
+      assert(result.newId && result.pong === 'agent.pong', JSON.stringify(result));
     });
   } finally {
     await browser.close();
