@@ -154,7 +154,7 @@ async function main() {
     const tokens = {};
     await check('tokens: create client tokens for alice and carol', async () => {
       await page.getByRole('link', { name: 'Tokens' }).click();
-      for (const subject of ['carol', 'alice']) {
+      for (const subject of ['dave', 'carol', 'alice']) {
         await page.getByLabel('Subject').fill(subject);
         await page.getByRole('button', { name: 'Create token' }).click();
         await page.locator(`#new-token-for:has-text("${subject}")`).waitFor();
@@ -163,6 +163,12 @@ async function main() {
         await page.locator(`#tokens-table tr:has-text("${subject}")`).first().waitFor();
       }
       await screenshot(page, 'tokens');
+      // Revoke dave's from the list: the token stops working at once.
+      const daveId = await page.locator('#tokens-table tr:has-text("dave")').getAttribute('data-token');
+      await page.getByRole('button', { name: `Revoke token ${daveId}` }).click();
+      await page.locator(`#tokens-table tr[data-token="${daveId}"]:has-text("revoked")`).waitFor();
+      const refused = await fetch(`${HTTP}/v1/me`, { headers: { authorization: `Bearer ${tokens.dave}` } });
+      assert(refused.status === 401, `revoked token answered ${refused.status}`);
       noProblems('tokens');
     });
 
