@@ -68,6 +68,14 @@ export interface ConnectOptions {
     fetch?: typeof fetch;
 }
 export type ClientState = 'connecting' | 'open' | 'reconnecting' | 'closed';
+/** A robot the caller holds a grant on (`GET /v1/me/robots`). */
+export interface MyRobot {
+    robotId: string;
+    name: string | null;
+    online: boolean;
+    lastSeenAt: string | null;
+    role: 'viewer' | 'operator' | 'owner';
+}
 /** `wss://host:1/ws` → `https://host:1`: where the HTTP API of that server lives. */
 export declare function httpBase(wsUrl: string): string;
 /**
@@ -119,6 +127,18 @@ export declare class SignallingClient extends Emitter {
     request(m: Outgoing, timeoutMs?: number): Promise<Envelope>;
     /** Watches for a `signalling.error` correlated with `id` (an offer's refusal). */
     watchError(id: string, onError: (e: SignallingError) => void): () => void;
+    /** GET on the server's HTTP API with this client's token; HTTP errors become SignallingErrors. */
+    private http;
+    /** Who the token names: `{subject, expiresAt}` (`GET /v1/me`). */
+    me(): Promise<{
+        subject: string;
+        expiresAt: string | null;
+    }>;
+    /**
+     * The robots this subject holds grants on, with online state and role
+     * (`GET /v1/me/robots`; the server pushes no presence events, so poll it).
+     */
+    robots(): Promise<MyRobot[]>;
     /** Round trip to the server in milliseconds (`signalling.ping`). */
     ping(): Promise<number>;
     /**

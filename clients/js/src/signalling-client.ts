@@ -122,6 +122,15 @@ export interface ConnectOptions {
 
 export type ClientState = 'connecting' | 'open' | 'reconnecting' | 'closed';
 
+/** A robot the caller holds a grant on (`GET /v1/me/robots`). */
+export interface MyRobot {
+  robotId: string;
+  name: string | null;
+  online: boolean;
+  lastSeenAt: string | null;
+  role: 'viewer' | 'operator' | 'owner';
+}
+
 interface Pending {
   resolve: (m: Envelope) => void;
   reject: (e: SignallingError) => void;
@@ -369,6 +378,30 @@ export class SignallingClient extends Emitter {
       clearTimeout(timer);
       this.pending.delete(id);
     };
+  }
+
+  /** GET on the server's HTTP API with this client's token; HTTP errors become SignallingErrors. */
+  private async http(path: string): Promise<any> {
+    const f = this.opts.fetch ?? globalThis.fetch;
+    const response = await f(`${httpBase(this.url)}${path}`, { headers: { authorization: `Bearer ${await this.token()}` } });
+    const body = await response.json().catch(() => null);
+    if (response.status >= 400) {
+      throw new SignallingError(body?.error ?? 'HTTP_ERROR', body?.message ?? `HTTP ${response.status}`, { status: response.status });
+    }
+    return body;
+  }
+
+  /** Who the token names: `{subject, expiresAt}` (`GET /v1/me`). */
+  me(): Promise<{ subject: string; expiresAt: string | null }> {
+    return this.http('/v1/me');
+  }
+
+  /**
+   * The robots this subject holds grants on, with online state and role
+   * (`GET /v1/me/robots`; the server pushes no presence events, so poll it).
+   */
+  robots(): Promise<MyRobot[]> {
+    return this.http('/v1/me/robots');
   }
 
   /** Round trip to the server in milliseconds (`signalling.ping`). */

@@ -280,3 +280,19 @@ test('httpBase maps ws to http origins', () => {
   assert.equal(httpBase('wss://example.org/ws'), 'https://example.org');
   assert.equal(httpBase('ws://127.0.0.1:8080/ws?x=1'), 'http://127.0.0.1:8080');
 });
+
+test('robots and me ask the HTTP API of the connected server with the token', async () => {
+  const calls = [];
+  const fetch = async (url, init) => {
+    calls.push([url, init.headers.authorization]);
+    if (url.endsWith('/v1/me/robots')) {
+      return { status: 200, json: async () => [{ robotId: 'r1', name: null, online: true, lastSeenAt: null, role: 'operator' }] };
+    }
+    return { status: 401, json: async () => ({ error: 'UNAUTHORIZED', message: 'token expired' }) };
+  };
+  const { client } = await connected({ url: 'wss://example.org/ws', fetch });
+  const robots = await client.robots();
+  assert.equal(robots[0].role, 'operator');
+  assert.deepEqual(calls[0], ['https://example.org/v1/me/robots', `Bearer ${TOKEN}`]);
+  await assert.rejects(client.me(), (e) => e.code === 'UNAUTHORIZED' && e.message === 'token expired');
+});
