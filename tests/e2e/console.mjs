@@ -218,6 +218,7 @@ async function main() {
         out.busy = await code(asAlice.openSession(robot));
         await asAlice.close();
         const asCarol = await SignallingClient.connect({ url: ['ws://127.0.0.1:9/ws', ws], token: carol });
+        out.robots = (await asCarol.robots()).map((r) => `${r.robotId}:${r.role}:${r.online}`).sort().join(',');
         out.noGrant = await code(asCarol.openSession('no-such-robot'));
         out.offline = await code(asCarol.openSession('offline-robot'));
         const s = await asCarol.openSession(robot, { video: true });
@@ -235,6 +236,7 @@ async function main() {
       assert(result.badToken === 'UNAUTHORIZED/token', result.badToken);
       assert(result.busy === 'FORBIDDEN/robot_busy', result.busy);
       assert(result.noGrant === 'FORBIDDEN/no_grant', result.noGrant);
+      assert(result.robots === `${ROBOT}:viewer:true,offline-robot:viewer:false`, result.robots);
       assert(result.offline === 'CONNECTION_FAILED/robot_offline', result.offline);
       assert(result.pong === 'agent.pong', result.pong);
       assert(result.moveRefused === 'MOVEMENT_FAILED/forbidden', result.moveRefused);
