@@ -7,6 +7,8 @@ COPY Cargo.toml Cargo.lock ./
 COPY crates ./crates
 COPY src ./src
 COPY migrations ./migrations
+# The browser SDK the server embeds (built and committed in clients/js/dist).
+COPY clients/js/dist ./clients/js/dist
 RUN cargo build --release --locked -p signalling-server --bin signalling-server \
     && strip target/release/signalling-server
 

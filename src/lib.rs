@@ -23,6 +23,7 @@ pub mod app;
 pub mod auth;
 pub mod clock;
 pub mod config;
+pub mod console;
 pub mod dev_pki;
 mod http_error;
 pub mod ice;

@@ -6,7 +6,7 @@ use axum::http::request::Parts;
 use axum::http::{header, StatusCode};
 
 use super::ApiError;
-use crate::auth::{constant_time_eq, sha256_hex};
+use crate::auth::{constant_time_eq, sha256_hex, ClientIdentity};
 use crate::state::SharedState;
 
 #[derive(FromRequest)]
@@ -63,5 +63,27 @@ impl FromRequestParts<SharedState> for Admin {
         } else {
             Err(ApiError::Unauthorized("invalid admin token".into()))
         }
+    }
+}
+
+/// A browser-side caller: the bearer is a client token (`sct_…`) or a JWT, checked the same
+/// way as at the `/ws` upgrade.
+pub struct Client(pub ClientIdentity);
+
+impl FromRequestParts<SharedState> for Client {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &SharedState) -> Result<Self, ApiError> {
+        let token = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .ok_or_else(|| ApiError::Unauthorized("client bearer token required".into()))?;
+        let identity = state
+            .clients
+            .authenticate(token.trim(), crate::store::now_ms())
+            .await?;
+        Ok(Client(identity))
     }
 }

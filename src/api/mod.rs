@@ -4,6 +4,8 @@ mod enroll;
 mod error;
 mod extract;
 mod health;
+mod me;
+mod openapi;
 mod robots;
 mod sessions;
 mod tokens;
@@ -38,12 +40,15 @@ pub fn router() -> Router<SharedState> {
             "/v1/robots/{id}/grants/{subject}",
             put(robots::put_grant).delete(robots::delete_grant),
         )
-        .route("/v1/tokens", post(tokens::create))
+        .route("/v1/tokens", post(tokens::create).get(tokens::list))
         .route(
             "/v1/tokens/{token_id}",
             axum::routing::delete(tokens::revoke),
         )
         .route("/v1/sessions", get(sessions::list))
+        .route("/v1/me", get(me::me))
+        .route("/v1/me/robots", get(me::robots))
+        .route("/v1/openapi.json", get(openapi::serve))
 }
 
 /// RFC 3339 rendering of stored unix milliseconds.

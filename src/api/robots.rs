@@ -4,6 +4,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::Value;
+use utoipa::ToSchema;
 
 use super::extract::{Admin, ApiJson, ApiPath};
 use super::views::{EnrollmentToken, GrantView, Revoked, RobotCreated, RobotView};
@@ -14,11 +15,18 @@ use crate::relay::{EndReason, Kick};
 use crate::state::SharedState;
 use crate::store::{now_ms, NewRobot, RobotRecord, Role};
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CreateRobot {
+    /// 1-128 characters of letters, digits and `. _ : -`.
+    #[schema(
+        pattern = r"^[A-Za-z0-9._:\-]{1,128}$",
+        min_length = 1,
+        max_length = 128
+    )]
     robot_id: String,
     name: Option<String>,
+    #[schema(value_type = Option<Object>)]
     metadata: Option<serde_json::Map<String, Value>>,
 }
 
@@ -31,6 +39,10 @@ fn fresh_enrollment_token(state: &SharedState) -> (String, String, i64) {
     (token, hash, now_ms() + ttl_ms)
 }
 
+/// Creates a robot and its single-use enrollment token.
+#[utoipa::path(post, path = "/v1/robots", tag = "robots", security(("admin" = [])),
+    request_body = CreateRobot,
+    responses((status = 201, body = RobotCreated), super::openapi::CommonErrors))]
 pub async fn create(
     _: Admin,
     State(state): State<SharedState>,
@@ -67,6 +79,9 @@ pub async fn create(
     ))
 }
 
+/// Every robot, with its live online state.
+#[utoipa::path(get, path = "/v1/robots", tag = "robots", security(("admin" = [])),
+    responses((status = 200, body = Vec<RobotView>), super::openapi::CommonErrors))]
 pub async fn list(_: Admin, State(state): State<SharedState>) -> Result<Response, ApiError> {
     let robots = state.store.robots().await?;
     let views: Vec<RobotView> = robots
@@ -84,6 +99,10 @@ async fn existing(state: &SharedState, id: &str) -> Result<RobotRecord, ApiError
         .ok_or_else(|| ApiError::NotFound(format!("no robot {id}")))
 }
 
+/// One robot.
+#[utoipa::path(get, path = "/v1/robots/{id}", tag = "robots", security(("admin" = [])),
+    params(("id" = String, Path, description = "robotId")),
+    responses((status = 200, body = RobotView), super::openapi::CommonErrors))]
 pub async fn show(
     _: Admin,
     State(state): State<SharedState>,
@@ -94,6 +113,10 @@ pub async fn show(
     Ok(Json(RobotView::new(&robot, online)).into_response())
 }
 
+/// Deletes a robot with its grants; its connection is closed.
+#[utoipa::path(delete, path = "/v1/robots/{id}", tag = "robots", security(("admin" = [])),
+    params(("id" = String, Path, description = "robotId")),
+    responses((status = 204, description = "deleted"), super::openapi::CommonErrors))]
 pub async fn delete(
     _: Admin,
     State(state): State<SharedState>,
@@ -106,6 +129,10 @@ pub async fn delete(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// A fresh enrollment token; the previous one stops working.
+#[utoipa::path(post, path = "/v1/robots/{id}/enrollment-token", tag = "robots",
+    security(("admin" = [])), params(("id" = String, Path, description = "robotId")),
+    responses((status = 200, body = EnrollmentToken), super::openapi::CommonErrors))]
 pub async fn new_enrollment_token(
     _: Admin,
     State(state): State<SharedState>,
@@ -125,6 +152,10 @@ pub async fn new_enrollment_token(
     }))
 }
 
+/// Revokes the robot's key or certificate for good; its connection and sessions end.
+#[utoipa::path(post, path = "/v1/robots/{id}/revoke", tag = "robots", security(("admin" = [])),
+    params(("id" = String, Path, description = "robotId")),
+    responses((status = 200, body = Revoked), super::openapi::CommonErrors))]
 pub async fn revoke(
     _: Admin,
     State(state): State<SharedState>,
@@ -147,6 +178,10 @@ pub async fn revoke(
     }))
 }
 
+/// The robot's grants.
+#[utoipa::path(get, path = "/v1/robots/{id}/grants", tag = "robots", security(("admin" = [])),
+    params(("id" = String, Path, description = "robotId")),
+    responses((status = 200, body = Vec<GrantView>), super::openapi::CommonErrors))]
 pub async fn grants(
     _: Admin,
     State(state): State<SharedState>,
@@ -158,19 +193,25 @@ pub async fn grants(
     Ok(Json(views).into_response())
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PutGrant {
+    #[schema(value_type = super::views::RoleName)]
     role: Role,
 }
 
+/// Grants a role (or changes it); a lowered role ends the sessions it no longer allows.
+#[utoipa::path(put, path = "/v1/robots/{id}/grants/{subject}", tag = "robots",
+    security(("admin" = [])), params(("id" = String, Path, description = "robotId"), ("subject" = String, Path, min_length = 1, max_length = 256, description = "the grant holder, URL-encoded")),
+    request_body = PutGrant,
+    responses((status = 200, body = GrantView), super::openapi::CommonErrors))]
 pub async fn put_grant(
     _: Admin,
     State(state): State<SharedState>,
     ApiPath((id, subject)): ApiPath<(String, String)>,
     ApiJson(body): ApiJson<PutGrant>,
 ) -> Result<Response, ApiError> {
-    if subject.is_empty() || subject.len() > 256 {
+    if subject.is_empty() || subject.chars().count() > 256 {
         return Err(ApiError::Unprocessable(
             "subject must be 1-256 characters".into(),
         ));
@@ -192,6 +233,10 @@ pub async fn put_grant(
     .into_response())
 }
 
+/// Withdraws a grant; that subject's live sessions on the robot end.
+#[utoipa::path(delete, path = "/v1/robots/{id}/grants/{subject}", tag = "robots",
+    security(("admin" = [])), params(("id" = String, Path, description = "robotId"), ("subject" = String, Path, min_length = 1, max_length = 256, description = "the grant holder, URL-encoded")),
+    responses((status = 204, description = "withdrawn"), super::openapi::CommonErrors))]
 pub async fn delete_grant(
     _: Admin,
     State(state): State<SharedState>,

@@ -2,6 +2,7 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
+use utoipa::IntoParams;
 
 use super::extract::{Admin, ApiQuery};
 use super::views::SessionView;
@@ -9,15 +10,23 @@ use super::ApiError;
 use crate::state::SharedState;
 use crate::store::SessionFilter;
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
 #[serde(rename_all = "camelCase")]
+#[into_params(parameter_in = Query, rename_all = "camelCase")]
 pub struct SessionQuery {
     robot_id: Option<String>,
     subject: Option<String>,
+    /// true: live sessions only; false: ended ones only.
     active: Option<bool>,
+    /// Newest first, default 500.
+    #[param(minimum = 1, maximum = 10_000)]
     limit: Option<i64>,
 }
 
+/// Session records, newest first.
+#[utoipa::path(get, path = "/v1/sessions", tag = "sessions", security(("admin" = [])),
+    params(SessionQuery),
+    responses((status = 200, body = Vec<SessionView>), super::openapi::CommonErrors))]
 pub async fn list(
     _: Admin,
     State(state): State<SharedState>,

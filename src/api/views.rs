@@ -3,17 +3,30 @@
 
 use serde::Serialize;
 use serde_json::Value;
+use utoipa::ToSchema;
 
 use super::rfc3339;
-use crate::store::{Grant, RobotRecord, Role, SessionRecord};
+use crate::store::{ClientToken, Grant, RobotRecord, Role, SessionRecord};
 
-#[derive(Serialize)]
+/// A role's spelling on the wire and in the API (the protocol crate's `Role`).
+#[derive(ToSchema)]
+#[schema(rename_all = "lowercase")]
+#[allow(dead_code)] // only its schema is used
+pub enum RoleName {
+    Viewer,
+    Operator,
+    Owner,
+}
+
+#[derive(Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RobotView<'a> {
     pub robot_id: &'a str,
     pub name: Option<&'a str>,
+    #[schema(value_type = Option<Object>)]
     pub metadata: Option<&'a Value>,
     pub online: bool,
+    /// `ed25519`, `ecdsa-p256`, `ecdsa-p384`, `rsa`, `x509`, or null before enrollment.
     pub credential: Option<&'a str>,
     pub credential_revoked: bool,
     pub created_at: Option<String>,
@@ -37,7 +50,7 @@ impl<'a> RobotView<'a> {
     }
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RobotCreated {
     pub robot_id: String,
@@ -45,14 +58,14 @@ pub struct RobotCreated {
     pub enrollment_token_expires_at: Option<String>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EnrollmentToken {
     pub enrollment_token: String,
     pub expires_at: Option<String>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Revoked {
     pub robot_id: String,
@@ -60,11 +73,12 @@ pub struct Revoked {
     pub disconnected: bool,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct GrantView<'a> {
     pub robot_id: &'a str,
     pub subject: &'a str,
+    #[schema(value_type = RoleName)]
     pub role: Role,
     /// Absent in the answer to PUT, which sets a grant without reading it back.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -82,7 +96,7 @@ impl<'a> GrantView<'a> {
     }
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TokenCreated {
     pub token_id: String,
@@ -91,17 +105,41 @@ pub struct TokenCreated {
     pub expires_at: Option<String>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TokenView<'a> {
+    pub token_id: &'a str,
+    pub subject: &'a str,
+    pub expires_at: Option<String>,
+    /// When it was revoked; null while it is valid (or merely expired).
+    pub revoked_at: Option<String>,
+}
+
+impl<'a> TokenView<'a> {
+    pub fn new(t: &'a ClientToken) -> Self {
+        TokenView {
+            token_id: &t.token_id,
+            subject: &t.subject,
+            expires_at: rfc3339(t.expires_at),
+            revoked_at: t.revoked_at.and_then(rfc3339),
+        }
+    }
+}
+
+#[derive(Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SessionView<'a> {
     pub connection_id: &'a str,
     pub robot_id: &'a str,
     pub subject: &'a str,
+    #[schema(value_type = RoleName)]
     pub role: &'a str,
     pub node: &'a str,
     pub started_at: Option<String>,
     pub connected_at: Option<String>,
     pub ended_at: Option<String>,
+    /// `closed`, `failed`, `timeout`, `grant_revoked`, `grant_changed`, `server_shutdown`,
+    /// `server_restart`…; null while the session is live.
     pub end_reason: Option<&'a str>,
 }
 
@@ -147,7 +185,7 @@ pub struct CrlList {
     pub stale: bool,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Enrolled {
     pub robot_id: String,

@@ -77,6 +77,18 @@ impl Store {
         rows.into_iter().map(Grant::try_from).collect()
     }
 
+    /// Every grant a subject holds, for the user view of the console (`GET /v1/me/robots`).
+    pub async fn grants_of_subject(&self, subject: &str) -> Result<Vec<Grant>, StoreError> {
+        let rows: Vec<GrantRow> = sqlx::query_as(
+            "SELECT robot_id, subject, role, created_at FROM grants WHERE subject = $1 \
+             ORDER BY robot_id",
+        )
+        .bind(subject)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter().map(Grant::try_from).collect()
+    }
+
     pub async fn delete_grant(&self, robot_id: &str, subject: &str) -> Result<bool, StoreError> {
         let result = sqlx::query("DELETE FROM grants WHERE robot_id = $1 AND subject = $2")
             .bind(robot_id)

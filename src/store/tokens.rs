@@ -30,6 +30,17 @@ impl Store {
         Ok(())
     }
 
+    /// Every client token (never its secret: only the hash is stored), newest first.
+    pub async fn client_tokens(&self, limit: i64) -> Result<Vec<ClientToken>, StoreError> {
+        Ok(sqlx::query_as(
+            "SELECT token_id, subject, expires_at, revoked_at FROM client_tokens \
+             ORDER BY created_at DESC, token_id LIMIT $1",
+        )
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
     /// Looks a token up by the hash of its secret; lookups by hash reveal nothing about
     /// stored secrets, so no constant-time comparison is needed here.
     pub async fn client_token_by_hash(

@@ -9,6 +9,7 @@ mod client_auth;
 mod fleet_ca;
 mod harness;
 mod legacy;
+mod openapi;
 mod robot_login;
 mod robustness;
 mod session_end;

@@ -1,0 +1,139 @@
+//! The OpenAPI 3.1 document of the admin, enrollment and caller API, generated from the
+//! handlers' annotations (utoipa) and served at `GET /v1/openapi.json`. CI checks the
+//! running server against it with schemathesis.
+
+use std::sync::OnceLock;
+
+use axum::http::header;
+use axum::response::IntoResponse;
+use serde::Serialize;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{IntoResponses, Modify, OpenApi, ToSchema};
+
+use super::{enroll, me, robots, sessions, tokens, views};
+
+/// The one JSON shape of every HTTP error (`crate::http_error`).
+#[derive(Serialize, ToSchema)]
+pub struct ErrorBody {
+    /// `BAD_REQUEST`, `UNAUTHORIZED`, `FORBIDDEN`, `NOT_FOUND`, `METHOD_NOT_ALLOWED`,
+    /// `CONFLICT`, `PAYLOAD_TOO_LARGE`, `UNPROCESSABLE`, `UNAVAILABLE`, `INTERNAL_ERROR`.
+    pub error: String,
+    pub message: String,
+}
+
+/// The error answers any route may give; which ones a route gives in practice is in
+/// docs/api.md.
+#[derive(IntoResponses)]
+#[allow(dead_code)] // only its schema is used
+pub enum CommonErrors {
+    /// Malformed JSON, path or query.
+    #[response(status = 400)]
+    BadRequest(ErrorBody),
+    /// Missing or wrong bearer token (or enrollment token).
+    #[response(status = 401)]
+    Unauthorized(ErrorBody),
+    /// Refused: a revoked key at enrollment.
+    #[response(status = 403)]
+    Forbidden(ErrorBody),
+    /// No such robot, grant or token.
+    #[response(status = 404)]
+    NotFound(ErrorBody),
+    /// The robot exists already.
+    #[response(status = 409)]
+    Conflict(ErrorBody),
+    /// Body over 64 KiB.
+    #[response(status = 413)]
+    PayloadTooLarge(ErrorBody),
+    /// Well-formed JSON of the wrong shape, or values out of range.
+    #[response(status = 422)]
+    Unprocessable(ErrorBody),
+    /// Internal failure (details only in the server's log).
+    #[response(status = 500)]
+    Internal(ErrorBody),
+    /// The database does not answer, or the server is shutting down.
+    #[response(status = 503)]
+    Unavailable(ErrorBody),
+}
+
+struct Security;
+
+impl Modify for Security {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        let components = doc.components.get_or_insert_with(Default::default);
+        let bearer = |what: &str| {
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some(what.to_string()))
+                    .build(),
+            )
+        };
+        components.add_security_scheme(
+            "admin",
+            bearer("The admin token (--admin-token or the one logged at first start)"),
+        );
+        components.add_security_scheme(
+            "client",
+            bearer("A client token from POST /v1/tokens (sct_…) or a JWT"),
+        );
+    }
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "signalling-server API",
+        description = "Admin, enrollment and caller API of the robot signalling server. \
+                       The WebSocket protocol at /ws is described in docs/protocol.md.",
+        license(name = "MIT", identifier = "MIT")
+    ),
+    paths(
+        enroll::enroll,
+        robots::create,
+        robots::list,
+        robots::show,
+        robots::delete,
+        robots::new_enrollment_token,
+        robots::revoke,
+        robots::grants,
+        robots::put_grant,
+        robots::delete_grant,
+        tokens::create,
+        tokens::list,
+        tokens::revoke,
+        sessions::list,
+        me::me,
+        me::robots,
+    ),
+    components(schemas(ErrorBody, views::RoleName)),
+    modifiers(&Security),
+    tags(
+        (name = "robots", description = "Robots, their credentials and grants (admin)"),
+        (name = "tokens", description = "Client tokens (admin)"),
+        (name = "sessions", description = "Session records (admin)"),
+        (name = "enrollment", description = "A robot enrolls its key or CSR"),
+        (name = "me", description = "The caller's own view (client token or JWT)"),
+    )
+)]
+pub struct ApiDoc;
+
+/// The document, rendered once.
+pub fn document() -> &'static str {
+    static DOC: OnceLock<String> = OnceLock::new();
+    DOC.get_or_init(|| {
+        // Built from static annotations only: it cannot fail at run time.
+        ApiDoc::openapi()
+            .to_json()
+            .expect("the OpenAPI document serialises")
+    })
+}
+
+pub async fn serve() -> impl IntoResponse {
+    (
+        [
+            (header::CONTENT_TYPE, "application/json"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        document(),
+    )
+}
