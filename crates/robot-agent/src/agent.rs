@@ -85,6 +85,14 @@ pub async fn run(config: RunConfig) -> Result<(), AgentError> {
     };
     let metrics = shared.metrics.clone();
 
+    let cameras: Vec<_> = config
+        .video
+        .iter()
+        .map(|spec| {
+            tracing::info!(camera = %spec.name, source = spec.source.kind(), "camera configured");
+            crate::video::Camera::start(spec.clone(), config.video_grace)
+        })
+        .collect();
     let (inbound_tx, inbound_rx) = mpsc::channel(INBOUND_CAPACITY);
     let outbound = signalling::spawn(
         SignallingOptions {
@@ -104,7 +112,8 @@ pub async fn run(config: RunConfig) -> Result<(), AgentError> {
         },
         outbound,
         shared,
-    )?;
+    )?
+    .with_cameras(cameras);
     let peers = tokio::spawn(manager.run(inbound_rx));
 
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())

@@ -12,6 +12,7 @@ use serde::Deserialize;
 
 use crate::driver::DriverSpec;
 use crate::safety::SafetyLimits;
+use crate::video::{VideoConfig, VideoError, VideoSpec};
 
 /// Name of the config file inside the config folder.
 pub const CONFIG_FILE: &str = "agent.toml";
@@ -40,6 +41,8 @@ pub enum ConfigError {
     ServerUrl(String),
     #[error(transparent)]
     Driver(#[from] crate::driver::DriverError),
+    #[error(transparent)]
+    Video(#[from] VideoError),
 }
 
 /// Reconnect backoff of the signalling client.
@@ -86,6 +89,11 @@ pub struct FileConfig {
     pub max_locations: Option<usize>,
     pub safety: Option<SafetyLimits>,
     pub reconnect: Option<ReconnectConfig>,
+    /// `[[video]]` tables: the robot's cameras.
+    #[serde(default)]
+    pub video: Vec<VideoConfig>,
+    /// Seconds an `exec:` video source keeps running after its last viewer.
+    pub video_grace_s: Option<f64>,
 }
 
 impl FileConfig {
@@ -109,6 +117,8 @@ pub struct RunFlags {
     pub server: Option<String>,
     pub robot_id: Option<String>,
     pub driver: Option<String>,
+    /// `--video NAME=SOURCE`, in order.
+    pub video: Vec<VideoSpec>,
 }
 
 /// Everything `run` needs, resolved.
@@ -126,6 +136,8 @@ pub struct RunConfig {
     pub max_locations: usize,
     pub safety: SafetyLimits,
     pub reconnect: ReconnectConfig,
+    pub video: Vec<VideoSpec>,
+    pub video_grace: Duration,
 }
 
 impl RunConfig {
@@ -176,6 +188,11 @@ impl RunConfig {
             "sim".to_owned()
         });
         let driver = driver_spec.parse()?;
+        let video = VideoSpec::merge(&file.video, &flags.video)?;
+        let video_grace = file
+            .video_grace_s
+            .filter(|s| s.is_finite() && *s >= 0.0)
+            .map_or(crate::video::DEFAULT_GRACE, Duration::from_secs_f64);
         let data_dir = file
             .data_dir
             .map(&within)
@@ -195,6 +212,8 @@ impl RunConfig {
                 .unwrap_or(crate::locations::DEFAULT_MAX_LOCATIONS),
             safety: file.safety.unwrap_or_default(),
             reconnect: file.reconnect.unwrap_or_default(),
+            video,
+            video_grace,
             config_dir,
         })
     }
@@ -303,12 +322,21 @@ future_tolerance_ms = 200
 
 [reconnect]
 max_delay_ms = 2000
+
+[[video]]
+name = "front"
+source = "exec:ffmpeg -f v4l2 -i /dev/video0 -f h264 -"
+
+[[video]]
+name = "rear"
+source = "rtp:127.0.0.1:5004"
 "#,
         )
         .expect("write");
         let config = RunConfig::resolve(RunFlags {
             config: Some(path.clone()),
             robot_id: Some("from-flag".into()),
+            video: vec!["rear=rtp:127.0.0.1:5006".parse().expect("video flag")],
             ..RunFlags::default()
         })
         .expect("resolves");
@@ -327,6 +355,26 @@ max_delay_ms = 2000
         assert_eq!(freshness.clock_window, Duration::from_secs(10));
         assert_eq!(config.reconnect.max(), Duration::from_millis(2000));
         assert!(config.include_loopback_candidates);
+        let cameras: Vec<_> = config
+            .video
+            .iter()
+            .map(|v| (v.name.as_str(), v.source.clone()))
+            .collect();
+        assert_eq!(
+            cameras,
+            vec![
+                (
+                    "front",
+                    crate::video::SourceSpec::Exec("ffmpeg -f v4l2 -i /dev/video0 -f h264 -".into())
+                ),
+                (
+                    "rear",
+                    crate::video::SourceSpec::Rtp("127.0.0.1:5006".parse().expect("addr"))
+                ),
+            ],
+            "the flag replaced the file's camera of the same name"
+        );
+        assert_eq!(config.video_grace, crate::video::DEFAULT_GRACE);
     }
 
     #[test]

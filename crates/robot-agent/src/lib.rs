@@ -7,7 +7,8 @@
 //! * [`peer`]: one WebRTC peer connection per session;
 //! * [`session`]: the `agent.*` protocol of one session;
 //! * [`controller`] + [`safety`]: every motion decision, in one task;
-//! * [`driver`]: sim, exec, rosbridge and serial back ends.
+//! * [`driver`]: sim, exec, rosbridge and serial back ends;
+//! * [`video`]: camera sources, one track each shared by every session.
 
 pub mod agent;
 pub mod config;
@@ -23,6 +24,7 @@ pub mod safety;
 pub mod session;
 pub mod settings;
 pub mod signalling;
+pub mod video;
 
 #[cfg(test)]
 mod testutil;

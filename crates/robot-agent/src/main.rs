@@ -66,6 +66,10 @@ enum Command {
         /// sim | exec:COMMAND | rosbridge:WS_URL | serial:DEVICE[@BAUD]
         #[arg(long, env = "ROBOT_AGENT_DRIVER")]
         driver: Option<String>,
+        /// A camera, NAME=exec:COMMAND (H.264 Annex-B on stdout) or
+        /// NAME=rtp:HOST:PORT (H.264 RTP); repeatable.
+        #[arg(long = "video", value_name = "NAME=SOURCE")]
+        video: Vec<robot_agent::video::VideoSpec>,
     },
 }
 
@@ -116,6 +120,7 @@ async fn main() -> anyhow::Result<()> {
             server,
             robot_id,
             driver,
+            video,
         } => {
             let config = RunConfig::resolve(RunFlags {
                 config,
@@ -123,6 +128,7 @@ async fn main() -> anyhow::Result<()> {
                 server,
                 robot_id,
                 driver,
+                video,
             })
             .context("configuration")?;
             robot_agent::agent::run(config)

@@ -8,6 +8,8 @@ use signalling_protocol::{
     NavigationResponsePayload, NavigationStatus, PROTOCOL_VERSION, SUPPORTED_VERSIONS,
 };
 
+use crate::video::CameraStatus;
+
 fn message(body: Agent, correlation: Option<&str>) -> Envelope {
     let envelope = Envelope::from_body(body, PROTOCOL_VERSION);
     match correlation {
@@ -16,12 +18,42 @@ fn message(body: Agent, correlation: Option<&str>) -> Envelope {
     }
 }
 
-/// Sent when the data channel opens: the versions this agent speaks.
-pub fn capabilities() -> Envelope {
-    message(
+/// Sent when the data channel opens: the versions this agent speaks, and
+/// its cameras in `meta.cameras` (the payload schema is closed; the
+/// envelope's `meta` is where extra facts go) with whether each is
+/// available now.
+pub fn capabilities(cameras: &[CameraStatus]) -> Envelope {
+    let envelope = message(
         Agent::Capabilities(CapabilitiesPayload {
             versions: SUPPORTED_VERSIONS.iter().map(|v| (*v).to_owned()).collect(),
         }),
+        None,
+    );
+    let mut meta = Map::new();
+    meta.insert(
+        CAMERAS_META_KEY.into(),
+        serde_json::to_value(cameras).unwrap_or(Value::Array(Vec::new())),
+    );
+    envelope.with_meta(meta)
+}
+
+/// Key of `agent.capabilities` `meta` listing the robot's cameras.
+pub const CAMERAS_META_KEY: &str = "cameras";
+
+/// `agent.error` `AGENT_UNAVAILABLE` for a camera that cannot stream (the
+/// session goes on without its video).
+pub fn camera_unavailable(camera: &CameraStatus) -> Envelope {
+    let reason = camera.error.clone().unwrap_or_default();
+    error(
+        ErrorCode::AgentUnavailable,
+        format!("camera {:?} is unavailable: {reason}", camera.name),
+        Some(details(
+            "camera_unavailable",
+            &[
+                ("camera", Value::String(camera.name.clone())),
+                ("error", Value::String(reason)),
+            ],
+        )),
         None,
     )
 }

@@ -1,10 +1,15 @@
 //! WebRTC peers (webrtc-rs): one peer connection per session, several at
-//! once. Answers offers (a `control` data channel, plus any media m-lines:
-//! without a camera these are answered `inactive`), serves `agent.*` on
+//! once. Answers offers (a `control` data channel, plus media m-lines: each
+//! video m-line the browser receives on gets the next available camera's
+//! shared track, answered `sendonly`; the rest `inactive`), serves `agent.*` on
 //! every data channel the browser opens (an SDK may put movement on a second,
 //! unordered `maxRetransmits: 0` channel), trickles ICE both ways,
 //! reports `connected`/`disconnected` through signalling, and tears peers
 //! down when the session ends, the peer drops or signalling is lost.
+//!
+//! A new offer in a live session (renegotiation, ICE restart) is answered
+//! on the same peer connection: data channels, safety state and video
+//! carry on.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -32,12 +37,16 @@ use webrtc::peer_connection::configuration::RTCConfiguration;
 use webrtc::peer_connection::peer_connection_state::RTCPeerConnectionState;
 use webrtc::peer_connection::sdp::session_description::RTCSessionDescription;
 use webrtc::peer_connection::RTCPeerConnection;
+use webrtc::rtcp::payload_feedbacks::full_intra_request::FullIntraRequest;
+use webrtc::rtcp::payload_feedbacks::picture_loss_indication::PictureLossIndication;
+use webrtc::rtp_transceiver::RTCRtpTransceiverInit;
 use webrtc::rtp_transceiver::rtp_transceiver_direction::RTCRtpTransceiverDirection;
 
 use crate::messages;
 use crate::safety::{Role, StopReason};
 use crate::session::{Session, Shared};
 use crate::signalling::Inbound;
+use crate::video::Camera;
 
 /// Label of the data channel that carries `agent.*` messages.
 pub const CONTROL_LABEL: &str = "control";
@@ -122,6 +131,8 @@ struct PeerSession {
     /// session task takes it over.
     incoming: Option<mpsc::Receiver<Incoming>>,
     task: Option<JoinHandle<()>>,
+    /// Cameras this session watches (released when it ends).
+    watching: Vec<Arc<Camera>>,
 }
 
 /// Owns every peer connection; driven by signalling events.
@@ -134,6 +145,7 @@ pub struct PeerManager {
     events_tx: mpsc::Sender<PeerEvent>,
     events_rx: mpsc::Receiver<PeerEvent>,
     next_generation: u64,
+    cameras: Vec<Arc<Camera>>,
 }
 
 impl PeerManager {
@@ -179,7 +191,14 @@ impl PeerManager {
             events_tx,
             events_rx,
             next_generation: 1,
+            cameras: Vec::new(),
         })
+    }
+
+    /// The robot's cameras, offered to every session that asks for video.
+    pub fn with_cameras(mut self, cameras: Vec<Arc<Camera>>) -> PeerManager {
+        self.cameras = cameras;
+        self
     }
 
     /// Runs until `inbound` closes (the agent shuts down).
@@ -275,11 +294,25 @@ impl PeerManager {
     async fn offer(&mut self, session: &str, sdp: String, role: Role) -> Result<(), PeerError> {
         let description = RTCSessionDescription::offer(sdp)?;
         if let Some(peer) = self.sessions.get(session) {
-            // Renegotiation (or ICE restart) of a live session.
+            // Renegotiation (or ICE restart) of a live session: same peer
+            // connection, so channels and safety state carry on.
             let pc = peer.pc.clone();
-            let answer = answer(&pc, description).await?;
+            let restart = is_ice_restart(pc_remote_ufrag(&pc).await, &description.sdp);
+            tracing::info!(%session, ice_restart = restart, "new offer in a live session");
+            let watching = peer.watching.clone();
+            let free: Vec<_> = self
+                .cameras
+                .iter()
+                .filter(|c| !watching.iter().any(|w| Arc::ptr_eq(w, c)))
+                .cloned()
+                .collect();
+            let (answer, attached) = answer(&pc, description, &free).await?;
+            for camera in &attached {
+                camera.acquire();
+            }
             if let Some(peer) = self.sessions.get_mut(session) {
                 peer.mid = first_mid(&answer.sdp).unwrap_or_else(|| peer.mid.clone());
+                peer.watching.extend(attached);
             }
             self.send_answer(session, answer.sdp);
             return Ok(());
@@ -306,13 +339,16 @@ impl PeerManager {
         // "open" and the session task taking over.
         let (incoming_tx, incoming) = mpsc::channel(CHANNEL_CAPACITY);
         self.register_callbacks(&pc, session, generation, incoming_tx);
-        let answer = match answer(&pc, description).await {
+        let (answer, watching) = match answer(&pc, description, &self.cameras).await {
             Ok(a) => a,
             Err(e) => {
                 let _ = pc.close().await;
                 return Err(e);
             }
         };
+        for camera in &watching {
+            camera.acquire();
+        }
         let mid = first_mid(&answer.sdp).unwrap_or_else(|| "0".to_owned());
         self.sessions.insert(
             session.to_owned(),
@@ -327,6 +363,7 @@ impl PeerManager {
                 connected_sent: false,
                 incoming: Some(incoming),
                 task: None,
+                watching,
             },
         );
         self.send_answer(session, answer.sdp);
@@ -544,7 +581,12 @@ impl PeerManager {
                     let (outbox_tx, outbox_rx) = mpsc::channel(CHANNEL_CAPACITY);
                     self.shared.controller.attach(&session, outbox_tx).await;
                     let worker = Session::new(session.clone(), peer.role, self.shared.clone());
-                    peer.task = Some(tokio::spawn(channel_task(worker, incoming, outbox_rx)));
+                    peer.task = Some(tokio::spawn(channel_task(
+                        worker,
+                        incoming,
+                        outbox_rx,
+                        self.cameras.clone(),
+                    )));
                 }
                 self.maybe_connected(&session);
             }
@@ -598,6 +640,9 @@ impl PeerManager {
         if let Some(task) = peer.task {
             task.abort();
         }
+        for camera in &peer.watching {
+            camera.release();
+        }
         self.shared.controller.detach(session, stop).await;
         // Closing waits for ICE/DTLS/SCTP to wind down; do not hold up other
         // sessions for it.
@@ -639,12 +684,50 @@ impl PeerManager {
     }
 }
 
-/// Applies the offer and returns the (local) answer. Media m-lines we have
-/// nothing to send on are made inactive.
+/// Applies the offer and returns the (local) answer with the cameras it
+/// attached. Each new recvonly video m-line of the offer gets the next
+/// available camera (a sendonly transceiver made before the offer is
+/// applied, so webrtc-rs pairs the two); media m-lines left without a
+/// track are made inactive.
 async fn answer(
     pc: &RTCPeerConnection,
     offer: RTCSessionDescription,
-) -> Result<RTCSessionDescription, PeerError> {
+    cameras: &[Arc<Camera>],
+) -> Result<(RTCSessionDescription, Vec<Arc<Camera>>), PeerError> {
+    let mut known = Vec::new();
+    for t in pc.get_transceivers().await {
+        if let Some(mid) = t.mid() {
+            known.push(mid.to_string());
+        }
+    }
+    let wanted = recvonly_video_lines(&offer.sdp, &known);
+    let mut attached = Vec::new();
+    for camera in cameras.iter().filter(|c| c.available()).take(wanted) {
+        let transceiver = pc
+            .add_transceiver_from_track(
+                camera.track(),
+                Some(RTCRtpTransceiverInit {
+                    direction: RTCRtpTransceiverDirection::Sendonly,
+                    send_encodings: vec![],
+                }),
+            )
+            .await?;
+        // webrtc-rs's interceptors (NACK responder, reports) run on RTCP
+        // reads; PLI/FIR are counted for the camera.
+        let reader = transceiver.sender().await;
+        let counted = camera.clone();
+        tokio::spawn(async move {
+            while let Ok((packets, _)) = reader.read_rtcp().await {
+                for packet in packets {
+                    let any = packet.as_any();
+                    if any.is::<PictureLossIndication>() || any.is::<FullIntraRequest>() {
+                        counted.keyframe_requested();
+                    }
+                }
+            }
+        });
+        attached.push(camera.clone());
+    }
     pc.set_remote_description(offer).await?;
     for transceiver in pc.get_transceivers().await {
         let has_track = transceiver.sender().await.track().await.is_some();
@@ -656,9 +739,46 @@ async fn answer(
     }
     let answer = pc.create_answer(None).await?;
     pc.set_local_description(answer).await?;
-    pc.local_description()
+    let local = pc
+        .local_description()
         .await
-        .ok_or(PeerError::NoLocalDescription)
+        .ok_or(PeerError::NoLocalDescription)?;
+    Ok((local, attached))
+}
+
+/// Video m-lines of an offer that the browser receives on (recvonly, not
+/// rejected) and that are not already negotiated (`known` mids).
+fn recvonly_video_lines(sdp: &str, known: &[String]) -> usize {
+    sdp.split("\nm=")
+        .skip(1)
+        .filter(|section| {
+            let mut parts = section.split_whitespace();
+            let video = parts.next() == Some("video");
+            let rejected = parts.next() == Some("0");
+            let recvonly = section.lines().any(|l| l.trim() == "a=recvonly");
+            let mid = section
+                .lines()
+                .find_map(|l| l.trim().strip_prefix("a=mid:"));
+            video && !rejected && recvonly && !mid.is_some_and(|m| known.iter().any(|k| k == m))
+        })
+        .count()
+}
+
+/// The browser's current ICE username fragment, to tell an ICE restart
+/// (new credentials) from other renegotiation in the log.
+async fn pc_remote_ufrag(pc: &RTCPeerConnection) -> Option<String> {
+    let remote = pc.remote_description().await?;
+    ice_ufrag(&remote.sdp)
+}
+
+fn ice_ufrag(sdp: &str) -> Option<String> {
+    sdp.lines()
+        .find_map(|l| l.trim().strip_prefix("a=ice-ufrag:"))
+        .map(str::to_owned)
+}
+
+fn is_ice_restart(previous: Option<String>, offer: &str) -> bool {
+    previous.is_some() && ice_ufrag(offer) != previous
 }
 
 fn first_mid(sdp: &str) -> Option<String> {
@@ -674,6 +794,7 @@ async fn channel_task(
     mut session: Session,
     mut incoming: mpsc::Receiver<Incoming>,
     mut outbox: mpsc::Receiver<Envelope>,
+    cameras: Vec<Arc<Camera>>,
 ) {
     let mut primary: Option<Arc<RTCDataChannel>> = None;
     loop {
@@ -689,7 +810,12 @@ async fn channel_task(
                         continue;
                     }
                     primary = Some(channel.clone());
-                    (vec![messages::capabilities()], Some(channel))
+                    // Capabilities list the cameras; each unavailable one is
+                    // also said plainly in an error.
+                    let statuses: Vec<_> = cameras.iter().map(|c| c.status()).collect();
+                    let mut greeting = vec![messages::capabilities(&statuses)];
+                    greeting.extend(statuses.iter().filter(|s| !s.available).map(messages::camera_unavailable));
+                    (greeting, Some(channel))
                 }
                 Some(Incoming::Text { text, channel }) => (session.handle_text(&text).await, Some(channel)),
                 None => break,

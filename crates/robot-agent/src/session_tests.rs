@@ -147,12 +147,45 @@ async fn driver_command(r: &mut Rig) -> DriverCommand {
 
 #[test]
 fn capabilities_on_open_are_valid() {
-    let caps = validated(&messages::capabilities());
+    let caps = validated(&messages::capabilities(&[]));
     assert_eq!(caps["type"], "agent.capabilities");
     assert!(caps["payload"]["versions"]
         .as_array()
         .expect("versions")
         .contains(&json!("0.5")));
+    assert_eq!(caps["meta"]["cameras"], json!([]));
+}
+
+#[test]
+fn cameras_in_capabilities_and_unavailable_ones_as_errors_are_valid() {
+    let ok = crate::video::CameraStatus {
+        name: "front".into(),
+        source: "rtp",
+        codec: "H264",
+        available: true,
+        error: None,
+    };
+    let broken = crate::video::CameraStatus {
+        name: "rear".into(),
+        source: "exec",
+        codec: "H264",
+        available: false,
+        error: Some("the command exited (exit status: 1)".into()),
+    };
+    let caps = validated(&messages::capabilities(&[ok, broken.clone()]));
+    assert_eq!(
+        caps["meta"]["cameras"],
+        json!([
+            {"name": "front", "source": "rtp", "codec": "H264", "available": true},
+            {"name": "rear", "source": "exec", "codec": "H264", "available": false,
+             "error": "the command exited (exit status: 1)"}
+        ])
+    );
+    let error = validated(&messages::camera_unavailable(&broken));
+    assert_eq!(error["type"], "agent.error");
+    assert_eq!(error["payload"]["code"], "AGENT_UNAVAILABLE");
+    assert_eq!(error["payload"]["details"]["reason"], "camera_unavailable");
+    assert_eq!(error["payload"]["details"]["camera"], "rear");
 }
 
 #[tokio::test]
