@@ -13,7 +13,7 @@ use webrtc::api::APIBuilder;
 use webrtc::data_channel::data_channel_init::RTCDataChannelInit;
 use webrtc::data_channel::data_channel_message::DataChannelMessage;
 use webrtc::ice::mdns::MulticastDnsMode;
-use webrtc::ice_transport::ice_candidate::RTCIceCandidate;
+use webrtc::ice_transport::ice_candidate::{RTCIceCandidate, RTCIceCandidateInit};
 use webrtc::peer_connection::configuration::RTCConfiguration;
 use webrtc::peer_connection::sdp::session_description::RTCSessionDescription;
 use webrtc::rtp_transceiver::rtp_codec::RTPCodecType;
@@ -27,6 +27,7 @@ use crate::locations::LocationStore;
 use crate::safety::SafetyLimits;
 use crate::settings::Settings;
 use crate::testutil::WAIT;
+use crate::video::{Camera, CameraStats, VideoSpec};
 
 fn checked(envelope: &Envelope) -> Value {
     let v: Value = serde_json::from_str(&envelope.to_json()).expect("json");
@@ -338,4 +339,364 @@ async fn a_broken_offer_is_reported_as_failed() {
     let mut ignored = Vec::new();
     let failed = next_signal(&mut sig_rx, "signalling.disconnected", &mut ignored).await;
     assert_eq!(failed["payload"]["reason"], "failed");
+}
+
+/// The agent side with the given cameras, online without ICE servers.
+async fn agent_with_cameras(
+    cameras: Vec<Arc<Camera>>,
+) -> (mpsc::Sender<Inbound>, mpsc::Receiver<Envelope>) {
+    let (driver, end) = DriverHandle::channel();
+    end.events.send(DriverEvent::Ready).await.expect("ready");
+    // The driver's end lives as long as the test.
+    std::mem::forget(end);
+    let limits = SafetyLimits::default();
+    let shared = Shared {
+        controller: controller::spawn(limits.clone(), driver),
+        locations: Arc::new(std::sync::Mutex::new(LocationStore::in_memory(10))),
+        settings: Arc::new(std::sync::Mutex::new(Settings::defaults(&limits))),
+        base_limits: limits,
+        metrics: Arc::new(crate::session::Metrics::default()),
+    };
+    let (sig_tx, sig_rx) = mpsc::channel(256);
+    let manager = PeerManager::new(
+        &PeerOptions {
+            include_loopback_candidates: true,
+            loopback_only: true,
+        },
+        sig_tx,
+        shared,
+    )
+    .expect("manager")
+    .with_cameras(cameras);
+    let (in_tx, in_rx) = mpsc::channel(256);
+    tokio::spawn(manager.run(in_rx));
+    in_tx
+        .send(Inbound::Online {
+            ice_servers: vec![],
+        })
+        .await
+        .expect("online");
+    (in_tx, sig_rx)
+}
+
+/// A webrtc-rs "browser" with a control channel and one recvonly video
+/// transceiver; counts the H.264 RTP packets it receives.
+struct Viewer {
+    pc: Arc<webrtc::peer_connection::RTCPeerConnection>,
+    messages: mpsc::Receiver<String>,
+    packets: Arc<std::sync::atomic::AtomicU64>,
+    codec: Arc<std::sync::Mutex<Option<String>>>,
+}
+
+async fn viewer_session(
+    in_tx: &mpsc::Sender<Inbound>,
+    sig_rx: &mut mpsc::Receiver<Envelope>,
+    session: &str,
+) -> (Viewer, String) {
+    let mut media = MediaEngine::default();
+    media.register_default_codecs().expect("codecs");
+    let mut settings = SettingEngine::default();
+    settings.set_ice_multicast_dns_mode(MulticastDnsMode::Disabled);
+    settings.set_include_loopback_candidate(true);
+    settings.set_ip_filter(Box::new(|ip: std::net::IpAddr| ip.is_loopback()));
+    let api = APIBuilder::new()
+        .with_media_engine(media)
+        .with_setting_engine(settings)
+        .build();
+    let pc = Arc::new(
+        api.new_peer_connection(RTCConfiguration::default())
+            .await
+            .expect("pc"),
+    );
+    let control = pc.create_data_channel("control", None).await.expect("dc");
+    pc.add_transceiver_from_kind(
+        RTPCodecType::Video,
+        Some(RTCRtpTransceiverInit {
+            direction: RTCRtpTransceiverDirection::Recvonly,
+            send_encodings: vec![],
+        }),
+    )
+    .await
+    .expect("video transceiver");
+    let (msg_tx, messages) = mpsc::channel::<String>(64);
+    control.on_message(Box::new(move |m: DataChannelMessage| {
+        let tx = msg_tx.clone();
+        Box::pin(async move {
+            let _ = tx.send(String::from_utf8_lossy(&m.data).into_owned()).await;
+        })
+    }));
+    let packets = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let codec = Arc::new(std::sync::Mutex::new(None));
+    let (count, seen) = (packets.clone(), codec.clone());
+    pc.on_track(Box::new(move |track, _, _| {
+        let (count, seen) = (count.clone(), seen.clone());
+        Box::pin(async move {
+            *seen.lock().expect("lock") = Some(track.codec().capability.mime_type.clone());
+            tokio::spawn(async move {
+                while track.read_rtp().await.is_ok() {
+                    count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            });
+        })
+    }));
+    let offer = pc.create_offer(None).await.expect("offer");
+    let mut gathered = pc.gathering_complete_promise().await;
+    pc.set_local_description(offer).await.expect("local");
+    let _ = gathered.recv().await;
+    let offer_sdp = pc.local_description().await.expect("sdp").sdp;
+    in_tx
+        .send(Inbound::Offer {
+            session: session.into(),
+            sdp: offer_sdp,
+            role: Role::Viewer,
+            subject: Some("viewer".into()),
+        })
+        .await
+        .expect("offer");
+    let mut candidates = Vec::new();
+    let answer = next_signal(sig_rx, "signalling.answer", &mut candidates).await;
+    let sdp = answer["payload"]["sdp"].as_str().expect("sdp").to_owned();
+    pc.set_remote_description(RTCSessionDescription::answer(sdp.clone()).expect("answer"))
+        .await
+        .expect("remote");
+    // The offer carried all of the browser's candidates; the agent trickles.
+    let connected = loop {
+        let v = checked(
+            &tokio::time::timeout(WAIT, sig_rx.recv())
+                .await
+                .expect("agent signal in time")
+                .expect("open"),
+        );
+        match v["type"].as_str() {
+            Some("signalling.ice_candidate") => candidates.push(v),
+            Some("signalling.connected") => break v,
+            other => panic!("unexpected {other:?}: {v}"),
+        }
+        for c in candidates.drain(..) {
+            let init = RTCIceCandidateInit {
+                candidate: c["payload"]["candidate"].as_str().expect("c").to_owned(),
+                sdp_mid: c["payload"]["sdpMid"].as_str().map(str::to_owned),
+                sdp_mline_index: Some(0),
+                username_fragment: None,
+            };
+            let _ = pc.add_ice_candidate(init).await;
+        }
+    };
+    assert_eq!(connected["payload"]["connectionId"], session);
+    (
+        Viewer {
+            pc,
+            messages,
+            packets,
+            codec,
+        },
+        sdp,
+    )
+}
+
+async fn next_message(viewer: &mut Viewer) -> Value {
+    let text = tokio::time::timeout(WAIT, viewer.messages.recv())
+        .await
+        .expect("a message in time")
+        .expect("channel open");
+    let v: Value = serde_json::from_str(&text).expect("json");
+    SchemaValidator::shared()
+        .validate(&v)
+        .unwrap_or_else(|e| panic!("agent message breaks the spec: {e}\n{v}"));
+    v
+}
+
+fn video_section(sdp: &str) -> String {
+    sdp.split("m=")
+        .find(|m| m.starts_with("video"))
+        .expect("video m-line answered")
+        .to_owned()
+}
+
+/// An H.264 RTP stream as a pipeline sends it: SPS+PPS in a STAP-A, then
+/// an IDR, then P slices, 30 pictures per second.
+fn h264_rtp(seq: u16, picture: u32) -> Vec<u8> {
+    use webrtc::util::Marshal;
+    let payload: Vec<u8> = match seq % 3 {
+        0 => vec![24, 0, 5, 0x67, 0x42, 0xc0, 0x1f, 0xaa, 0, 4, 0x68, 0xce, 0x3c, 0x80],
+        1 => vec![0x65, 0x88, 1, 2, 3],
+        _ => vec![0x41, 0x9a, 4, 5],
+    };
+    let packet = webrtc::rtp::packet::Packet {
+        header: webrtc::rtp::header::Header {
+            version: 2,
+            marker: seq % 3 != 0,
+            payload_type: 96,
+            sequence_number: seq,
+            timestamp: picture * 3000,
+            ssrc: 42,
+            ..Default::default()
+        },
+        payload: bytes::Bytes::from(payload),
+    };
+    packet.marshal().expect("marshal").to_vec()
+}
+
+async fn wait_for(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !condition() {
+        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_rtp_camera_feeds_every_session_and_a_dead_one_is_reported() {
+    // A free port for the RTP camera: bind, read, release.
+    let port = std::net::UdpSocket::bind("127.0.0.1:0")
+        .expect("probe")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let front = Camera::start(
+        format!("front=rtp:127.0.0.1:{port}").parse().expect("spec"),
+        std::time::Duration::from_millis(200),
+    );
+    // A command that dies at once: unavailable after its first viewer.
+    let rear = Camera::start(
+        "rear=exec:echo 'no camera here' >&2; exit 3"
+            .parse()
+            .expect("spec"),
+        std::time::Duration::from_millis(200),
+    );
+    let (in_tx, mut sig_rx) = agent_with_cameras(vec![front.clone(), rear.clone()]).await;
+
+    let (mut first, sdp) = viewer_session(&in_tx, &mut sig_rx, "v-1").await;
+    let video = video_section(&sdp);
+    assert!(video.contains("a=sendonly"), "camera answered sendonly:\n{video}");
+    assert!(video.contains("H264"), "H.264 negotiated:\n{video}");
+    let caps = next_message(&mut first).await;
+    assert_eq!(caps["type"], "agent.capabilities");
+    let names: Vec<_> = caps["meta"]["cameras"]
+        .as_array()
+        .expect("cameras")
+        .iter()
+        .map(|c| c["name"].as_str().expect("name").to_owned())
+        .collect();
+    assert_eq!(names, vec!["front", "rear"]);
+    assert_eq!(front.users(), 1, "the first session watches the first camera");
+    assert_eq!(rear.users(), 0, "one video m-line, one camera");
+
+    let (mut second, _) = viewer_session(&in_tx, &mut sig_rx, "v-2").await;
+    let _ = next_message(&mut second).await;
+    assert_eq!(front.users(), 2);
+
+    // One stream in, both sessions get it.
+    let source = tokio::net::UdpSocket::bind("127.0.0.1:0").await.expect("src");
+    let mut seq = 0u16;
+    let (a, b) = (first.packets.clone(), second.packets.clone());
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while a.load(std::sync::atomic::Ordering::Relaxed) < 30
+        || b.load(std::sync::atomic::Ordering::Relaxed) < 30
+    {
+        assert!(tokio::time::Instant::now() < deadline, "video reached both sessions");
+        source
+            .send_to(&h264_rtp(seq, u32::from(seq / 3)), ("127.0.0.1", port))
+            .await
+            .expect("send");
+        seq = seq.wrapping_add(1);
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    for viewer in [&first, &second] {
+        assert_eq!(
+            viewer.codec.lock().expect("lock").as_deref(),
+            Some("video/H264")
+        );
+    }
+    assert!(front.status().available);
+
+    // Not H.264 on the camera's port: unavailable, counted, not forwarded.
+    for _ in 0..120 {
+        source
+            .send_to(&[0x80, 96, 0, 1, 0, 0, 0, 1, 0, 0, 0, 42, 0x90, 0x80, 0x12], ("127.0.0.1", port))
+            .await
+            .expect("send");
+    }
+    wait_for("bad input marks the camera unavailable", || !front.available()).await;
+    assert!(CameraStats::get(&front.stats.invalid_input) >= 100);
+    // Good packets again: available again.
+    for i in 0..6u16 {
+        source
+            .send_to(&h264_rtp(seq.wrapping_add(i), 1000), ("127.0.0.1", port))
+            .await
+            .expect("send");
+    }
+    wait_for("the camera recovers", || front.available()).await;
+
+    // Sessions end: nobody watches.
+    first.pc.close().await.expect("close");
+    second.pc.close().await.expect("close");
+    wait_for("sessions released the camera", || front.users() == 0).await;
+
+    // A dead command: the first session starts it, it fails, and the next
+    // session hears that the camera is unavailable (and opens without it).
+    drop(rear);
+    let rear_only = Camera::start(
+        "rear=exec:exit 3".parse().expect("spec"),
+        std::time::Duration::from_millis(200),
+    );
+    let (in_tx2, mut sig_rx2) = agent_with_cameras(vec![rear_only.clone()]).await;
+    let (mut fourth, _) = viewer_session(&in_tx2, &mut sig_rx2, "v-4").await;
+    let _ = next_message(&mut fourth).await;
+    wait_for("the dead command marks the camera unavailable", || {
+        !rear_only.available()
+    })
+    .await;
+    assert!(CameraStats::get(&rear_only.stats.failures) >= 1);
+    fourth.pc.close().await.expect("close");
+    let mut ignored = Vec::new();
+    let gone = next_signal(&mut sig_rx2, "signalling.disconnected", &mut ignored).await;
+    assert_eq!(gone["payload"]["connectionId"], "v-4");
+    let (mut fifth, sdp) = viewer_session(&in_tx2, &mut sig_rx2, "v-5").await;
+    assert!(
+        video_section(&sdp).contains("a=inactive"),
+        "no video from an unavailable camera; the session still opens"
+    );
+    let caps = next_message(&mut fifth).await;
+    assert_eq!(caps["meta"]["cameras"][0]["available"], false);
+    let error = next_message(&mut fifth).await;
+    assert_eq!(error["type"], "agent.error");
+    assert_eq!(error["payload"]["code"], "AGENT_UNAVAILABLE");
+    assert_eq!(error["payload"]["details"]["camera"], "rear");
+    fifth.pc.close().await.expect("close");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exec_camera_runs_while_watched_and_stops_after_the_grace() {
+    // An Annex-B stream from the shell: SPS, PPS, IDR, then P slices.
+    let command = "printf '\\000\\000\\000\\001\\147\\102\\300\\037\\252\\000\\000\\000\\001\\150\\316\\074\\200\\000\\000\\000\\001\\145\\210\\001\\002'; \
+                   while true; do printf '\\000\\000\\000\\001\\101\\232\\004\\005'; sleep 0.02; done";
+    let camera = Camera::start(
+        VideoSpec::new("front", &format!("exec:{command}")).expect("spec"),
+        std::time::Duration::from_millis(300),
+    );
+    assert_eq!(CameraStats::get(&camera.stats.starts), 0, "not started without a viewer");
+    let (in_tx, mut sig_rx) = agent_with_cameras(vec![camera.clone()]).await;
+    let (mut viewer, _) = viewer_session(&in_tx, &mut sig_rx, "e-1").await;
+    let _ = next_message(&mut viewer).await;
+    let packets = viewer.packets.clone();
+    wait_for("pictures reach the session", || {
+        packets.load(std::sync::atomic::Ordering::Relaxed) >= 20
+    })
+    .await;
+    assert_eq!(CameraStats::get(&camera.stats.starts), 1);
+    assert!(camera.available());
+    viewer.pc.close().await.expect("close");
+    wait_for("released", || camera.users() == 0).await;
+    // After the grace period the command is stopped: no more pictures.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let before = CameraStats::get(&camera.stats.frames);
+        tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+        if CameraStats::get(&camera.stats.frames) == before {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the source stops after the grace period");
+    }
+    assert_eq!(CameraStats::get(&camera.stats.starts), 1, "stopped, not restarted");
 }

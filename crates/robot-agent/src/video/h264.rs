@@ -119,7 +119,7 @@ fn inspect(payload: &Bytes) -> PayloadInfo {
     if header & 0x80 != 0 {
         return info; // forbidden_zero_bit
     }
-    let mut single = |nal: Bytes, info: &mut PayloadInfo| match nal.first().map(|h| nal_type(*h)) {
+    let single = |nal: Bytes, info: &mut PayloadInfo| match nal.first().map(|h| nal_type(*h)) {
         Some(NAL_SPS) => info.sps = Some(nal),
         Some(NAL_PPS) => info.pps = Some(nal),
         Some(NAL_IDR) => info.idr_start = true,
