@@ -67,7 +67,7 @@ pub async fn run(config: RunConfig) -> Result<(), AgentError> {
     };
     tracing::info!(
         robot = %config.robot_id,
-        server = %config.server,
+        servers = %config.servers.join(","),
         driver = ?config.driver,
         key = ?key.key_type(),
         certificate = certificate.is_some(),
@@ -96,7 +96,7 @@ pub async fn run(config: RunConfig) -> Result<(), AgentError> {
     let (inbound_tx, inbound_rx) = mpsc::channel(INBOUND_CAPACITY);
     let outbound = signalling::spawn(
         SignallingOptions {
-            url: config.server.clone(),
+            urls: config.servers.clone(),
             robot_id: config.robot_id.clone(),
             key: Arc::new(key),
             certificate,

@@ -72,11 +72,37 @@ impl ReconnectConfig {
     }
 }
 
+/// `server` in the file: one URL, or a list tried in turn.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum ServerSetting {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl ServerSetting {
+    fn urls(self) -> Vec<String> {
+        match self {
+            ServerSetting::One(s) => split_servers(&s),
+            ServerSetting::Many(list) => list.iter().flat_map(|s| split_servers(s)).collect(),
+        }
+    }
+}
+
+/// A comma-separated list of server URLs (`--server a,b`).
+pub fn split_servers(text: &str) -> Vec<String> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
 /// The config file as written.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileConfig {
-    pub server: Option<String>,
+    pub server: Option<ServerSetting>,
     pub robot_id: Option<String>,
     pub driver: Option<String>,
     pub key_file: Option<PathBuf>,
@@ -124,7 +150,8 @@ pub struct RunFlags {
 /// Everything `run` needs, resolved.
 #[derive(Debug, Clone)]
 pub struct RunConfig {
-    pub server: String,
+    /// Signalling servers, tried in turn.
+    pub servers: Vec<String>,
     pub robot_id: String,
     pub driver: DriverSpec,
     pub config_dir: PathBuf,
@@ -172,12 +199,18 @@ impl RunConfig {
             }
         };
 
-        let server = flags
-            .server
-            .or(file.server)
-            .ok_or(ConfigError::Missing("server (--server)"))?;
-        if !(server.starts_with("ws://") || server.starts_with("wss://")) {
-            return Err(ConfigError::ServerUrl(server));
+        let servers = match flags.server {
+            Some(flag) => split_servers(&flag),
+            None => file.server.map(ServerSetting::urls).unwrap_or_default(),
+        };
+        if servers.is_empty() {
+            return Err(ConfigError::Missing("server (--server)"));
+        }
+        if let Some(bad) = servers
+            .iter()
+            .find(|s| !(s.starts_with("ws://") || s.starts_with("wss://")))
+        {
+            return Err(ConfigError::ServerUrl(bad.clone()));
         }
         let robot_id = flags
             .robot_id
@@ -199,7 +232,7 @@ impl RunConfig {
             .or_else(|| std::env::var_os("ROBOT_AGENT_DATA_DIR").map(PathBuf::from))
             .unwrap_or_else(|| config_dir.clone());
         Ok(RunConfig {
-            server,
+            servers,
             robot_id,
             driver,
             key_file: within(file.key_file.unwrap_or_else(|| KEY_FILE.into())),
@@ -341,7 +374,7 @@ source = "rtp:127.0.0.1:5004"
         })
         .expect("resolves");
         assert_eq!(config.robot_id, "from-flag");
-        assert_eq!(config.server, "ws://127.0.0.1:1/ws");
+        assert_eq!(config.servers, vec!["ws://127.0.0.1:1/ws".to_owned()]);
         assert_eq!(config.driver, DriverSpec::Exec("./drive.py".into()));
         assert_eq!(config.data_dir, dir.join("state"));
         assert_eq!(config.key_file, dir.join(KEY_FILE));
@@ -375,6 +408,36 @@ source = "rtp:127.0.0.1:5004"
             "the flag replaced the file's camera of the same name"
         );
         assert_eq!(config.video_grace, crate::video::DEFAULT_GRACE);
+    }
+
+    #[test]
+    fn several_servers_from_a_flag_or_a_file_list() {
+        let dir = crate::testutil::temp_dir("config-servers");
+        let path = dir.join("agent.toml");
+        std::fs::write(
+            &path,
+            "server = [\"wss://a.example/ws\", \"wss://b.example/ws\"]\nrobot_id = \"r\"\n",
+        )
+        .expect("write");
+        let config = RunConfig::resolve(RunFlags {
+            config: Some(path.clone()),
+            ..RunFlags::default()
+        })
+        .expect("resolves");
+        assert_eq!(config.servers, vec!["wss://a.example/ws", "wss://b.example/ws"]);
+        let config = RunConfig::resolve(RunFlags {
+            config: Some(path.clone()),
+            server: Some("ws://x/ws, ws://y/ws".into()),
+            ..RunFlags::default()
+        })
+        .expect("resolves");
+        assert_eq!(config.servers, vec!["ws://x/ws", "ws://y/ws"]);
+        let bad = RunConfig::resolve(RunFlags {
+            config: Some(path),
+            server: Some("ws://x/ws,http://y".into()),
+            ..RunFlags::default()
+        });
+        assert!(matches!(bad, Err(ConfigError::ServerUrl(u)) if u == "http://y"));
     }
 
     #[test]

@@ -58,7 +58,8 @@ enum Command {
         /// Config file [default: CONFIG_DIR/agent.toml if present].
         #[arg(long, env = "ROBOT_AGENT_CONFIG")]
         config: Option<PathBuf>,
-        /// Signalling WebSocket URL (wss://host/ws).
+        /// Signalling WebSocket URL (wss://host/ws); several, comma
+        /// separated, are tried in turn.
         #[arg(long, env = "ROBOT_AGENT_SERVER")]
         server: Option<String>,
         #[arg(long, env = "ROBOT_AGENT_ROBOT_ID")]

@@ -92,7 +92,8 @@ pub enum Inbound {
 /// How to reach the server and who we are.
 #[derive(Clone)]
 pub struct SignallingOptions {
-    pub url: String,
+    /// Servers, tried in turn (at least one).
+    pub urls: Vec<String>,
     pub robot_id: String,
     pub key: Arc<RobotKey>,
     /// PEM chain presented in `register.metadata.certificate`.
@@ -121,10 +122,14 @@ async fn run(
             return;
         }
     };
-    let mut attempt: u32 = 0;
+    // `start` is the server we were last verified on; `failures` counts
+    // attempts since, each on the next server of the list.
+    let mut start: usize = 0;
+    let mut failures: u32 = 0;
     loop {
         let mut online = false;
-        let result = connection(&options, &connector, &inbound, &mut out_rx, &mut online).await;
+        let url = server_for(&options.urls, start, failures);
+        let result = connection(&options, url, &connector, &inbound, &mut out_rx, &mut online).await;
         if inbound.is_closed() {
             return;
         }
@@ -132,20 +137,33 @@ async fn run(
             Err(SignallingError::Refused { code, message }) => {
                 tracing::error!(%code, %message, "server refused the robot's login");
             }
-            Err(e) => tracing::warn!(error = %e, "signalling connection ended"),
+            Err(e) => tracing::warn!(%url, error = %e, "signalling connection ended"),
             Ok(()) => {}
         }
         if online {
-            // A verified session counts as success: start backing off anew.
-            attempt = 0;
+            // A verified session counts as success: start backing off anew,
+            // with this server first.
+            start = options
+                .urls
+                .iter()
+                .position(|u| u == url)
+                .unwrap_or_default();
+            failures = 0;
             if inbound.send(Inbound::Offline).await.is_err() {
                 return;
             }
+        } else {
+            failures = failures.saturating_add(1);
         }
-        let delay = backoff_delay(&options.reconnect, attempt, random_unit());
-        attempt = attempt.saturating_add(1);
+        let delay = reconnect_delay(
+            &options.reconnect,
+            failures,
+            options.urls.len(),
+            random_unit(),
+        );
         tracing::info!(
             delay_ms = delay.as_millis() as u64,
+            next = server_for(&options.urls, start, failures),
             "reconnecting to the signalling server"
         );
         let sleep = tokio::time::sleep(delay);
@@ -158,6 +176,34 @@ async fn run(
             }
         }
     }
+}
+
+/// The server to try after `failures` failed attempts since the last
+/// verified connection (to `urls[start]`): each failure moves on to the next.
+pub fn server_for(urls: &[String], start: usize, failures: u32) -> &str {
+    if urls.is_empty() {
+        return "";
+    }
+    let i = (start + failures as usize) % urls.len();
+    &urls[i]
+}
+
+/// The wait before the next attempt: within a round of the server list a
+/// short random moment (so a fleet does not move to the next server at
+/// once); after a whole round failed, or after a drop, the exponential
+/// backoff of [`backoff_delay`] counted in rounds.
+pub fn reconnect_delay(
+    config: &ReconnectConfig,
+    failures: u32,
+    servers: usize,
+    unit_random: f64,
+) -> Duration {
+    let servers = u32::try_from(servers.max(1)).unwrap_or(u32::MAX);
+    if failures % servers != 0 {
+        return Duration::from_secs_f64(config.initial().as_secs_f64() * unit_random.clamp(0.0, 1.0));
+    }
+    let rounds = (failures / servers).saturating_sub(1);
+    backoff_delay(config, rounds, unit_random)
 }
 
 /// Exponential backoff with "equal jitter": half the delay is fixed, half
@@ -213,6 +259,7 @@ type Socket =
 
 async fn connection(
     options: &SignallingOptions,
+    url: &str,
     connector: &tokio_tungstenite::Connector,
     inbound: &mpsc::Sender<Inbound>,
     out_rx: &mut mpsc::Receiver<Envelope>,
@@ -221,7 +268,7 @@ async fn connection(
     let (mut ws, _) = tokio::time::timeout(
         STEP_TIMEOUT,
         tokio_tungstenite::connect_async_tls_with_config(
-            options.url.as_str(),
+            url,
             None,
             false,
             Some(connector.clone()),
@@ -282,7 +329,7 @@ async fn connection(
             _ => tracing::debug!(kind = %envelope.kind, "ignored before verification"),
         }
     }
-    tracing::info!(robot = %options.robot_id, url = %options.url, "registered and verified");
+    tracing::info!(robot = %options.robot_id, %url, "registered and verified");
     *online = true;
     if inbound.send(Inbound::Online { ice_servers }).await.is_err() {
         return Ok(());

@@ -122,12 +122,79 @@ fn backoff_grows_with_jitter_and_is_capped() {
     assert!((0.0..1.0).contains(&r));
 }
 
+#[test]
+fn several_servers_are_tried_in_turn_with_jitter_then_backoff() {
+    let config = ReconnectConfig {
+        initial_delay_ms: 100,
+        max_delay_ms: 1000,
+    };
+    let urls: Vec<String> = ["ws://a/ws", "ws://b/ws", "ws://c/ws"]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+    // After a verified connection to b dropped: b again first, then c, a.
+    let order: Vec<&str> = (0..5).map(|f| server_for(&urls, 1, f)).collect();
+    assert_eq!(order, vec!["ws://b/ws", "ws://c/ws", "ws://a/ws", "ws://b/ws", "ws://c/ws"]);
+    // A reconnect after a drop backs off as before.
+    assert_eq!(reconnect_delay(&config, 0, 3, 1.0), Duration::from_millis(100));
+    // Within a round, the next server follows after a jittered moment...
+    assert_eq!(reconnect_delay(&config, 1, 3, 0.0), Duration::ZERO);
+    assert_eq!(reconnect_delay(&config, 2, 3, 0.5), Duration::from_millis(50));
+    // ...and once every server failed, the round backs off exponentially.
+    assert_eq!(reconnect_delay(&config, 3, 3, 1.0), Duration::from_millis(100));
+    assert_eq!(reconnect_delay(&config, 6, 3, 1.0), Duration::from_millis(200));
+    assert_eq!(reconnect_delay(&config, 60, 3, 1.0), Duration::from_millis(1000));
+    // One server: every failure is a full round.
+    assert_eq!(reconnect_delay(&config, 1, 1, 1.0), Duration::from_millis(100));
+    assert_eq!(reconnect_delay(&config, 2, 1, 1.0), Duration::from_millis(200));
+}
+
+#[tokio::test]
+async fn an_unreachable_server_is_skipped_for_the_next_one() {
+    // The first URL refuses connections (a port just released), the second
+    // is a working server: the robot registers there.
+    let dead = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let dead_url = format!("ws://{}/ws", dead.local_addr().expect("addr"));
+    drop(dead);
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let key = Arc::new(RobotKey::generate(KeyType::Ed25519).expect("key"));
+    let options = SignallingOptions {
+        urls: vec![dead_url, format!("ws://{}/ws", listener.local_addr().expect("addr"))],
+        robot_id: "robot-1".into(),
+        key,
+        certificate: None,
+        reconnect: ReconnectConfig {
+            initial_delay_ms: 10,
+            max_delay_ms: 50,
+        },
+        ca_file: None,
+    };
+    let (in_tx, _in_rx) = mpsc::channel(16);
+    let _out = spawn(options, in_tx);
+    let (stream, _) = tokio::time::timeout(WAIT, listener.accept())
+        .await
+        .expect("the second server is tried")
+        .expect("accept");
+    let mut ws = tokio_tungstenite::accept_async(stream).await.expect("upgrade");
+    let register = loop {
+        let frame = tokio::time::timeout(WAIT, ws.next())
+            .await
+            .expect("frame in time")
+            .expect("frame")
+            .expect("ok");
+        if let Message::Text(text) = frame {
+            break Envelope::parse(&text).expect("envelope");
+        }
+    };
+    assert_eq!(register.kind, "signalling.register");
+}
+
 #[tokio::test]
 async fn registers_relays_and_reregisters_after_reconnect() {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let key = Arc::new(RobotKey::generate(KeyType::Ed25519).expect("key"));
     let options = SignallingOptions {
-        url: format!("ws://{}/ws", listener.local_addr().expect("addr")),
+        urls: vec![format!("ws://{}/ws", listener.local_addr().expect("addr"))],
         robot_id: "robot-1".into(),
         key: key.clone(),
         certificate: Some("-----BEGIN CERTIFICATE-----\nAA==\n-----END CERTIFICATE-----\n".into()),
@@ -247,7 +314,7 @@ async fn refused_logins_are_retried() {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let key = Arc::new(RobotKey::generate(KeyType::Ed25519).expect("key"));
     let options = SignallingOptions {
-        url: format!("ws://{}/ws", listener.local_addr().expect("addr")),
+        urls: vec![format!("ws://{}/ws", listener.local_addr().expect("addr"))],
         robot_id: "robot-1".into(),
         key: key.clone(),
         certificate: None,
@@ -295,7 +362,7 @@ async fn registers_without_a_welcome_and_asks_for_one() {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let key = Arc::new(RobotKey::generate(KeyType::Ed25519).expect("key"));
     let options = SignallingOptions {
-        url: format!("ws://{}/ws", listener.local_addr().expect("addr")),
+        urls: vec![format!("ws://{}/ws", listener.local_addr().expect("addr"))],
         robot_id: "robot-1".into(),
         key: key.clone(),
         certificate: Some("-----BEGIN CERTIFICATE-----\nMA==\n-----END CERTIFICATE-----\n".into()),
@@ -360,7 +427,7 @@ async fn a_welcome_at_open_is_still_used() {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let key = Arc::new(RobotKey::generate(KeyType::Ed25519).expect("key"));
     let options = SignallingOptions {
-        url: format!("ws://{}/ws", listener.local_addr().expect("addr")),
+        urls: vec![format!("ws://{}/ws", listener.local_addr().expect("addr"))],
         robot_id: "robot-1".into(),
         key: key.clone(),
         certificate: None,
