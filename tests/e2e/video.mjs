@@ -20,7 +20,8 @@ const PUB = process.env.E2E_PUB_NS;
 const ROBOT_NS = process.env.E2E_ROBOT_NS;
 const LINK = process.env.E2E_BROWSER_IF;
 const ADDR = process.env.E2E_PUBLIC_ADDR;
-if (!PUB || !ROBOT_NS || !LINK || !ADDR) throw new Error('run through video.sh');
+const GATEWAY = process.env.E2E_BROWSER_GW;
+if (!PUB || !ROBOT_NS || !LINK || !ADDR || !GATEWAY) throw new Error('run through video.sh');
 const PORT = 18090;
 const HTTP = `http://${ADDR}:${PORT}`;
 const WS = `ws://${ADDR}:${PORT}/ws`;
@@ -63,7 +64,7 @@ function cpuSeconds(pid) {
 const PAGE = `
 window.v = (() => {
   const st = { ws: null, pc: null, dc: null, inbox: [], frames: 0, firstFrameMs: null, t0: null,
-    width: 0, height: 0, restarts: 0, restartLog: [], states: [], errors: [], video: null, seq: 0, sentAt: {}, hold: null };
+    width: 0, height: 0, restarts: 0, restartLog: [], answers: [], states: [], errors: [], video: null, seq: 0, sentAt: {}, hold: null };
   const uuid = () => {
     const b = crypto.getRandomValues(new Uint8Array(16));
     b[6] = (b[6] & 0x0f) | 0x40; b[8] = (b[8] & 0x3f) | 0x80;
@@ -78,9 +79,11 @@ window.v = (() => {
   let chain = Promise.resolve();
   let ids = {};
   async function handle(m) {
+    if (m.type === 'signalling.error') st.errors.push(JSON.stringify(m.payload));
     if (m.payload?.connectionId !== ids.session) return;
     if (m.type === 'signalling.answer') {
       await st.pc.setRemoteDescription({ type: 'answer', sdp: m.payload.sdp });
+      st.answers.push(Date.now());
     } else if (m.type === 'signalling.ice_candidate') {
       await st.pc.addIceCandidate({ candidate: m.payload.candidate, sdpMid: m.payload.sdpMid, sdpMLineIndex: m.payload.sdpMLineIndex });
     }
@@ -123,6 +126,7 @@ window.v = (() => {
       ws.onmessage = (e) => { const m = JSON.parse(e.data); if (m.type === 'signalling.welcome') ok(m); };
       ws.onerror = () => fail(new Error('websocket error'));
     });
+    ws.onclose = (e) => st.errors.push('websocket closed ' + e.code + ' ' + e.reason);
     ws.onmessage = (e) => { const m = JSON.parse(e.data); chain = chain.then(() => handle(m)).catch((err) => st.errors.push(String(err))); };
     const iceServers = welcome.payload.iceServers || [];
     const pc = new RTCPeerConnection({ iceServers });
@@ -184,7 +188,7 @@ window.v = (() => {
     return { width: c.width, height: c.height, colours: colours.size };
   }
   function frames() { return { frames: st.frames, width: st.width, height: st.height, firstFrameMs: st.firstFrameMs }; }
-  function status() { return { restarts: st.restarts, restartLog: st.restartLog, ice: st.pc.iceConnectionState, dc: st.dc.readyState, states: st.states, errors: st.errors }; }
+  function status() { return { answers: st.answers, signaling: st.pc.signalingState, restarts: st.restarts, restartLog: st.restartLog, ice: st.pc.iceConnectionState, dc: st.dc.readyState, states: st.states, errors: st.errors }; }
   function take() { const all = st.inbox; st.inbox = []; return all; }
   function send(type, payload) { const m = env(type, payload); st.dc.send(JSON.stringify(m)); return m.id; }
   function startHolding(forward) {
@@ -379,6 +383,8 @@ async function main() {
     await pause(OUTAGE_MS);
     const up = Date.now();
     await run('ip', ['link', 'set', LINK, 'up']);
+    // The kernel dropped the default route with the link; put it back.
+    await run('ip', ['route', 'replace', 'default', 'via', GATEWAY]);
     log(`link down ${down}, up ${up}`);
     // The web app restarts ICE on a network change ('online') or after 3 s
     // of ICE 'disconnected'; whether Chromium notices the link flap in a
@@ -391,9 +397,12 @@ async function main() {
       const s = await waitFor('ICE connected after the restart', async () => {
         const x = await operator.status();
         const restartAt = x.restartLog.length ? x.restartLog[x.restartLog.length - 1][0] : Infinity;
-        const back = x.states.find(([t, st]) => t >= restartAt && (st === 'connected' || st === 'completed'));
-        return back && ['connected', 'completed'].includes(x.ice) ? { ...x, back: back[0], restartAt } : undefined;
-      }, 20000);
+        // The restart's answer applied, ICE connected (Chromium may keep
+        // reporting "connected" throughout), the channel open.
+        const answered = x.answers.find((t) => t >= restartAt);
+        return answered && x.signaling === 'stable' && ['connected', 'completed'].includes(x.ice)
+          ? { ...x, answered, restartAt } : undefined;
+      }, 20000).catch(async (e) => { throw new Error(`${e.message}: ${JSON.stringify(await operator.status())}`); });
       const resumedFrom = (await operator.frames()).frames;
       await waitFor('video resumes after the restart', async () => (await operator.frames()).frames >= resumedFrom + 60, 10000);
       assert(s.restarts >= 1, `ICE restarts sent: ${s.restarts}`);
@@ -401,7 +410,8 @@ async function main() {
       const agentLog = readFileSync(agent.logFile, 'utf8');
       assert(/new offer in a live session.*ice_restart=true/.test(agentLog), 'the agent answered an ICE restart in the session');
       assert(!/session ended session=e2e-video-op/.test(agentLog), 'the operator session never ended on the agent');
-      figures.push(`ICE restart (${s.restartLog.map((r) => r[1]).join(', ')}): connected again ${s.back - s.restartAt} ms after the restart offer, ${s.back - up} ms after the link came back`);
+      const resumedAt = Date.now();
+      figures.push(`ICE restart (${s.restartLog.map((r) => r[1]).join(', ')}): answered ${s.answered - s.restartAt} ms after the restart offer; 60 more frames decoded ${resumedAt - up} ms after the link came back`);
       void framesBefore;
       // The same data channel still answers.
       const id = await operator.page.evaluate(() => window.v.send('agent.ping'));

@@ -64,5 +64,5 @@ if ip netns exec "$RB" ping -c 1 -W 1 10.205.2.2 >/dev/null 2>&1; then
     exit 1
 fi
 
-export E2E_PUB_NS="$PB" E2E_ROBOT_NS="$RB" E2E_BROWSER_IF="$VBB" E2E_PUBLIC_ADDR=198.18.0.1
+export E2E_PUB_NS="$PB" E2E_ROBOT_NS="$RB" E2E_BROWSER_IF="$VBB" E2E_BROWSER_GW=10.205.2.1 E2E_PUBLIC_ADDR=198.18.0.1
 ip netns exec "$BR" node "$HERE/video.mjs"
