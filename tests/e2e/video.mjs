@@ -187,6 +187,11 @@ window.v = (() => {
     for (let i = 0; i < d.length; i += 4 * 97) colours.add((d[i] >> 4) << 8 | (d[i + 1] >> 4) << 4 | (d[i + 2] >> 4));
     return { width: c.width, height: c.height, colours: colours.size };
   }
+  async function bytesReceived() {
+    let n = 0;
+    (await st.pc.getStats()).forEach((r) => { if (r.type === 'inbound-rtp' && r.kind === 'video') n += r.bytesReceived; });
+    return n;
+  }
   function frames() { return { frames: st.frames, width: st.width, height: st.height, firstFrameMs: st.firstFrameMs }; }
   function status() { return { answers: st.answers, signaling: st.pc.signalingState, restarts: st.restarts, restartLog: st.restartLog, ice: st.pc.iceConnectionState, dc: st.dc.readyState, states: st.states, errors: st.errors }; }
   function take() { const all = st.inbox; st.inbox = []; return all; }
@@ -215,7 +220,7 @@ window.v = (() => {
     pc.close();
     return { relays, errors };
   }
-  return { restartIce, connect, pair, picture, frames, status, take, send, startHolding, stopHolding, close, turnProbe };
+  return { bytesReceived, restartIce, connect, pair, picture, frames, status, take, send, startHolding, stopHolding, close, turnProbe };
 })();
 `;
 
@@ -458,6 +463,11 @@ async function main() {
     h.start('ffmpeg-rtp', ...inNs(ROBOT_NS, 'ffmpeg', ['-hide_banner', '-loglevel', 'error', ...PATTERN.split(' '),
       '-bsf:v', 'dump_extra', '-pkt_size', '1200', '-f', 'rtp', `rtp://127.0.0.1:${RTP_PORT}`]));
     agent = await startAgent('agent-rtp', ['--video', `front=rtp:127.0.0.1:${RTP_PORT}`]);
+    // CPU of the agent over 5 s windows: receiving the stream with no
+    // viewer, then one, then two.
+    const window_ = 5000;
+    const cpu = async () => { const a = cpuSeconds(agent.pid); await pause(window_); return (cpuSeconds(agent.pid) - a) / (window_ / 1000); };
+    const zero = await cpu();
     const op2 = await Viewer.open(browser, 'operator-rtp', validate);
     await h.check('rtp: the data channel opens through the relay', async () => {
       await op2.connect(await token('alice'), 'e2e-video-rtp-op');
@@ -467,15 +477,14 @@ async function main() {
     await checkRelay(op2, 'rtp');
     await checkVideo(op2, 'rtp via TURN', 60);
 
-    // CPU of the agent per viewer: one viewer, then two, over 5 s each.
-    const window_ = 5000;
-    const cpu = async () => { const a = cpuSeconds(agent.pid); await pause(window_); return (cpuSeconds(agent.pid) - a) / (window_ / 1000); };
+    const bytes0 = await op2.page.evaluate(() => window.v.bytesReceived());
     const one = await cpu();
+    const mbps = ((await op2.page.evaluate(() => window.v.bytesReceived())) - bytes0) * 8 / (window_ / 1000) / 1e6;
     const v2 = await Viewer.open(browser, 'viewer-rtp', validate);
     await v2.connect(await token('bob'), 'e2e-video-rtp-viewer');
     await waitFor('second rtp viewer frames', async () => (await v2.frames()).frames >= 30, 10000);
     const two = await cpu();
-    figures.push(`rtp: agent CPU ${(one * 100).toFixed(1)} % of a core with 1 viewer, ${(two * 100).toFixed(1)} % with 2 (${((two - one) * 100).toFixed(1)} % for the second viewer)`);
+    figures.push(`rtp: ${mbps.toFixed(2)} Mbit/s per viewer; agent CPU ${(zero * 100).toFixed(1)} % of a core with no viewer, ${(one * 100).toFixed(1)} % with 1, ${(two * 100).toFixed(1)} % with 2 (${((two - one) * 100).toFixed(1)} % for the second viewer)`);
     await v2.close();
 
     // ---- direct path: the public side forwards; no relay needed ----

@@ -398,7 +398,9 @@ source = "rtp:127.0.0.1:5004"
             vec![
                 (
                     "front",
-                    crate::video::SourceSpec::Exec("ffmpeg -f v4l2 -i /dev/video0 -f h264 -".into())
+                    crate::video::SourceSpec::Exec(
+                        "ffmpeg -f v4l2 -i /dev/video0 -f h264 -".into()
+                    )
                 ),
                 (
                     "rear",
@@ -424,7 +426,10 @@ source = "rtp:127.0.0.1:5004"
             ..RunFlags::default()
         })
         .expect("resolves");
-        assert_eq!(config.servers, vec!["wss://a.example/ws", "wss://b.example/ws"]);
+        assert_eq!(
+            config.servers,
+            vec!["wss://a.example/ws", "wss://b.example/ws"]
+        );
         let config = RunConfig::resolve(RunFlags {
             config: Some(path.clone()),
             server: Some("ws://x/ws, ws://y/ws".into()),

@@ -518,14 +518,16 @@ fn video_section(sdp: &str) -> String {
 fn h264_rtp(seq: u16, picture: u32) -> Vec<u8> {
     use webrtc::util::Marshal;
     let payload: Vec<u8> = match seq % 3 {
-        0 => vec![24, 0, 5, 0x67, 0x42, 0xc0, 0x1f, 0xaa, 0, 4, 0x68, 0xce, 0x3c, 0x80],
+        0 => vec![
+            24, 0, 5, 0x67, 0x42, 0xc0, 0x1f, 0xaa, 0, 4, 0x68, 0xce, 0x3c, 0x80,
+        ],
         1 => vec![0x65, 0x88, 1, 2, 3],
         _ => vec![0x41, 0x9a, 4, 5],
     };
     let packet = webrtc::rtp::packet::Packet {
         header: webrtc::rtp::header::Header {
             version: 2,
-            marker: seq % 3 != 0,
+            marker: !seq.is_multiple_of(3),
             payload_type: 96,
             sequence_number: seq,
             timestamp: picture * 3000,
@@ -568,7 +570,10 @@ async fn one_rtp_camera_feeds_every_session_and_a_dead_one_is_reported() {
 
     let (mut first, sdp) = viewer_session(&in_tx, &mut sig_rx, "v-1").await;
     let video = video_section(&sdp);
-    assert!(video.contains("a=sendonly"), "camera answered sendonly:\n{video}");
+    assert!(
+        video.contains("a=sendonly"),
+        "camera answered sendonly:\n{video}"
+    );
     assert!(video.contains("H264"), "H.264 negotiated:\n{video}");
     let caps = next_message(&mut first).await;
     assert_eq!(caps["type"], "agent.capabilities");
@@ -579,7 +584,11 @@ async fn one_rtp_camera_feeds_every_session_and_a_dead_one_is_reported() {
         .map(|c| c["name"].as_str().expect("name").to_owned())
         .collect();
     assert_eq!(names, vec!["front", "rear"]);
-    assert_eq!(front.users(), 1, "the first session watches the first camera");
+    assert_eq!(
+        front.users(),
+        1,
+        "the first session watches the first camera"
+    );
     assert_eq!(rear.users(), 0, "one video m-line, one camera");
 
     let (mut second, _) = viewer_session(&in_tx, &mut sig_rx, "v-2").await;
@@ -587,14 +596,19 @@ async fn one_rtp_camera_feeds_every_session_and_a_dead_one_is_reported() {
     assert_eq!(front.users(), 2);
 
     // One stream in, both sessions get it.
-    let source = tokio::net::UdpSocket::bind("127.0.0.1:0").await.expect("src");
+    let source = tokio::net::UdpSocket::bind("127.0.0.1:0")
+        .await
+        .expect("src");
     let mut seq = 0u16;
     let (a, b) = (first.packets.clone(), second.packets.clone());
     let deadline = tokio::time::Instant::now() + WAIT;
     while a.load(std::sync::atomic::Ordering::Relaxed) < 30
         || b.load(std::sync::atomic::Ordering::Relaxed) < 30
     {
-        assert!(tokio::time::Instant::now() < deadline, "video reached both sessions");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "video reached both sessions"
+        );
         source
             .send_to(&h264_rtp(seq, u32::from(seq / 3)), ("127.0.0.1", port))
             .await
@@ -613,11 +627,17 @@ async fn one_rtp_camera_feeds_every_session_and_a_dead_one_is_reported() {
     // Not H.264 on the camera's port: unavailable, counted, not forwarded.
     for _ in 0..120 {
         source
-            .send_to(&[0x80, 96, 0, 1, 0, 0, 0, 1, 0, 0, 0, 42, 0x90, 0x80, 0x12], ("127.0.0.1", port))
+            .send_to(
+                &[0x80, 96, 0, 1, 0, 0, 0, 1, 0, 0, 0, 42, 0x90, 0x80, 0x12],
+                ("127.0.0.1", port),
+            )
             .await
             .expect("send");
     }
-    wait_for("bad input marks the camera unavailable", || !front.available()).await;
+    wait_for("bad input marks the camera unavailable", || {
+        !front.available()
+    })
+    .await;
     assert!(CameraStats::get(&front.stats.invalid_input) >= 100);
     // Good packets again: available again.
     for i in 0..6u16 {
@@ -675,7 +695,11 @@ async fn an_exec_camera_runs_while_watched_and_stops_after_the_grace() {
         VideoSpec::new("front", &format!("exec:{command}")).expect("spec"),
         std::time::Duration::from_millis(300),
     );
-    assert_eq!(CameraStats::get(&camera.stats.starts), 0, "not started without a viewer");
+    assert_eq!(
+        CameraStats::get(&camera.stats.starts),
+        0,
+        "not started without a viewer"
+    );
     let (in_tx, mut sig_rx) = agent_with_cameras(vec![camera.clone()]).await;
     let (mut viewer, _) = viewer_session(&in_tx, &mut sig_rx, "e-1").await;
     let _ = next_message(&mut viewer).await;
@@ -696,7 +720,14 @@ async fn an_exec_camera_runs_while_watched_and_stops_after_the_grace() {
         if CameraStats::get(&camera.stats.frames) == before {
             break;
         }
-        assert!(tokio::time::Instant::now() < deadline, "the source stops after the grace period");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the source stops after the grace period"
+        );
     }
-    assert_eq!(CameraStats::get(&camera.stats.starts), 1, "stopped, not restarted");
+    assert_eq!(
+        CameraStats::get(&camera.stats.starts),
+        1,
+        "stopped, not restarted"
+    );
 }

@@ -129,7 +129,15 @@ async fn run(
     loop {
         let mut online = false;
         let url = server_for(&options.urls, start, failures);
-        let result = connection(&options, url, &connector, &inbound, &mut out_rx, &mut online).await;
+        let result = connection(
+            &options,
+            url,
+            &connector,
+            &inbound,
+            &mut out_rx,
+            &mut online,
+        )
+        .await;
         if inbound.is_closed() {
             return;
         }
@@ -199,8 +207,10 @@ pub fn reconnect_delay(
     unit_random: f64,
 ) -> Duration {
     let servers = u32::try_from(servers.max(1)).unwrap_or(u32::MAX);
-    if failures % servers != 0 {
-        return Duration::from_secs_f64(config.initial().as_secs_f64() * unit_random.clamp(0.0, 1.0));
+    if !failures.is_multiple_of(servers) {
+        return Duration::from_secs_f64(
+            config.initial().as_secs_f64() * unit_random.clamp(0.0, 1.0),
+        );
     }
     let rounds = (failures / servers).saturating_sub(1);
     backoff_delay(config, rounds, unit_random)
@@ -267,12 +277,7 @@ async fn connection(
 ) -> Result<(), SignallingError> {
     let (mut ws, _) = tokio::time::timeout(
         STEP_TIMEOUT,
-        tokio_tungstenite::connect_async_tls_with_config(
-            url,
-            None,
-            false,
-            Some(connector.clone()),
-        ),
+        tokio_tungstenite::connect_async_tls_with_config(url, None, false, Some(connector.clone())),
     )
     .await
     .map_err(|_| SignallingError::Timeout("the connection"))?

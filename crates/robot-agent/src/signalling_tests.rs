@@ -134,19 +134,49 @@ fn several_servers_are_tried_in_turn_with_jitter_then_backoff() {
         .collect();
     // After a verified connection to b dropped: b again first, then c, a.
     let order: Vec<&str> = (0..5).map(|f| server_for(&urls, 1, f)).collect();
-    assert_eq!(order, vec!["ws://b/ws", "ws://c/ws", "ws://a/ws", "ws://b/ws", "ws://c/ws"]);
+    assert_eq!(
+        order,
+        vec![
+            "ws://b/ws",
+            "ws://c/ws",
+            "ws://a/ws",
+            "ws://b/ws",
+            "ws://c/ws"
+        ]
+    );
     // A reconnect after a drop backs off as before.
-    assert_eq!(reconnect_delay(&config, 0, 3, 1.0), Duration::from_millis(100));
+    assert_eq!(
+        reconnect_delay(&config, 0, 3, 1.0),
+        Duration::from_millis(100)
+    );
     // Within a round, the next server follows after a jittered moment...
     assert_eq!(reconnect_delay(&config, 1, 3, 0.0), Duration::ZERO);
-    assert_eq!(reconnect_delay(&config, 2, 3, 0.5), Duration::from_millis(50));
+    assert_eq!(
+        reconnect_delay(&config, 2, 3, 0.5),
+        Duration::from_millis(50)
+    );
     // ...and once every server failed, the round backs off exponentially.
-    assert_eq!(reconnect_delay(&config, 3, 3, 1.0), Duration::from_millis(100));
-    assert_eq!(reconnect_delay(&config, 6, 3, 1.0), Duration::from_millis(200));
-    assert_eq!(reconnect_delay(&config, 60, 3, 1.0), Duration::from_millis(1000));
+    assert_eq!(
+        reconnect_delay(&config, 3, 3, 1.0),
+        Duration::from_millis(100)
+    );
+    assert_eq!(
+        reconnect_delay(&config, 6, 3, 1.0),
+        Duration::from_millis(200)
+    );
+    assert_eq!(
+        reconnect_delay(&config, 60, 3, 1.0),
+        Duration::from_millis(1000)
+    );
     // One server: every failure is a full round.
-    assert_eq!(reconnect_delay(&config, 1, 1, 1.0), Duration::from_millis(100));
-    assert_eq!(reconnect_delay(&config, 2, 1, 1.0), Duration::from_millis(200));
+    assert_eq!(
+        reconnect_delay(&config, 1, 1, 1.0),
+        Duration::from_millis(100)
+    );
+    assert_eq!(
+        reconnect_delay(&config, 2, 1, 1.0),
+        Duration::from_millis(200)
+    );
 }
 
 #[tokio::test]
@@ -159,7 +189,10 @@ async fn an_unreachable_server_is_skipped_for_the_next_one() {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let key = Arc::new(RobotKey::generate(KeyType::Ed25519).expect("key"));
     let options = SignallingOptions {
-        urls: vec![dead_url, format!("ws://{}/ws", listener.local_addr().expect("addr"))],
+        urls: vec![
+            dead_url,
+            format!("ws://{}/ws", listener.local_addr().expect("addr")),
+        ],
         robot_id: "robot-1".into(),
         key,
         certificate: None,
@@ -175,7 +208,9 @@ async fn an_unreachable_server_is_skipped_for_the_next_one() {
         .await
         .expect("the second server is tried")
         .expect("accept");
-    let mut ws = tokio_tungstenite::accept_async(stream).await.expect("upgrade");
+    let mut ws = tokio_tungstenite::accept_async(stream)
+        .await
+        .expect("upgrade");
     let register = loop {
         let frame = tokio::time::timeout(WAIT, ws.next())
             .await

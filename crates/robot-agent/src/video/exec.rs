@@ -159,7 +159,8 @@ async fn run_once(
     let end = loop {
         let idle_deadline = idle_since.map(|at| at + grace);
         let idle = tokio::time::sleep_until(
-            idle_deadline.unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600)),
+            idle_deadline
+                .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600)),
         );
         tokio::select! {
             item = nals.recv() => {

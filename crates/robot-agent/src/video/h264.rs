@@ -47,13 +47,11 @@ impl AccessUnits {
     /// Adds one NAL unit (header byte first, no start code); returns the
     /// access unit it completed, if any.
     pub fn push(&mut self, nal: &[u8]) -> Option<Bytes> {
-        let Some(&header) = nal.first() else {
-            return None;
-        };
+        let &header = nal.first()?;
         let kind = nal_type(header);
         let vcl = kind == NAL_SLICE || kind == NAL_IDR;
-        let boundary = matches!(kind, NAL_AUD | NAL_SPS | NAL_PPS | NAL_SEI)
-            || (vcl && starts_picture(nal));
+        let boundary =
+            matches!(kind, NAL_AUD | NAL_SPS | NAL_PPS | NAL_SEI) || (vcl && starts_picture(nal));
         let done = if boundary && self.has_vcl {
             Some(self.take())
         } else {
@@ -254,8 +252,13 @@ mod tests {
         assert!(aus.push(SPS).is_none());
         assert!(aus.push(PPS).is_none());
         assert!(aus.push(&idr(true)).is_none());
-        assert!(aus.push(&idr(false)).is_none(), "second slice, same picture");
-        let first = aus.push(&slice(true)).expect("a new picture ends the first");
+        assert!(
+            aus.push(&idr(false)).is_none(),
+            "second slice, same picture"
+        );
+        let first = aus
+            .push(&slice(true))
+            .expect("a new picture ends the first");
         assert_eq!(nals(&first), vec![7, 8, 5, 5]);
         let second = aus.push(&[0x09, 0xf0]).expect("an AUD ends the second");
         assert_eq!(nals(&second), vec![1]);
@@ -314,7 +317,10 @@ mod tests {
         // The IDR right after its parameter sets passes as is.
         let fu_start = [0x7c, 0x85, 1, 2];
         assert_eq!(forward(&mut params, rtp(11, 0, &fu_start)), vec![(11, 28)]);
-        assert_eq!(forward(&mut params, rtp(12, 3000, &slice(true))), vec![(12, 1)]);
+        assert_eq!(
+            forward(&mut params, rtp(12, 3000, &slice(true))),
+            vec![(12, 1)]
+        );
         // A later IDR alone: SPS/PPS inserted, numbering shifted by one.
         assert_eq!(
             forward(&mut params, rtp(13, 6000, &fu_start)),
@@ -322,7 +328,10 @@ mod tests {
         );
         let fu_end = [0x7c, 0x45, 3];
         assert_eq!(forward(&mut params, rtp(14, 6000, &fu_end)), vec![(15, 28)]);
-        assert_eq!(forward(&mut params, rtp(u16::MAX, 9000, &slice(true))), vec![(0, 1)]);
+        assert_eq!(
+            forward(&mut params, rtp(u16::MAX, 9000, &slice(true))),
+            vec![(0, 1)]
+        );
         assert_eq!(params.params_inserted, 1);
     }
 
@@ -330,7 +339,11 @@ mod tests {
     fn non_h264_payloads_are_refused() {
         let mut params = RtpParams::default();
         // A VP8 payload descriptor (X and S bits) and a truncated STAP-A.
-        for payload in [&[0x90u8, 0x80, 0x12][..], &[NAL_STAP_A, 0, 9, 0x67][..], &[][..]] {
+        for payload in [
+            &[0x90u8, 0x80, 0x12][..],
+            &[NAL_STAP_A, 0, 9, 0x67][..],
+            &[][..],
+        ] {
             assert!(matches!(
                 params.process(rtp(1, 0, payload)),
                 Forward::Invalid

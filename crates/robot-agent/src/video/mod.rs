@@ -352,24 +352,56 @@ mod tests {
                 source: SourceSpec::Rtp("127.0.0.1:5004".parse().expect("addr"))
             })
         );
-        assert!(matches!("front".parse::<VideoSpec>(), Err(VideoError::Spec(_))));
-        assert!(matches!("a b=rtp:127.0.0.1:1".parse::<VideoSpec>(), Err(VideoError::Name(_))));
-        for bad in ["x=rtp:localhost", "x=exec:", "x=file:/dev/video0", "x=rtp:1.2.3.4:99999"] {
-            assert!(matches!(bad.parse::<VideoSpec>(), Err(VideoError::Source(_))), "{bad}");
+        assert!(matches!(
+            "front".parse::<VideoSpec>(),
+            Err(VideoError::Spec(_))
+        ));
+        assert!(matches!(
+            "a b=rtp:127.0.0.1:1".parse::<VideoSpec>(),
+            Err(VideoError::Name(_))
+        ));
+        for bad in [
+            "x=rtp:localhost",
+            "x=exec:",
+            "x=file:/dev/video0",
+            "x=rtp:1.2.3.4:99999",
+        ] {
+            assert!(
+                matches!(bad.parse::<VideoSpec>(), Err(VideoError::Source(_))),
+                "{bad}"
+            );
         }
     }
 
     #[test]
     fn flags_add_to_and_replace_the_files_cameras() {
         let file = vec![
-            VideoConfig { name: "front".into(), source: "rtp:127.0.0.1:5004".into() },
-            VideoConfig { name: "rear".into(), source: "exec:cam".into() },
+            VideoConfig {
+                name: "front".into(),
+                source: "rtp:127.0.0.1:5004".into(),
+            },
+            VideoConfig {
+                name: "rear".into(),
+                source: "exec:cam".into(),
+            },
         ];
-        let flags = vec!["rear=rtp:127.0.0.1:5006".parse().expect("spec"), "arm=exec:x".parse().expect("spec")];
+        let flags = vec![
+            "rear=rtp:127.0.0.1:5006".parse().expect("spec"),
+            "arm=exec:x".parse().expect("spec"),
+        ];
         let merged = VideoSpec::merge(&file, &flags).expect("merge");
-        let names: Vec<_> = merged.iter().map(|s| (s.name.as_str(), s.source.kind())).collect();
-        assert_eq!(names, vec![("front", "rtp"), ("rear", "rtp"), ("arm", "exec")]);
+        let names: Vec<_> = merged
+            .iter()
+            .map(|s| (s.name.as_str(), s.source.kind()))
+            .collect();
+        assert_eq!(
+            names,
+            vec![("front", "rtp"), ("rear", "rtp"), ("arm", "exec")]
+        );
         let twice = vec![file[0].clone(), file[0].clone()];
-        assert_eq!(VideoSpec::merge(&twice, &[]), Err(VideoError::Duplicate("front".into())));
+        assert_eq!(
+            VideoSpec::merge(&twice, &[]),
+            Err(VideoError::Duplicate("front".into()))
+        );
     }
 }
