@@ -383,6 +383,7 @@ async fn agent_with_cameras(
 /// transceiver; counts the H.264 RTP packets it receives.
 struct Viewer {
     pc: Arc<webrtc::peer_connection::RTCPeerConnection>,
+    control: Arc<RTCDataChannel>,
     messages: mpsc::Receiver<String>,
     packets: Arc<std::sync::atomic::AtomicU64>,
     codec: Arc<std::sync::Mutex<Option<String>>>,
@@ -486,6 +487,7 @@ async fn viewer_session(
     (
         Viewer {
             pc,
+            control,
             messages,
             packets,
             codec,
@@ -730,4 +732,92 @@ async fn an_exec_camera_runs_while_watched_and_stops_after_the_grace() {
         1,
         "stopped, not restarted"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ice_restart_offer_is_answered_in_the_same_session() {
+    let (in_tx, mut sig_rx) = agent_with_cameras(Vec::new()).await;
+    let (mut viewer, first_answer) = viewer_session(&in_tx, &mut sig_rx, "r-1").await;
+    let _ = next_message(&mut viewer).await; // capabilities
+
+    let offer = viewer
+        .pc
+        .create_offer(Some(
+            webrtc::peer_connection::offer_answer_options::RTCOfferOptions {
+                ice_restart: true,
+                voice_activity_detection: false,
+            },
+        ))
+        .await
+        .expect("restart offer");
+    let mut gathered = viewer.pc.gathering_complete_promise().await;
+    viewer.pc.set_local_description(offer).await.expect("local");
+    let _ = gathered.recv().await;
+    let sdp = viewer.pc.local_description().await.expect("sdp").sdp;
+    in_tx
+        .send(Inbound::Offer {
+            session: "r-1".into(),
+            sdp,
+            role: Role::Viewer,
+            subject: Some("viewer".into()),
+        })
+        .await
+        .expect("offer");
+    let mut candidates = Vec::new();
+    let answer = next_signal(&mut sig_rx, "signalling.answer", &mut candidates).await;
+    assert_eq!(answer["payload"]["connectionId"], "r-1");
+    let sdp = answer["payload"]["sdp"].as_str().expect("sdp").to_owned();
+    assert_ne!(
+        ice_ufrag(&sdp),
+        ice_ufrag(&first_answer),
+        "the agent restarted ICE (new credentials)"
+    );
+    viewer
+        .pc
+        .set_remote_description(RTCSessionDescription::answer(sdp).expect("answer"))
+        .await
+        .expect("remote");
+    // Same session, same channel: a ping is answered over the restarted
+    // ICE (the agent's new candidates trickle in), nothing was torn down.
+    let ping = json!({"type": "agent.ping", "version": "0.5", "id": "after-restart",
+        "timestamp": crate::testutil::rfc3339_ms(crate::testutil::client_now_ms())});
+    viewer
+        .control
+        .send_text(ping.to_string())
+        .await
+        .expect("send ping");
+    let add = |v: Value| {
+        let pc = viewer.pc.clone();
+        async move {
+            let init = RTCIceCandidateInit {
+                candidate: v["payload"]["candidate"].as_str().expect("c").to_owned(),
+                sdp_mid: v["payload"]["sdpMid"].as_str().map(str::to_owned),
+                sdp_mline_index: Some(0),
+                username_fragment: None,
+            };
+            let _ = pc.add_ice_candidate(init).await;
+        }
+    };
+    for c in candidates.drain(..) {
+        add(c).await;
+    }
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        tokio::select! {
+            e = sig_rx.recv() => {
+                let v = checked(&e.expect("signalling open"));
+                assert_eq!(v["type"], "signalling.ice_candidate", "session kept: {v}");
+                add(v).await;
+            }
+            m = viewer.messages.recv() => {
+                let v: Value = serde_json::from_str(&m.expect("channel open")).expect("json");
+                SchemaValidator::shared().validate(&v).expect("valid");
+                if v["correlationId"] == "after-restart" {
+                    break;
+                }
+            }
+            () = tokio::time::sleep_until(deadline) => panic!("no pong after the ICE restart"),
+        }
+    }
+    viewer.pc.close().await.expect("close");
 }

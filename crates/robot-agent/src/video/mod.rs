@@ -292,9 +292,23 @@ impl Camera {
         self.users.send_modify(|n| *n += 1);
     }
 
-    /// A session stopped watching.
+    /// A session stopped watching. When the last one leaves, the camera's
+    /// counters go to the log (the agent's metrics are its log).
     pub fn release(&self) {
         self.users.send_modify(|n| *n = n.saturating_sub(1));
+        if self.users() == 0 {
+            let s = &self.stats;
+            tracing::info!(
+                camera = %self.name,
+                frames_total = CameraStats::get(&s.frames),
+                keyframe_requests_total = CameraStats::get(&s.keyframe_requests),
+                params_inserted_total = CameraStats::get(&s.params_inserted),
+                invalid_input_total = CameraStats::get(&s.invalid_input),
+                failures_total = CameraStats::get(&s.failures),
+                starts_total = CameraStats::get(&s.starts),
+                "camera has no viewer"
+            );
+        }
     }
 
     pub fn users(&self) -> usize {
