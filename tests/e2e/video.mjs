@@ -460,7 +460,10 @@ async function main() {
 
     // ---- rtp: source (same camera name, given as a flag) ----
     await stop(agent);
+    // Noise on the pattern so the stream is about 1 Mbit/s, the size the
+    // CPU-per-viewer figure is stated for.
     h.start('ffmpeg-rtp', ...inNs(ROBOT_NS, 'ffmpeg', ['-hide_banner', '-loglevel', 'error', ...PATTERN.split(' '),
+      '-vf', 'noise=alls=8:allf=t', '-b:v', '1M', '-maxrate', '1M', '-bufsize', '500k',
       '-bsf:v', 'dump_extra', '-pkt_size', '1200', '-f', 'rtp', `rtp://127.0.0.1:${RTP_PORT}`]));
     agent = await startAgent('agent-rtp', ['--video', `front=rtp:127.0.0.1:${RTP_PORT}`]);
     // CPU of the agent over 5 s windows: receiving the stream with no
