@@ -787,6 +787,18 @@ fn first_mid(sdp: &str) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// Aborts a session's camera watchers with it (the session task itself is
+/// aborted at teardown, so this runs on drop).
+struct Watchers(Vec<JoinHandle<()>>);
+
+impl Drop for Watchers {
+    fn drop(&mut self) {
+        for handle in &self.0 {
+            handle.abort();
+        }
+    }
+}
+
 /// Pumps one session's data channels: requests in (from any channel, each
 /// answered on its own), controller messages out on the primary channel
 /// (`control`, else the first to open), and the freshness gate's timer.
@@ -797,6 +809,31 @@ async fn channel_task(
     cameras: Vec<Arc<Camera>>,
 ) {
     let mut primary: Option<Arc<RTCDataChannel>> = None;
+    // Cameras that fail or come back while the session runs are announced
+    // on it: an `agent.error` for a failure, fresh capabilities either way.
+    let (change_tx, mut changes) = mpsc::channel::<()>(8);
+    let _watchers = Watchers(
+        cameras
+            .iter()
+            .map(|camera| {
+                let mut rx = camera.subscribe();
+                let tx = change_tx.clone();
+                tokio::spawn(async move {
+                    loop {
+                        match rx.recv().await {
+                            Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                                if tx.send(()).await.is_err() {
+                                    return;
+                                }
+                            }
+                            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                        }
+                    }
+                })
+            })
+            .collect(),
+    );
+    let mut announced: Vec<bool> = cameras.iter().map(|c| c.available()).collect();
     loop {
         // A far deadline stands for "none": the branch is disabled then.
         let deadline = session.deadline();
@@ -813,6 +850,7 @@ async fn channel_task(
                     // Capabilities list the cameras; each unavailable one is
                     // also said plainly in an error.
                     let statuses: Vec<_> = cameras.iter().map(|c| c.status()).collect();
+                    announced = statuses.iter().map(|s| s.available).collect();
                     let mut greeting = vec![messages::capabilities(&statuses)];
                     greeting.extend(statuses.iter().filter(|s| !s.available).map(messages::camera_unavailable));
                     (greeting, Some(channel))
@@ -825,6 +863,18 @@ async fn channel_task(
                 None => break,
             },
             () = timer, if deadline.is_some() => (session.on_deadline().await, primary.clone()),
+            Some(()) = changes.recv() => {
+                let statuses: Vec<_> = cameras.iter().map(|c| c.status()).collect();
+                let mut notices = Vec::new();
+                for (status, known) in statuses.iter().zip(announced.iter_mut()) {
+                    if !status.available && *known {
+                        notices.push(messages::camera_unavailable(status));
+                    }
+                    *known = status.available;
+                }
+                notices.push(messages::capabilities(&statuses));
+                (notices, primary.clone())
+            }
         };
         // Before any channel is open there is nowhere to answer (cannot
         // happen for replies: a request comes with its channel).

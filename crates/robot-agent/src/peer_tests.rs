@@ -821,3 +821,32 @@ async fn an_ice_restart_offer_is_answered_in_the_same_session() {
     }
     viewer.pc.close().await.expect("close");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_camera_that_dies_mid_session_is_announced_and_its_return_too() {
+    // A few pictures, then the command exits; it is restarted with backoff.
+    let command = "printf '\\000\\000\\000\\001\\147\\102\\300\\037\\252\\000\\000\\000\\001\\150\\316\\074\\200\\000\\000\\000\\001\\145\\210\\001\\002\\000\\000\\000\\001\\101\\232\\004\\005'; \
+                   sleep 1; exit 1";
+    let camera = Camera::start(
+        VideoSpec::new("front", &format!("exec:{command}")).expect("spec"),
+        std::time::Duration::from_millis(300),
+    );
+    let (in_tx, mut sig_rx) = agent_with_cameras(vec![camera.clone()]).await;
+    let (mut viewer, _) = viewer_session(&in_tx, &mut sig_rx, "d-1").await;
+    let caps = next_message(&mut viewer).await;
+    assert_eq!(caps["meta"]["cameras"][0]["available"], true);
+    let error = next_message(&mut viewer).await;
+    assert_eq!(error["type"], "agent.error", "{error}");
+    assert_eq!(error["payload"]["code"], "AGENT_UNAVAILABLE");
+    assert_eq!(error["payload"]["details"]["reason"], "camera_unavailable");
+    assert_eq!(error["payload"]["details"]["camera"], "front");
+    let caps = next_message(&mut viewer).await;
+    assert_eq!(caps["type"], "agent.capabilities");
+    assert_eq!(caps["meta"]["cameras"][0]["available"], false);
+    // Restarted: the stream is H.264 again, and the session hears it.
+    let caps = next_message(&mut viewer).await;
+    assert_eq!(caps["type"], "agent.capabilities");
+    assert_eq!(caps["meta"]["cameras"][0]["available"], true);
+    assert!(CameraStats::get(&camera.stats.starts) >= 2);
+    viewer.pc.close().await.expect("close");
+}

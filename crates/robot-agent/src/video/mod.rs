@@ -33,7 +33,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tokio::sync::watch;
+use tokio::sync::{broadcast, watch};
 use webrtc::api::media_engine::MIME_TYPE_H264;
 use webrtc::rtp_transceiver::rtp_codec::RTCRtpCodecCapability;
 use webrtc::track::track_local::track_local_static_rtp::TrackLocalStaticRTP;
@@ -210,6 +210,8 @@ pub struct Camera {
     track: Track,
     error: Mutex<Option<String>>,
     users: watch::Sender<usize>,
+    /// Availability changes, for the sessions already open.
+    changes: broadcast::Sender<CameraStatus>,
     pub stats: CameraStats,
 }
 
@@ -242,12 +244,14 @@ impl Camera {
             ))),
         };
         let (users, _) = watch::channel(0);
+        let (changes, _) = broadcast::channel(8);
         let camera = Arc::new(Camera {
             name: spec.name,
             source: spec.source.clone(),
             track,
             error: Mutex::new(None),
             users,
+            changes,
             stats: CameraStats::default(),
         });
         match spec.source {
@@ -311,6 +315,11 @@ impl Camera {
         }
     }
 
+    /// Availability changes from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<CameraStatus> {
+        self.changes.subscribe()
+    }
+
     pub fn users(&self) -> usize {
         *self.users.borrow()
     }
@@ -325,19 +334,27 @@ impl Camera {
     /// Marks the source failed: logged once per change, counted.
     fn fail(&self, reason: String) {
         CameraStats::add(&self.stats.failures, 1);
-        let mut error = lock(&self.error);
-        if error.as_deref() != Some(reason.as_str()) {
+        let changed = {
+            let mut error = lock(&self.error);
+            let changed = error.as_deref() != Some(reason.as_str());
+            *error = Some(reason.clone());
+            changed
+        };
+        if changed {
             tracing::warn!(camera = %self.name, source = self.source.kind(), %reason,
                 failures_total = CameraStats::get(&self.stats.failures),
                 "camera unavailable");
+            // Nobody listening is fine.
+            let _ = self.changes.send(self.status());
         }
-        *error = Some(reason);
     }
 
     /// The source delivers H.264 again.
     fn recovered(&self) {
-        if lock(&self.error).take().is_some() {
+        let was_failed = lock(&self.error).take().is_some();
+        if was_failed {
             tracing::info!(camera = %self.name, "camera available again");
+            let _ = self.changes.send(self.status());
         }
     }
 }
