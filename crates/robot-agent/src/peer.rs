@@ -46,7 +46,7 @@ use crate::messages;
 use crate::safety::{Role, StopReason};
 use crate::session::{Session, Shared};
 use crate::signalling::Inbound;
-use crate::video::Camera;
+use crate::video::{Camera, CameraStatus};
 
 /// Label of the data channel that carries `agent.*` messages.
 pub const CONTROL_LABEL: &str = "control";
@@ -811,29 +811,32 @@ async fn channel_task(
     let mut primary: Option<Arc<RTCDataChannel>> = None;
     // Cameras that fail or come back while the session runs are announced
     // on it: an `agent.error` for a failure, fresh capabilities either way.
-    let (change_tx, mut changes) = mpsc::channel::<()>(8);
+    let (change_tx, mut changes) = mpsc::channel::<(usize, Option<CameraStatus>)>(8);
     let _watchers = Watchers(
         cameras
             .iter()
-            .map(|camera| {
+            .enumerate()
+            .map(|(index, camera)| {
                 let mut rx = camera.subscribe();
                 let tx = change_tx.clone();
                 tokio::spawn(async move {
                     loop {
-                        match rx.recv().await {
-                            Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
-                                if tx.send(()).await.is_err() {
-                                    return;
-                                }
-                            }
+                        // Each change as it happened (a quick fail-and-return
+                        // is two notices); after a lag, the state now.
+                        let status = match rx.recv().await {
+                            Ok(status) => Some(status),
+                            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => None,
                             Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                        };
+                        if tx.send((index, status)).await.is_err() {
+                            return;
                         }
                     }
                 })
             })
             .collect(),
     );
-    let mut announced: Vec<bool> = cameras.iter().map(|c| c.available()).collect();
+    let mut current: Vec<CameraStatus> = cameras.iter().map(|c| c.status()).collect();
     loop {
         // A far deadline stands for "none": the branch is disabled then.
         let deadline = session.deadline();
@@ -850,7 +853,7 @@ async fn channel_task(
                     // Capabilities list the cameras; each unavailable one is
                     // also said plainly in an error.
                     let statuses: Vec<_> = cameras.iter().map(|c| c.status()).collect();
-                    announced = statuses.iter().map(|s| s.available).collect();
+                    current = statuses.clone();
                     let mut greeting = vec![messages::capabilities(&statuses)];
                     greeting.extend(statuses.iter().filter(|s| !s.available).map(messages::camera_unavailable));
                     (greeting, Some(channel))
@@ -863,16 +866,15 @@ async fn channel_task(
                 None => break,
             },
             () = timer, if deadline.is_some() => (session.on_deadline().await, primary.clone()),
-            Some(()) = changes.recv() => {
-                let statuses: Vec<_> = cameras.iter().map(|c| c.status()).collect();
+            Some((index, status)) = changes.recv() => {
+                let Some(camera) = cameras.get(index) else { continue };
+                let status = status.unwrap_or_else(|| camera.status());
                 let mut notices = Vec::new();
-                for (status, known) in statuses.iter().zip(announced.iter_mut()) {
-                    if !status.available && *known {
-                        notices.push(messages::camera_unavailable(status));
-                    }
-                    *known = status.available;
+                if !status.available {
+                    notices.push(messages::camera_unavailable(&status));
                 }
-                notices.push(messages::capabilities(&statuses));
+                current[index] = status;
+                notices.push(messages::capabilities(&current));
                 (notices, primary.clone())
             }
         };

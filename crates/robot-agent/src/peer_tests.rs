@@ -824,9 +824,12 @@ async fn an_ice_restart_offer_is_answered_in_the_same_session() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_camera_that_dies_mid_session_is_announced_and_its_return_too() {
-    // A few pictures, then the command exits; it is restarted with backoff.
-    let command = "printf '\\000\\000\\000\\001\\147\\102\\300\\037\\252\\000\\000\\000\\001\\150\\316\\074\\200\\000\\000\\000\\001\\145\\210\\001\\002\\000\\000\\000\\001\\101\\232\\004\\005'; \
-                   sleep 1; exit 1";
+    // A few pictures, then the command exits once the test says so (it is
+    // restarted with backoff, and then stays).
+    let dir = crate::testutil::temp_dir("camera-dies");
+    let gate = dir.join("exit-now");
+    let command = format!("printf '\\000\\000\\000\\001\\147\\102\\300\\037\\252\\000\\000\\000\\001\\150\\316\\074\\200\\000\\000\\000\\001\\145\\210\\001\\002\\000\\000\\000\\001\\101\\232\\004\\005'; \
+                   while [ ! -e {gate} ]; do sleep 0.05; done; rm -f {gate}; exit 1", gate = gate.display());
     let camera = Camera::start(
         VideoSpec::new("front", &format!("exec:{command}")).expect("spec"),
         std::time::Duration::from_millis(300),
@@ -835,6 +838,7 @@ async fn a_camera_that_dies_mid_session_is_announced_and_its_return_too() {
     let (mut viewer, _) = viewer_session(&in_tx, &mut sig_rx, "d-1").await;
     let caps = next_message(&mut viewer).await;
     assert_eq!(caps["meta"]["cameras"][0]["available"], true);
+    std::fs::write(&gate, b"").expect("gate");
     let error = next_message(&mut viewer).await;
     assert_eq!(error["type"], "agent.error", "{error}");
     assert_eq!(error["payload"]["code"], "AGENT_UNAVAILABLE");
