@@ -106,6 +106,16 @@ pub struct Config {
     /// This node's name (default: random per start).
     #[arg(long, env = "SIGNALLING_NODE_ID")]
     pub node_id: Option<String>,
+    /// Prefix of every Redis key and channel (several clusters may share one Redis).
+    #[arg(long, env = "SIGNALLING_REDIS_PREFIX", default_value = "signalling:")]
+    pub redis_prefix: String,
+    /// Seconds a node's heartbeat lease lasts in Redis: a node silent this long is dead,
+    /// its robots read offline and its sessions are ended by the others.
+    #[arg(long = "node-ttl", env = "SIGNALLING_NODE_TTL", default_value_t = 10)]
+    pub node_ttl_secs: u64,
+    /// Seconds a control lock lasts in Redis unless its node renews it.
+    #[arg(long = "lock-ttl", env = "SIGNALLING_LOCK_TTL", default_value_t = 10)]
+    pub lock_ttl_secs: u64,
 
     /// STUN URLs for `iceServers`, comma separated.
     #[arg(long, env = "SIGNALLING_STUN_URLS", value_delimiter = ',')]

@@ -10,6 +10,7 @@
 //! - [`api`]: the HTTP API (admin, enrollment, health, metrics).
 //! - [`ws`]: the `/ws` endpoint: socket loop and the signalling protocol.
 //! - [`relay`]: presence, sessions and message delivery between sockets.
+//! - [`cluster`]: several nodes on one Redis (presence, the bus between nodes, control locks).
 //! - [`identity`]: robot login (PKI challenges) and enrollment rules.
 //! - [`pki`]: keys, signatures, X.509 chains, our CA and CRLs.
 //! - [`auth`]: admin and client tokens, JWTs.
@@ -22,6 +23,7 @@ pub mod api;
 pub mod app;
 pub mod auth;
 pub mod clock;
+pub mod cluster;
 pub mod config;
 pub mod console;
 pub mod dev_pki;

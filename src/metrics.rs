@@ -44,6 +44,16 @@ pub struct Metrics {
     pub peers_cut_off: IntCounter,
     /// Loaded CRLs past their nextUpdate (still enforced; the issuer owes a newer one).
     pub crl_stale: IntGauge,
+    /// 1 while this node's Redis link (commands and its subscription) works (multi-node).
+    pub cluster_up: IntGauge,
+    /// Messages between nodes by direction (sent, received) and kind.
+    pub cluster_messages: IntCounterVec,
+    /// Messages to other nodes dropped: Redis unreachable or the outgoing queue full.
+    pub cluster_dropped: IntCounter,
+    /// Seconds from publishing a probe on the bus to receiving it back (Redis bus lag).
+    pub cluster_bus_lag: Histogram,
+    /// Other nodes found dead (their heartbeat lease expired).
+    pub cluster_nodes_lost: IntCounter,
     relay: Arc<[RelayMetrics]>,
 }
 
@@ -113,8 +123,47 @@ impl Metrics {
         .expect("valid metric");
         let crl_stale = IntGauge::new("signalling_crl_stale", "Loaded CRLs past their nextUpdate")
             .expect("valid metric");
+        let cluster_up = IntGauge::new(
+            "signalling_cluster_up",
+            "1 while the node's Redis link works (multi-node only)",
+        )
+        .expect("valid metric");
+        let cluster_messages = IntCounterVec::new(
+            Opts::new(
+                "signalling_cluster_messages_total",
+                "Messages between nodes by direction and kind",
+            ),
+            &["direction", "kind"],
+        )
+        .expect("valid metric");
+        let cluster_dropped = IntCounter::new(
+            "signalling_cluster_dropped_total",
+            "Messages to other nodes dropped (Redis unreachable or queue full)",
+        )
+        .expect("valid metric");
+        let cluster_bus_lag = Histogram::with_opts(
+            HistogramOpts::new(
+                "signalling_cluster_bus_lag_seconds",
+                "Time from publishing a probe on the Redis bus to receiving it",
+            )
+            .buckets(vec![
+                0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                0.5, 1.0,
+            ]),
+        )
+        .expect("valid metric");
+        let cluster_nodes_lost = IntCounter::new(
+            "signalling_cluster_nodes_lost_total",
+            "Other nodes found dead (heartbeat lease expired)",
+        )
+        .expect("valid metric");
         for collector in [
             Box::new(crl_stale.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(cluster_up.clone()),
+            Box::new(cluster_messages.clone()),
+            Box::new(cluster_dropped.clone()),
+            Box::new(cluster_bus_lag.clone()),
+            Box::new(cluster_nodes_lost.clone()),
             Box::new(connections.clone()),
             Box::new(robots_online.clone()),
             Box::new(sessions_active.clone()),
@@ -147,6 +196,11 @@ impl Metrics {
             late_messages,
             peers_cut_off,
             crl_stale,
+            cluster_up,
+            cluster_messages,
+            cluster_dropped,
+            cluster_bus_lag,
+            cluster_nodes_lost,
         }
     }
 

@@ -11,6 +11,7 @@ use hyper_util::server::conn::auto::Builder as HttpBuilder;
 use tokio::net::TcpListener;
 
 use crate::auth::{random_token, sha256_hex, ClientAuthenticator, JwtConfig, JwtVerifier};
+use crate::cluster::{Cluster, ClusterConfig};
 use crate::config::Config;
 use crate::ice::IceConfig;
 use crate::identity::{Identity, IdentityConfig};
@@ -35,8 +36,10 @@ pub enum StartError {
     File { path: String, message: String },
     #[error("TLS: {0}")]
     Tls(String),
-    #[error("--redis-url: the multi-node Redis bus is not available in this release; run one node without it")]
-    RedisUnsupported,
+    #[error("--redis-url needs a database all nodes share: a postgres:// --database-url")]
+    ClusterNeedsSharedDatabase,
+    #[error("--redis-url: {0}")]
+    Cluster(#[from] crate::cluster::ClusterError),
     #[error("--admin-token (SIGNALLING_ADMIN_TOKEN) must be at least {MIN_ADMIN_TOKEN_LEN} characters; leave it unset to have one generated")]
     WeakAdminToken,
     #[error("CRL: {0}")]
@@ -70,8 +73,8 @@ fn file_error(path: &Path, e: impl std::fmt::Display) -> StartError {
 impl Server {
     /// Connects to the database, prepares every component and binds the listener.
     pub async fn bind(config: Config) -> Result<Server, StartError> {
-        if config.redis_url.is_some() {
-            return Err(StartError::RedisUnsupported);
+        if config.redis_url.is_some() && !config.database_url().starts_with("postgres") {
+            return Err(StartError::ClusterNeedsSharedDatabase);
         }
         let store = Store::connect(config.database_url()).await?;
         let node_id = config
@@ -131,6 +134,27 @@ impl Server {
         })?;
 
         let metrics = Metrics::new();
+        let cluster = match &config.redis_url {
+            Some(url) => {
+                let cluster = Cluster::new(
+                    ClusterConfig {
+                        url: url.clone(),
+                        prefix: config.redis_prefix.clone(),
+                        node_id: node_id.clone(),
+                        node_ttl: Duration::from_secs(config.node_ttl_secs.max(1)),
+                        lock_ttl: Duration::from_secs(config.lock_ttl_secs.max(1)),
+                    },
+                    metrics.clone(),
+                )?;
+                // Not fatal: the node serves what is local and reports not ready until
+                // Redis answers.
+                if let Err(e) = cluster.ping().await {
+                    tracing::error!(error = %e, "redis does not answer at start; retrying in the background");
+                }
+                Some(cluster)
+            }
+            None => None,
+        };
         let ice = IceConfig {
             stun_urls: config.stun_urls.clone(),
             turn_urls: config.turn_urls.clone(),
@@ -163,7 +187,20 @@ impl Server {
             identity,
             ice,
             admin_token_hash,
+            cluster,
         }));
+        if let Some(cluster) = state.cluster.clone() {
+            let writer = cluster.clone();
+            tasks.spawn("cluster-writer", move |stop| writer.run_writer(stop));
+            let (listened, listener) = (state.clone(), cluster.clone());
+            tasks.spawn("cluster-listen", move |stop| {
+                tasks::cluster::listen(listened, listener, stop)
+            });
+            let beating = state.clone();
+            tasks.spawn("cluster-heartbeat", move |stop| {
+                tasks::cluster::heartbeat(beating, cluster, stop)
+            });
+        }
         if let Some(path) = state.config.crl.clone() {
             let modified = tasks::crl::load_at_start(&state, &path).await?;
             let watched = state.clone();
@@ -253,6 +290,13 @@ fn limit_header_time(builder: &mut HttpBuilder<TokioExecutor>, timeout: Duration
 
 async fn drain(state: &SharedState) {
     state.begin_shutdown();
+    if let Some(cluster) = &state.cluster {
+        // Peers stop routing new sessions here; what is open ends below, each end told.
+        match cluster.leave().await {
+            Ok(()) => tracing::info!("left the cluster: peers told"),
+            Err(e) => tracing::warn!(error = %e, "cannot tell peers this node is leaving"),
+        }
+    }
     let sockets = state.sessions.shutdown().await;
     tracing::info!(sockets, "shutting down: closing sockets");
     let grace = Duration::from_secs(state.config.shutdown_grace_secs);

@@ -7,6 +7,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use crate::auth::ClientAuthenticator;
+use crate::cluster::Cluster;
 use crate::config::Config;
 use crate::ice::IceConfig;
 use crate::identity::Identity;
@@ -19,6 +20,8 @@ pub struct AppState {
     pub config: Config,
     pub node_id: String,
     pub store: Store,
+    /// The other nodes, when several share a Redis.
+    pub cluster: Option<Arc<Cluster>>,
     /// Presence and the session table; session lives go through `sessions`.
     pub hub: Arc<Hub>,
     pub sessions: Sessions,
@@ -47,6 +50,8 @@ pub struct Components {
     pub identity: Identity,
     pub ice: IceConfig,
     pub admin_token_hash: String,
+    /// The other nodes (multi-node, with `--redis-url`).
+    pub cluster: Option<Arc<Cluster>>,
 }
 
 impl AppState {
@@ -57,11 +62,11 @@ impl AppState {
             sessions_per_conn: parts.config.max_sessions_per_connection,
             grace: Duration::from_secs(parts.config.session_grace_secs),
         };
-        let hub = Arc::new(Hub::new(
-            Arc::new(LocalBus::default()),
-            parts.metrics.clone(),
-            limits,
-        ));
+        let mut hub = Hub::new(Arc::new(LocalBus::default()), parts.metrics.clone(), limits);
+        if let Some(cluster) = &parts.cluster {
+            hub = hub.with_cluster(cluster.clone());
+        }
+        let hub = Arc::new(hub);
         let sessions = Sessions::new(hub.clone(), parts.store.clone(), parts.node_id.clone());
         let admission = Admission::new(
             parts.config.max_connections,
@@ -79,6 +84,7 @@ impl AppState {
             identity: parts.identity,
             ice: parts.ice,
             admin_token_hash: parts.admin_token_hash,
+            cluster: parts.cluster,
             shutting_down: AtomicBool::new(false),
             open_sockets: AtomicUsize::new(0),
             sockets_closed: Notify::new(),

@@ -1,3 +1,5 @@
+use std::collections::HashMap;
+
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -84,11 +86,40 @@ pub async fn create(
     responses((status = 200, body = Vec<RobotView>), super::openapi::CommonErrors))]
 pub async fn list(_: Admin, State(state): State<SharedState>) -> Result<Response, ApiError> {
     let robots = state.store.robots().await?;
+    let ids: Vec<&str> = robots.iter().map(|r| r.robot_id.as_str()).collect();
+    let nodes = presence(&state, &ids).await;
     let views: Vec<RobotView> = robots
         .iter()
-        .map(|r| RobotView::new(r, state.hub.is_online(&r.robot_id)))
+        .map(|r| view(r, nodes.get(&r.robot_id).map(String::as_str)))
         .collect();
     Ok(Json(views).into_response())
+}
+
+/// The node each online robot is connected to: this one, or (multi-node) another whose
+/// heartbeat lease is alive. Without Redis, only this node's robots are known.
+async fn presence(state: &SharedState, ids: &[&str]) -> HashMap<String, String> {
+    let mut nodes = HashMap::new();
+    if let Some(cluster) = &state.cluster {
+        match cluster.nodes_of(ids).await {
+            Ok(found) => nodes = found,
+            Err(e) => tracing::warn!(error = %e, "robot presence on other nodes unknown"),
+        }
+    }
+    for id in ids {
+        if state.hub.is_online(id) {
+            nodes.insert(id.to_string(), state.node_id.clone());
+        }
+    }
+    nodes
+}
+
+/// A robot's view; `node` is where it is connected when online (else where it was last).
+fn view<'a>(robot: &'a RobotRecord, node: Option<&'a str>) -> RobotView<'a> {
+    let mut view = RobotView::new(robot, node.is_some());
+    if node.is_some() {
+        view.node = node;
+    }
+    view
 }
 
 async fn existing(state: &SharedState, id: &str) -> Result<RobotRecord, ApiError> {
@@ -109,8 +140,9 @@ pub async fn show(
     ApiPath(id): ApiPath<String>,
 ) -> Result<Response, ApiError> {
     let robot = existing(&state, &id).await?;
-    let online = state.hub.is_online(&robot.robot_id);
-    Ok(Json(RobotView::new(&robot, online)).into_response())
+    let nodes = presence(&state, &[robot.robot_id.as_str()]).await;
+    let node = nodes.get(&robot.robot_id).map(String::as_str);
+    Ok(Json(view(&robot, node)).into_response())
 }
 
 /// Deletes a robot with its grants; its connection is closed.
@@ -161,10 +193,12 @@ pub async fn revoke(
     State(state): State<SharedState>,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<Revoked>, ApiError> {
+    // Online on another node counts too: that node closes the socket.
+    let online = presence(&state, &[id.as_str()]).await.contains_key(&id);
     let Some(revoked) = state.identity.revoke(&id, "admin").await? else {
         return Err(ApiError::NotFound(format!("no robot {id}")));
     };
-    let disconnected = state.hub.kick_robot(&id, Kick::Revoked);
+    let disconnected = state.hub.kick_robot(&id, Kick::Revoked) || online;
     // The same key may have proved another robot id (a fleet certificate for it): that
     // socket goes too.
     state

@@ -3,6 +3,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::bus::{Bus, ConnId, DeliveryError, Kick, Mailbox, Outbound};
+use crate::cluster::{Cluster, Control, MirrorSession, RemoteRobot};
 use crate::messages;
 use crate::metrics::Metrics;
 use crate::store::Role;
@@ -86,6 +87,11 @@ struct Session {
     client_conn: ConnId,
     subject: Arc<str>,
     role: Role,
+    /// The node of the end that is not on this node (multi-node).
+    remote: Option<Arc<str>>,
+    /// The client is on another node, which owns the session (its record's node and its
+    /// control lock); this node holds a copy for routing the robot's messages.
+    mirror: bool,
 }
 
 #[derive(Default)]
@@ -137,6 +143,17 @@ pub struct EndedSession {
     pub session_id: String,
     pub record_id: String,
     notices: Vec<(ConnId, String)>,
+    /// The other end's node, to be told (None: local, or the other node told us).
+    remote: Option<Arc<str>>,
+    /// The end on this node, when the other is on another node.
+    local_end: Option<ConnId>,
+}
+
+impl EndedSession {
+    /// The end of a two-node session that is on this node.
+    pub fn local_end(&self) -> Option<&ConnId> {
+        self.local_end.as_ref()
+    }
 }
 
 pub struct Hub {
@@ -144,6 +161,12 @@ pub struct Hub {
     bus: Arc<dyn Bus>,
     metrics: Metrics,
     limits: HubLimits,
+    /// The other nodes, when several share a Redis.
+    cluster: Option<Arc<Cluster>>,
+    /// Sockets on other nodes that sessions here talk to, and their node. Kept apart from
+    /// `state` so that delivery takes only this small lock; swept by [`Hub::sweep_remote`]
+    /// once neither a session nor its grace period names them.
+    remote: Mutex<HashMap<ConnId, Arc<str>>>,
 }
 
 impl Hub {
@@ -153,7 +176,32 @@ impl Hub {
             bus,
             metrics,
             limits,
+            cluster: None,
+            remote: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// A hub that shares presence, sessions and kicks with other nodes through `cluster`.
+    pub fn with_cluster(mut self, cluster: Arc<Cluster>) -> Hub {
+        self.cluster = Some(cluster);
+        self
+    }
+
+    pub fn cluster(&self) -> Option<&Arc<Cluster>> {
+        self.cluster.as_ref()
+    }
+
+    fn remote_map(&self) -> MutexGuard<'_, HashMap<ConnId, Arc<str>>> {
+        self.remote
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn remote_node(&self, conn: &ConnId) -> Option<Arc<str>> {
+        if self.cluster.is_none() {
+            return None;
+        }
+        self.remote_map().get(conn).cloned()
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -204,6 +252,18 @@ impl Hub {
             Some(_) => {}
             None => self.metrics.robots_online.inc(),
         }
+        if let Some(cluster) = &self.cluster {
+            cluster.presence_up(robot_id, conn);
+        }
+    }
+
+    /// The robots connected to this node and their sockets.
+    pub fn local_robots(&self) -> Vec<(String, ConnId)> {
+        self.state()
+            .robots
+            .iter()
+            .map(|(id, conn)| (id.clone(), conn.clone()))
+            .collect()
     }
 
     pub fn is_online(&self, robot_id: &str) -> bool {
@@ -219,6 +279,16 @@ impl Hub {
         &self,
         client_conn: &ConnId,
         request: OpenSession<'_>,
+    ) -> Result<SessionOpened, RelayError> {
+        self.open_session_at(client_conn, request, None)
+    }
+
+    /// [`Hub::open_session`], with the robot's socket on another node when it is not here.
+    pub fn open_session_at(
+        &self,
+        client_conn: &ConnId,
+        request: OpenSession<'_>,
+        elsewhere: Option<&RemoteRobot>,
     ) -> Result<SessionOpened, RelayError> {
         let mut state = self.state();
         prune_ended(&mut state, self.limits.grace, Instant::now());
@@ -247,11 +317,11 @@ impl Hub {
                 return Err(RelayError::TooManySessions { limit });
             }
         }
-        let robot_conn = state
-            .robots
-            .get(request.robot_id)
-            .cloned()
-            .ok_or_else(|| RelayError::RobotOffline(request.robot_id.to_string()))?;
+        let (robot_conn, remote) = match (state.robots.get(request.robot_id), elsewhere) {
+            (Some(conn), _) => (conn.clone(), None),
+            (None, Some(robot)) => (robot.conn.clone(), Some(robot.node.clone())),
+            (None, None) => return Err(RelayError::RobotOffline(request.robot_id.to_string())),
+        };
         if request.role.may_drive() {
             let holder = state.conns.get(&robot_conn).and_then(|entry| {
                 entry
@@ -292,8 +362,13 @@ impl Hub {
                 client_conn: client_conn.clone(),
                 subject: Arc::from(request.subject),
                 role: request.role,
+                remote: remote.clone(),
+                mirror: false,
             },
         );
+        if let Some(node) = remote {
+            self.remote_map().insert(robot_conn.clone(), node);
+        }
         self.metrics.sessions_active.inc();
         Ok(SessionOpened::New {
             record_id,
@@ -341,8 +416,114 @@ impl Hub {
                 session_id: session_id.to_string(),
                 record_id: session.record_id.to_string(),
                 notices: Vec::new(),
+                local_end: local_end(&session),
+                remote: session.remote,
             }
         })
+    }
+
+    /// The robot's node learns of a session whose client is on `client_node`. Refused
+    /// when the robot's socket is no longer the one named, or the id is taken here.
+    pub fn open_mirror(&self, mirror: &MirrorSession) -> Result<(), RelayError> {
+        let mut state = self.state();
+        prune_ended(&mut state, self.limits.grace, Instant::now());
+        let robot_conn = match state.robots.get(&mirror.robot_id) {
+            Some(conn) if **conn == *mirror.robot_conn => conn.clone(),
+            _ => return Err(RelayError::RobotOffline(mirror.robot_id.clone())),
+        };
+        if state.sessions.contains_key(&mirror.session_id)
+            || state
+                .claims
+                .get(&mirror.session_id)
+                .is_some_and(|owner| **owner != *mirror.client_conn)
+        {
+            return Err(RelayError::ConnectionIdInUse(mirror.session_id.clone()));
+        }
+        let client_conn = ConnId::from(mirror.client_conn.as_str());
+        let node: Arc<str> = Arc::from(mirror.client_node.as_str());
+        state.ended.remove(&mirror.session_id);
+        if let Some(entry) = state.conns.get_mut(&robot_conn) {
+            entry.sessions.insert(mirror.session_id.clone());
+        }
+        state.sessions.insert(
+            mirror.session_id.clone(),
+            Session {
+                record_id: Arc::from(mirror.record_id.as_str()),
+                robot_id: mirror.robot_id.clone(),
+                robot_conn,
+                client_conn: client_conn.clone(),
+                subject: Arc::from(mirror.subject.as_str()),
+                role: mirror.role,
+                remote: Some(node.clone()),
+                mirror: true,
+            },
+        );
+        self.remote_map().insert(client_conn, node);
+        self.metrics.sessions_active.inc();
+        Ok(())
+    }
+
+    /// The other node ended its side of a session: end ours without telling it back.
+    pub fn end_session_from_peer(&self, session_id: &str) -> Option<EndedSession> {
+        let mut ended = self.end_session(session_id)?;
+        ended.remote = None;
+        Some(ended)
+    }
+
+    /// Ends the sessions whose other end was on `node` (it died): both local ends told.
+    pub fn end_sessions_with_node(&self, node: &str, cause: &str) -> Vec<EndedSession> {
+        let ended = {
+            let mut state = self.state();
+            let ids: Vec<String> = state
+                .sessions
+                .iter()
+                .filter(|(_, s)| s.remote.as_deref() == Some(node))
+                .map(|(id, _)| id.clone())
+                .collect();
+            let mut ended = end_both_ways(&mut state, ids, cause);
+            for session in &mut ended {
+                // Nobody is left there to tell.
+                session.remote = None;
+            }
+            ended
+        };
+        self.remote_map().retain(|_, n| &**n != node);
+        self.metrics.sessions_active.sub(ended.len() as i64);
+        ended
+    }
+
+    /// Live sessions owned here whose robot may be driven: (session id, robot id), for the
+    /// control locks.
+    pub fn driving_sessions(&self) -> Vec<(String, String)> {
+        self.state()
+            .sessions
+            .iter()
+            .filter(|(_, s)| !s.mirror && s.role.may_drive())
+            .map(|(id, s)| (id.clone(), s.robot_id.clone()))
+            .collect()
+    }
+
+    /// Forgets remote sockets that no session, live or in its grace period, names.
+    pub fn sweep_remote(&self) {
+        if self.cluster.is_none() {
+            return;
+        }
+        let named: HashSet<ConnId> = {
+            let mut state = self.state();
+            prune_ended(&mut state, self.limits.grace, Instant::now());
+            state
+                .sessions
+                .values()
+                .flat_map(|s| [s.client_conn.clone(), s.robot_conn.clone()])
+                .chain(
+                    state
+                        .ended
+                        .values()
+                        .flat_map(|e| [e.client_conn.clone(), e.robot_conn.clone()]),
+                )
+                .collect()
+        };
+        self.remote_map().retain(|conn, _| named.contains(conn));
     }
 
     /// Removes a socket: its sessions end; the other end of each is to be told.
@@ -359,6 +540,9 @@ impl Hub {
                 if state.robots.get(robot_id) == Some(conn) {
                     state.robots.remove(robot_id);
                     self.metrics.robots_online.dec();
+                    if let Some(cluster) = &self.cluster {
+                        cluster.presence_down(robot_id, conn);
+                    }
                 }
             }
             let mut ended = Vec::new();
@@ -374,6 +558,8 @@ impl Hub {
                         session_id,
                         record_id: session.record_id.to_string(),
                         notices: vec![(other, notice)],
+                        local_end: local_end(&session),
+                        remote: session.remote,
                     });
                 }
             }
@@ -383,10 +569,39 @@ impl Hub {
         ended
     }
 
-    /// Tells the remaining ends of ended sessions.
+    /// Tells the remaining ends of ended sessions. An end on another node hears of it
+    /// through that node, which ends its copy of the session first.
     pub fn notify(&self, ended: &[EndedSession]) {
-        for (to, text) in ended.iter().flat_map(|e| &e.notices) {
-            let _ = self.deliver(None, to, Outbound::text(text.as_str()));
+        for session in ended {
+            let mut remote_told = false;
+            for (to, text) in &session.notices {
+                match (&session.remote, &self.cluster) {
+                    (Some(node), Some(cluster)) if self.remote_node(to).is_some() => {
+                        cluster.send(
+                            node,
+                            &Control::End {
+                                session_id: session.session_id.clone(),
+                                notice: Some(text.clone()),
+                            },
+                        );
+                        remote_told = true;
+                    }
+                    _ => {
+                        let _ = self.deliver_local(None, to, Outbound::text(text.as_str()));
+                    }
+                }
+            }
+            if let (Some(node), Some(cluster), false) =
+                (&session.remote, &self.cluster, remote_told)
+            {
+                cluster.send(
+                    node,
+                    &Control::End {
+                        session_id: session.session_id.clone(),
+                        notice: None,
+                    },
+                );
+            }
         }
     }
 
@@ -394,6 +609,24 @@ impl Hub {
     /// is closed instead of growing memory; a sender over its share at the receiver is
     /// refused (the error tells the caller), the receiver left alone.
     pub fn deliver(
+        &self,
+        from: Option<&ConnId>,
+        to: &ConnId,
+        message: Outbound,
+    ) -> Result<(), DeliveryError> {
+        if let (Some(node), Some(cluster)) = (self.remote_node(to), &self.cluster) {
+            // The receiving node applies the receiver's queue limits; what it refuses is
+            // dropped there (the sender is not told across nodes).
+            if let Outbound::Text(text) = &message {
+                cluster.send_frame(&node, from, to, text.as_str());
+            }
+            return Ok(());
+        }
+        self.deliver_local(from, to, message)
+    }
+
+    /// Delivery to a socket of this node only (frames that came from another node).
+    pub fn deliver_local(
         &self,
         from: Option<&ConnId>,
         to: &ConnId,
@@ -410,8 +643,19 @@ impl Hub {
         self.bus.kick(conn, reason);
     }
 
-    /// Closes the robot's live connection, if any.
+    /// Closes the robot's live connection, on whichever node it is; true if it was here.
     pub fn kick_robot(&self, robot_id: &str, reason: Kick) -> bool {
+        if let Some(cluster) = &self.cluster {
+            cluster.broadcast(&Control::KickRobot {
+                robot_id: robot_id.to_string(),
+                reason: crate::cluster::message::kick_name(reason).to_string(),
+            });
+        }
+        self.kick_robot_here(robot_id, reason)
+    }
+
+    /// Closes the robot's connection if it is on this node.
+    pub fn kick_robot_here(&self, robot_id: &str, reason: Kick) -> bool {
         let conn = self.state().robots.get(robot_id).cloned();
         match conn {
             Some(conn) => {
@@ -422,8 +666,19 @@ impl Hub {
         }
     }
 
-    /// Closes robots whose credential is among `revoked` (e.g. serials a new CRL lists).
+    /// Closes robots whose credential is among `revoked` (e.g. serials a new CRL lists),
+    /// on every node; returns how many were here.
     pub fn kick_robots_with_credentials(&self, revoked: &[String], reason: Kick) -> usize {
+        if let Some(cluster) = &self.cluster {
+            cluster.broadcast(&Control::KickCredentials {
+                credentials: revoked.to_vec(),
+                reason: crate::cluster::message::kick_name(reason).to_string(),
+            });
+        }
+        self.kick_credentials_here(revoked, reason)
+    }
+
+    pub fn kick_credentials_here(&self, revoked: &[String], reason: Kick) -> usize {
         let conns: Vec<ConnId> = self
             .state()
             .conns
@@ -440,8 +695,18 @@ impl Hub {
         conns.len()
     }
 
-    /// Closes every connection that logged in with this opaque token.
+    /// Closes every connection that logged in with this opaque token, on every node;
+    /// returns how many were here.
     pub fn kick_token(&self, token_id: &str) -> usize {
+        if let Some(cluster) = &self.cluster {
+            cluster.broadcast(&Control::KickToken {
+                token_id: token_id.to_string(),
+            });
+        }
+        self.kick_token_here(token_id)
+    }
+
+    pub fn kick_token_here(&self, token_id: &str) -> usize {
         let conns: Vec<ConnId> = self
             .state()
             .conns
@@ -469,9 +734,11 @@ impl Hub {
     ) -> Vec<EndedSession> {
         let ended = {
             let mut state = self.state();
+            // Mirrors are ended by the node that owns them (it hears of the change too).
             let ids: Vec<String> = state
                 .sessions
                 .iter()
+                .filter(|(_, s)| !s.mirror)
                 .filter(|(_, s)| s.robot_id == robot_id && &*s.subject == subject)
                 .filter(|(_, s)| allowed.is_none_or(|role| s.role > role))
                 .map(|(id, _)| id.clone())
@@ -516,13 +783,23 @@ fn end_both_ways(state: &mut State, ids: Vec<String>, cause: &str) -> Vec<EndedS
             Some(EndedSession {
                 session_id: id,
                 record_id: session.record_id.to_string(),
+                local_end: local_end(&session),
                 notices: vec![
                     (session.client_conn, text.clone()),
                     (session.robot_conn, text),
                 ],
+                remote: session.remote,
             })
         })
         .collect()
+}
+
+fn local_end(session: &Session) -> Option<ConnId> {
+    match (&session.remote, session.mirror) {
+        (None, _) => None,
+        (Some(_), true) => Some(session.robot_conn.clone()),
+        (Some(_), false) => Some(session.client_conn.clone()),
+    }
 }
 
 /// Forgets sessions whose grace period is over, and releases their ids.

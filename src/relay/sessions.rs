@@ -5,10 +5,12 @@
 //! change the hub, then write the record, then tell the remaining ends. Whoever hears of an
 //! end therefore finds the record already ended. A multi-node bus plugs in below the hub.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
-use super::bus::{ConnId, Kick};
+use super::bus::{ConnId, Kick, Outbound};
 use super::hub::{EndedSession, Hub, OpenSession, RelayError, Route, SessionOpened};
+use crate::cluster::{Cluster, ClusterError, Control, LockOutcome, MirrorSession};
 use crate::store::{Role, Store, StoreError};
 
 #[derive(Debug, thiserror::Error)]
@@ -30,6 +32,8 @@ pub enum EndReason {
     GrantRevoked,
     GrantChanged,
     ServerShutdown,
+    /// The node holding the other end died (its heartbeat lease expired).
+    NodeDown,
 }
 
 impl EndReason {
@@ -41,14 +45,29 @@ impl EndReason {
             EndReason::GrantRevoked => "grant_revoked",
             EndReason::GrantChanged => "grant_changed",
             EndReason::ServerShutdown => "server_shutdown",
+            EndReason::NodeDown => "node_down",
         }
     }
+}
+
+/// A control lock this node holds in Redis for one of its sessions.
+struct HeldLock {
+    robot_id: String,
+    value: String,
 }
 
 pub struct Sessions {
     hub: Arc<Hub>,
     store: Store,
     node_id: String,
+    /// Control locks held for sessions owned here, by session id (multi-node).
+    locks: Mutex<HashMap<String, HeldLock>>,
+}
+
+/// The control lock cannot be checked: refuse the session (fail closed).
+fn lock_unavailable(e: ClusterError) -> SessionError {
+    tracing::error!(error = %e, "control lock unavailable");
+    SessionError::Store(StoreError::Background(format!("control lock: {e}")))
 }
 
 impl Sessions {
@@ -57,7 +76,16 @@ impl Sessions {
             hub,
             store,
             node_id,
+            locks: Mutex::new(HashMap::new()),
         }
+    }
+
+    fn locks(&self) -> std::sync::MutexGuard<'_, HashMap<String, HeldLock>> {
+        self.locks.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn cluster(&self) -> Option<&Arc<Cluster>> {
+        self.hub.cluster()
     }
 
     /// Checks the session rules, reserves the session and writes its record (a record that
@@ -68,12 +96,29 @@ impl Sessions {
         client_conn: &ConnId,
         request: OpenSession<'_>,
     ) -> Result<ConnId, SessionError> {
-        match self.hub.open_session(client_conn, request)? {
+        // A robot not connected here may be on another node.
+        let elsewhere = match self.cluster() {
+            Some(cluster) if !self.hub.is_online(request.robot_id) => {
+                cluster.locate(request.robot_id).await.map_err(|e| {
+                    tracing::warn!(error = %e, "cannot locate robot on other nodes");
+                    RelayError::RobotOffline(request.robot_id.to_string())
+                })?
+            }
+            _ => None,
+        };
+        match self
+            .hub
+            .open_session_at(client_conn, request, elsewhere.as_ref())?
+        {
             SessionOpened::Existing { robot_conn } => Ok(robot_conn),
             SessionOpened::New {
                 record_id,
                 robot_conn,
             } => {
+                if let Err(e) = self.take_lock(request).await {
+                    self.hub.end_session(request.session_id);
+                    return Err(e);
+                }
                 let written = self
                     .store
                     .start_session(
@@ -86,12 +131,147 @@ impl Sessions {
                     )
                     .await;
                 if let Err(e) = written {
-                    self.hub.end_session(request.session_id);
+                    if let Some(ended) = self.hub.end_session(request.session_id) {
+                        self.release_locks(std::slice::from_ref(&ended)).await;
+                    }
                     return Err(e.into());
+                }
+                if let (Some(cluster), Some(robot)) = (self.cluster(), &elsewhere) {
+                    // Before the offer, on the same channel: the robot's node knows the
+                    // session by the time the offer reaches the robot.
+                    cluster.send(
+                        &robot.node,
+                        &Control::Open(MirrorSession {
+                            session_id: request.session_id.to_string(),
+                            record_id,
+                            robot_id: request.robot_id.to_string(),
+                            robot_conn: robot_conn.to_string(),
+                            client_conn: client_conn.to_string(),
+                            client_node: self.node_id.clone(),
+                            subject: request.subject.to_string(),
+                            role: request.role,
+                        }),
+                    );
                 }
                 Ok(robot_conn)
             }
         }
+    }
+
+    /// Multi-node: a driving session takes the robot's cluster-wide control lock (the hub
+    /// already checked this node's sessions).
+    async fn take_lock(&self, request: OpenSession<'_>) -> Result<(), SessionError> {
+        let Some(cluster) = self.cluster() else {
+            return Ok(());
+        };
+        if !request.role.may_drive() {
+            return Ok(());
+        }
+        match cluster
+            .lock(request.robot_id, request.session_id, request.subject)
+            .await
+            .map_err(lock_unavailable)?
+        {
+            LockOutcome::Acquired(value) => {
+                self.locks().insert(
+                    request.session_id.to_string(),
+                    HeldLock {
+                        robot_id: request.robot_id.to_string(),
+                        value,
+                    },
+                );
+                Ok(())
+            }
+            LockOutcome::Held { subject } => Err(RelayError::RobotBusy {
+                robot_id: request.robot_id.to_string(),
+                locked_by: (request.role == Role::Owner).then_some(subject),
+            }
+            .into()),
+        }
+    }
+
+    /// Releases the control locks of ended sessions.
+    async fn release_locks(&self, ended: &[EndedSession]) {
+        let Some(cluster) = self.cluster() else {
+            return;
+        };
+        let released: Vec<HeldLock> = {
+            let mut locks = self.locks();
+            ended
+                .iter()
+                .filter_map(|e| locks.remove(&e.session_id))
+                .collect()
+        };
+        for lock in released {
+            if let Err(e) = cluster.unlock(&lock.robot_id, &lock.value).await {
+                // It expires by itself within the lock's lifetime.
+                tracing::warn!(robot = %lock.robot_id, error = %e, "cannot release control lock");
+            }
+        }
+    }
+
+    /// The locks to renew: (robot id, value). Locks of sessions that ended by a path that
+    /// could not release them are dropped here.
+    pub fn held_locks(&self) -> Vec<(String, String)> {
+        let live: std::collections::HashSet<String> = self
+            .hub
+            .driving_sessions()
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect();
+        let mut locks = self.locks();
+        locks.retain(|id, _| live.contains(id));
+        locks
+            .values()
+            .map(|l| (l.robot_id.clone(), l.value.clone()))
+            .collect()
+    }
+
+    /// The robot's node learns of a session opened on the client's node. When it cannot
+    /// take it (the robot left), the client's node is told to end it.
+    pub fn open_mirror(&self, mirror: MirrorSession) {
+        if let Err(e) = self.hub.open_mirror(&mirror) {
+            tracing::debug!(session = %mirror.session_id, error = %e, "session from another node refused");
+            if let Some(cluster) = self.cluster() {
+                cluster.send(
+                    &mirror.client_node,
+                    &Control::End {
+                        session_id: mirror.session_id.clone(),
+                        notice: Some(crate::messages::disconnected(&mirror.session_id, None)),
+                    },
+                );
+            }
+        }
+    }
+
+    /// The other node ended its side: end ours (record, lock), then tell the local end.
+    pub async fn end_from_peer(&self, session_id: &str, notice: Option<String>) {
+        let Some(ended) = self.hub.end_session_from_peer(session_id) else {
+            return;
+        };
+        if let Err(e) = self
+            .store
+            .end_session(&ended.record_id, EndReason::Closed.as_str())
+            .await
+        {
+            tracing::error!(session = %session_id, error = %e, "cannot end session record");
+        }
+        self.release_locks(std::slice::from_ref(&ended)).await;
+        if let Some(text) = notice {
+            if let Some(to) = ended.local_end() {
+                let _ = self.hub.deliver_local(None, to, Outbound::text(text));
+            }
+        }
+    }
+
+    /// A node died: the sessions with an end there end (records first, then the local ends
+    /// are told).
+    pub async fn node_gone(&self, node: &str) -> usize {
+        let ended = self
+            .hub
+            .end_sessions_with_node(node, EndReason::NodeDown.as_str());
+        self.finish(&ended, EndReason::NodeDown).await;
+        ended.len()
     }
 
     /// Where a message about `session_id` from `sender` goes; only the two ends may talk.
@@ -108,9 +288,16 @@ impl Sessions {
     /// itself is relayed by the caller, so no notice is queued here.
     pub async fn end_by_peer(&self, session_id: &str, reason: EndReason) -> Result<(), StoreError> {
         if let Some(ended) = self.hub.end_session(session_id) {
-            self.store
+            let written = self
+                .store
                 .end_session(&ended.record_id, reason.as_str())
-                .await?;
+                .await;
+            let ended = [ended];
+            self.release_locks(&ended).await;
+            // No notices are queued, but another node holding the other end ends its copy
+            // before the relayed message reaches it.
+            self.hub.notify(&ended);
+            written?;
         }
         Ok(())
     }
@@ -131,16 +318,41 @@ impl Sessions {
         allowed: Option<Role>,
         reason: EndReason,
     ) -> Result<usize, StoreError> {
+        if let Some(cluster) = self.cluster() {
+            cluster.broadcast(&Control::EndSessionsOf {
+                robot_id: robot_id.to_string(),
+                subject: subject.to_string(),
+                allowed,
+            });
+        }
+        self.end_for_subject_here(robot_id, subject, allowed, reason)
+            .await
+    }
+
+    /// [`Sessions::end_for_subject`] for the sessions this node owns.
+    pub async fn end_for_subject_here(
+        &self,
+        robot_id: &str,
+        subject: &str,
+        allowed: Option<Role>,
+        reason: EndReason,
+    ) -> Result<usize, StoreError> {
         let ended = self
             .hub
             .end_sessions_of(robot_id, subject, allowed, reason.as_str());
+        let mut written = Ok(());
         for session in &ended {
-            self.store
+            if let Err(e) = self
+                .store
                 .end_session(&session.record_id, reason.as_str())
-                .await?;
+                .await
+            {
+                written = Err(e);
+            }
         }
+        self.release_locks(&ended).await;
         self.hub.notify(&ended);
-        Ok(ended.len())
+        written.map(|()| ended.len())
     }
 
     /// Shutdown: every session ends (records first, then both ends are told), then every
@@ -162,6 +374,7 @@ impl Sessions {
                 tracing::error!(session = %session.session_id, error = %e, "cannot end session record");
             }
         }
+        self.release_locks(ended).await;
         self.hub.notify(ended);
     }
 }

@@ -1,10 +1,12 @@
-//! Background work that lives as long as the server: the CRL watcher and the JWKS refresh.
+//! Background work that lives as long as the server: the CRL watcher, the JWKS refresh
+//! and, on several nodes, the cluster's writer, subscription and heartbeat.
 //!
 //! Every task is started through [`Tasks`], which owns it: [`Tasks::stop`] tells the tasks
 //! to finish through a shared stop signal and waits for them, and dropping `Tasks` aborts
 //! whatever is still running (the guard habit of mini-redis's `DbDropGuard`), so nothing
 //! outlives the server that started it.
 
+pub mod cluster;
 pub mod crl;
 pub mod jwks;
 

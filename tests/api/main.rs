@@ -6,6 +6,7 @@ mod helpers;
 mod abuse;
 mod admin_api;
 mod client_auth;
+mod cluster;
 mod fleet_ca;
 mod harness;
 mod legacy;

@@ -1,0 +1,224 @@
+//! What nodes tell each other over the Redis bus, and its encoding.
+//!
+//! Relayed frames are by far the most frequent message, so they have their own compact
+//! framing (`F`, sender and receiver ids, then the frame's text as it was): no JSON escaping
+//! of a JSON text on the hot path. Everything else is rarer and travels as JSON (`J`).
+
+use serde::{Deserialize, Serialize};
+
+use crate::relay::{ConnId, Kick};
+use crate::store::Role;
+
+/// A session as the robot's node learns of it from the client's node, with the offer.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct MirrorSession {
+    pub session_id: String,
+    pub record_id: String,
+    pub robot_id: String,
+    pub robot_conn: String,
+    pub client_conn: String,
+    pub client_node: String,
+    pub subject: String,
+    pub role: Role,
+}
+
+/// A control message between nodes.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Control {
+    /// Directed: the robot of this session is on the receiving node.
+    Open(MirrorSession),
+    /// Directed: the session ended on the sender's side; end the local copy and deliver
+    /// `notice` to the local end (only if the copy still existed: no duplicate notices).
+    End {
+        session_id: String,
+        notice: Option<String>,
+    },
+    /// Directed: close one socket of the receiving node.
+    Kick { conn: String, reason: String },
+    /// Broadcast: close the robot's socket, wherever it is.
+    KickRobot { robot_id: String, reason: String },
+    /// Broadcast: close the sockets that logged in with this token.
+    KickToken { token_id: String },
+    /// Broadcast: close robots that proved one of these revoked credentials.
+    KickCredentials {
+        credentials: Vec<String>,
+        reason: String,
+    },
+    /// Broadcast: a grant changed (or was withdrawn: `allowed` None); end the sessions
+    /// owned by the receiver above `allowed`.
+    EndSessionsOf {
+        robot_id: String,
+        subject: String,
+        allowed: Option<Role>,
+    },
+    /// Broadcast: the sender is draining (SIGTERM); its robots will reconnect elsewhere.
+    NodeLeaving,
+    /// Directed to the sender itself: measures the bus's lag.
+    Probe { sent_unix_ms: i64 },
+}
+
+impl Control {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Control::Open(_) => "open",
+            Control::End { .. } => "end",
+            Control::Kick { .. } => "kick",
+            Control::KickRobot { .. } => "kick_robot",
+            Control::KickToken { .. } => "kick_token",
+            Control::KickCredentials { .. } => "kick_credentials",
+            Control::EndSessionsOf { .. } => "end_sessions_of",
+            Control::NodeLeaving => "node_leaving",
+            Control::Probe { .. } => "probe",
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct Wrapped {
+    origin: String,
+    #[serde(flatten)]
+    control: Control,
+}
+
+/// A message received from the bus.
+#[derive(Debug, PartialEq, Eq)]
+pub enum PeerMessage {
+    Frame {
+        from: Option<ConnId>,
+        to: ConnId,
+        text: String,
+    },
+    Control {
+        origin: String,
+        control: Control,
+    },
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("malformed bus message: {0}")]
+pub struct DecodeError(&'static str);
+
+pub fn encode_frame(from: Option<&ConnId>, to: &ConnId, text: &str) -> Vec<u8> {
+    let from = from.map(|f| &**f).unwrap_or("");
+    let mut out = Vec::with_capacity(3 + from.len() + to.len() + text.len());
+    out.push(b'F');
+    out.extend_from_slice(from.as_bytes());
+    out.push(b'\n');
+    out.extend_from_slice(to.as_bytes());
+    out.push(b'\n');
+    out.extend_from_slice(text.as_bytes());
+    out
+}
+
+pub fn encode_control(origin: &str, control: &Control) -> Vec<u8> {
+    let wrapped = Wrapped {
+        origin: origin.to_string(),
+        control: control.clone(),
+    };
+    let mut out = vec![b'J'];
+    // Serialising plain strings and enums into a Vec cannot fail.
+    serde_json::to_writer(&mut out, &wrapped).unwrap_or_default();
+    out
+}
+
+pub fn decode(bytes: &[u8]) -> Result<PeerMessage, DecodeError> {
+    match bytes.split_first() {
+        Some((b'F', rest)) => {
+            let text = std::str::from_utf8(rest).map_err(|_| DecodeError("not UTF-8"))?;
+            let mut parts = text.splitn(3, '\n');
+            let (Some(from), Some(to), Some(text)) = (parts.next(), parts.next(), parts.next())
+            else {
+                return Err(DecodeError("frame header"));
+            };
+            if to.is_empty() {
+                return Err(DecodeError("frame without receiver"));
+            }
+            Ok(PeerMessage::Frame {
+                from: (!from.is_empty()).then(|| ConnId::from(from)),
+                to: ConnId::from(to),
+                text: text.to_string(),
+            })
+        }
+        Some((b'J', rest)) => {
+            let wrapped: Wrapped =
+                serde_json::from_slice(rest).map_err(|_| DecodeError("control JSON"))?;
+            Ok(PeerMessage::Control {
+                origin: wrapped.origin,
+                control: wrapped.control,
+            })
+        }
+        _ => Err(DecodeError("unknown tag")),
+    }
+}
+
+/// A kick's name on the bus.
+pub fn kick_name(kick: Kick) -> &'static str {
+    match kick {
+        Kick::Replaced => "replaced",
+        Kick::Revoked => "revoked",
+        Kick::TokenRevoked => "token_revoked",
+        Kick::SlowConsumer => "slow_consumer",
+        Kick::Shutdown => "shutdown",
+    }
+}
+
+pub fn kick_from_name(name: &str) -> Option<Kick> {
+    Some(match name {
+        "replaced" => Kick::Replaced,
+        "revoked" => Kick::Revoked,
+        "token_revoked" => Kick::TokenRevoked,
+        "slow_consumer" => Kick::SlowConsumer,
+        "shutdown" => Kick::Shutdown,
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_and_controls_round_trip() {
+        let from = ConnId::from("c1");
+        let to = ConnId::from("r1");
+        let text = "{\"type\":\"signalling.answer\",\n\"x\":1}";
+        let decoded = decode(&encode_frame(Some(&from), &to, text)).unwrap();
+        assert_eq!(
+            decoded,
+            PeerMessage::Frame {
+                from: Some(from),
+                to: to.clone(),
+                text: text.into()
+            }
+        );
+        assert!(matches!(
+            decode(&encode_frame(None, &to, "x")).unwrap(),
+            PeerMessage::Frame { from: None, .. }
+        ));
+        let control = Control::EndSessionsOf {
+            robot_id: "r".into(),
+            subject: "s".into(),
+            allowed: Some(Role::Viewer),
+        };
+        assert_eq!(
+            decode(&encode_control("n1", &control)).unwrap(),
+            PeerMessage::Control {
+                origin: "n1".into(),
+                control
+            }
+        );
+        assert!(decode(b"").is_err());
+        assert!(decode(b"Fonly").is_err());
+        assert!(decode(b"J{").is_err());
+        for kick in [
+            Kick::Replaced,
+            Kick::Revoked,
+            Kick::TokenRevoked,
+            Kick::SlowConsumer,
+            Kick::Shutdown,
+        ] {
+            assert_eq!(kick_from_name(kick_name(kick)), Some(kick));
+        }
+    }
+}

@@ -1,0 +1,687 @@
+//! Several nodes on one Redis: presence, the bus between nodes, heartbeats and the
+//! cluster-wide control lock.
+//!
+//! What lives in Redis (all under one key prefix, so several clusters or test runs can share
+//! a Redis): each node's heartbeat lease (`alive:{node}`, a key with a TTL), the set of nodes
+//! that registered (`nodes`), each online robot's node and socket (`robot:{id}`), the control
+//! lock of each driven robot (`lock:{id}`, SET NX PX with a fencing counter `fence:{id}`),
+//! and one pub/sub channel per node plus one for broadcasts. Everything in Redis can be lost
+//! (a restart without persistence) and is rebuilt by its owners within one heartbeat.
+//!
+//! Commands from synchronous code (the hub) go through a bounded queue to one writer task,
+//! which sends whatever has piled up as one pipeline: one round trip for many frames.
+
+pub mod message;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig, PubSubStream};
+use redis::{AsyncCommands, Script, Value};
+use tokio::sync::mpsc;
+
+pub use message::{decode, Control, MirrorSession, PeerMessage};
+
+use crate::metrics::Metrics;
+use crate::relay::{ConnId, Kick};
+use crate::tasks::StopSignal;
+
+/// Frames and commands waiting for the writer; past this, messages to peers are dropped
+/// (counted) rather than growing memory while Redis is slow or away.
+const OUTBOX: usize = 65_536;
+/// Largest pipeline the writer sends at once.
+const BATCH: usize = 512;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    #[error("redis did not answer within {0:?}")]
+    Timeout(Duration),
+}
+
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    pub url: String,
+    pub prefix: String,
+    pub node_id: String,
+    /// A node whose heartbeat is older than this is dead: its robots read offline and the
+    /// survivors end its sessions.
+    pub node_ttl: Duration,
+    /// Lifetime of a control lock unless its node renews it.
+    pub lock_ttl: Duration,
+}
+
+/// Where a robot is connected, when on another node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteRobot {
+    pub node: Arc<str>,
+    pub conn: ConnId,
+}
+
+/// The answer to a lock attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LockOutcome {
+    /// Taken; the value (node, session, subject, fencing token) identifies this holder.
+    Acquired(String),
+    /// Someone holds it: the holder's subject.
+    Held { subject: String },
+}
+
+enum Op {
+    Publish { channel: String, payload: Vec<u8> },
+    PresenceUp { robot_id: String, conn: ConnId },
+    PresenceDown { robot_id: String, conn: ConnId },
+}
+
+/// Deletes a key only while it still holds the given value (a newer owner keeps it).
+const DELETE_IF: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0";
+
+/// Takes the lock if free: SET NX PX with the next fencing token in the value.
+const LOCK: &str = r"
+local fence = redis.call('INCR', KEYS[2])
+local value = ARGV[1] .. '|' .. fence
+if redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[2]) then return {1, value} end
+return {0, redis.call('GET', KEYS[1]) or ''}";
+
+/// Extends the lock while it is ours; takes it back if it vanished (Redis restarted
+/// empty); 0 when someone else holds it now.
+const RENEW: &str = r"
+local current = redis.call('GET', KEYS[1])
+if current == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end
+if not current then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 2 end
+return 0";
+
+/// Reads a robot's presence if its node's heartbeat lease is alive.
+const LOCATE: &str = r"
+local v = redis.call('GET', KEYS[1])
+if not v then return false end
+local node = string.match(v, '^[^\n]+')
+if node and redis.call('EXISTS', ARGV[1] .. node) == 1 then return v end
+return false";
+
+pub struct Cluster {
+    config: ClusterConfig,
+    node: Arc<str>,
+    client: redis::Client,
+    conn: ConnectionManager,
+    outbox: mpsc::Sender<Op>,
+    outbox_rx: Mutex<Option<mpsc::Receiver<Op>>>,
+    /// The last command or pipeline succeeded.
+    commands_ok: AtomicBool,
+    /// The node's subscription is up.
+    subscribed: AtomicBool,
+    /// Something may have been lost while Redis was away: presence is written again.
+    dirty: AtomicBool,
+    metrics: Metrics,
+    scripts: Scripts,
+}
+
+struct Scripts {
+    delete_if: Script,
+    lock: Script,
+    renew: Script,
+    locate: Script,
+}
+
+impl Cluster {
+    /// Prepares the link; nothing is sent yet, so a node can start while Redis is away
+    /// (it serves what is local and reports not ready until Redis answers).
+    pub fn new(config: ClusterConfig, metrics: Metrics) -> Result<Arc<Cluster>, ClusterError> {
+        let client = redis::Client::open(config.url.as_str())?;
+        let manager_config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(1)))
+            .set_response_timeout(Some(Duration::from_secs(2)))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_millis(500));
+        let conn = ConnectionManager::new_lazy_with_config(client.clone(), manager_config)?;
+        let (outbox, rx) = mpsc::channel(OUTBOX);
+        Ok(Arc::new(Cluster {
+            node: Arc::from(config.node_id.as_str()),
+            config,
+            client,
+            conn,
+            outbox,
+            outbox_rx: Mutex::new(Some(rx)),
+            commands_ok: AtomicBool::new(false),
+            subscribed: AtomicBool::new(false),
+            dirty: AtomicBool::new(true),
+            metrics,
+            scripts: Scripts {
+                delete_if: Script::new(DELETE_IF),
+                lock: Script::new(LOCK),
+                renew: Script::new(RENEW),
+                locate: Script::new(LOCATE),
+            },
+        }))
+    }
+
+    pub fn node_id(&self) -> &str {
+        &self.node
+    }
+
+    pub fn config(&self) -> &ClusterConfig {
+        &self.config
+    }
+
+    fn key(&self, parts: &[&str]) -> String {
+        let mut key = self.config.prefix.clone();
+        key.push_str(&parts.concat());
+        key
+    }
+
+    fn alive_prefix(&self) -> String {
+        self.key(&["alive:"])
+    }
+
+    fn node_channel(&self, node: &str) -> String {
+        self.key(&["node:", node])
+    }
+
+    fn broadcast_channel(&self) -> String {
+        self.key(&["all"])
+    }
+
+    /// Commands work and the subscription is up.
+    pub fn is_healthy(&self) -> bool {
+        self.commands_ok.load(Ordering::Relaxed) && self.subscribed.load(Ordering::Relaxed)
+    }
+
+    fn record(&self, ok: bool) {
+        let was = self.commands_ok.swap(ok, Ordering::Relaxed);
+        if !ok {
+            self.dirty.store(true, Ordering::Relaxed);
+        }
+        if was != ok {
+            if ok {
+                tracing::info!("redis answers again");
+            } else {
+                tracing::error!("redis does not answer: serving local sockets only");
+            }
+        }
+        self.update_gauge();
+    }
+
+    fn update_gauge(&self) {
+        self.metrics.cluster_up.set(i64::from(self.is_healthy()));
+    }
+
+    fn enqueue(&self, op: Op, kind: &'static str) {
+        match self.outbox.try_send(op) {
+            Ok(()) => self
+                .metrics
+                .cluster_messages
+                .with_label_values(&["sent", kind])
+                .inc(),
+            Err(_) => self.metrics.cluster_dropped.inc(),
+        }
+    }
+
+    /// Queues a relayed frame for a socket on `node`.
+    pub fn send_frame(&self, node: &str, from: Option<&ConnId>, to: &ConnId, text: &str) {
+        let payload = message::encode_frame(from, to, text);
+        self.enqueue(
+            Op::Publish {
+                channel: self.node_channel(node),
+                payload,
+            },
+            "frame",
+        );
+    }
+
+    /// Queues a control message for one node.
+    pub fn send(&self, node: &str, control: &Control) {
+        let payload = message::encode_control(&self.node, control);
+        self.enqueue(
+            Op::Publish {
+                channel: self.node_channel(node),
+                payload,
+            },
+            control.kind(),
+        );
+    }
+
+    /// Queues a control message for every other node.
+    pub fn broadcast(&self, control: &Control) {
+        let payload = message::encode_control(&self.node, control);
+        self.enqueue(
+            Op::Publish {
+                channel: self.broadcast_channel(),
+                payload,
+            },
+            control.kind(),
+        );
+    }
+
+    pub fn kick(&self, node: &str, conn: &ConnId, reason: Kick) {
+        self.send(
+            node,
+            &Control::Kick {
+                conn: conn.to_string(),
+                reason: message::kick_name(reason).to_string(),
+            },
+        );
+    }
+
+    /// The robot is now verified on this node: other nodes' sockets of it are replaced.
+    pub fn presence_up(&self, robot_id: &str, conn: &ConnId) {
+        self.enqueue(
+            Op::PresenceUp {
+                robot_id: robot_id.to_string(),
+                conn: conn.clone(),
+            },
+            "presence",
+        );
+    }
+
+    pub fn presence_down(&self, robot_id: &str, conn: &ConnId) {
+        self.enqueue(
+            Op::PresenceDown {
+                robot_id: robot_id.to_string(),
+                conn: conn.clone(),
+            },
+            "presence",
+        );
+    }
+
+    fn presence_value(&self, conn: &str) -> String {
+        format!("{}\n{}", self.node, conn)
+    }
+
+    /// Sends queued operations until stopped; what is queued at the stop is still sent
+    /// (the last notices of a draining node).
+    pub async fn run_writer(self: Arc<Self>, mut stop: StopSignal) {
+        let Some(mut rx) = self.outbox_rx.lock().ok().and_then(|mut rx| rx.take()) else {
+            return;
+        };
+        let mut batch = Vec::with_capacity(BATCH);
+        loop {
+            tokio::select! {
+                n = rx.recv_many(&mut batch, BATCH) => {
+                    if n == 0 {
+                        return;
+                    }
+                }
+                _ = stop.stopped() => {
+                    while let Ok(op) = rx.try_recv() {
+                        batch.push(op);
+                        if batch.len() >= BATCH {
+                            self.flush(&mut batch).await;
+                        }
+                    }
+                    self.flush(&mut batch).await;
+                    return;
+                }
+            }
+            self.flush(&mut batch).await;
+        }
+    }
+
+    async fn flush(&self, batch: &mut Vec<Op>) {
+        if batch.is_empty() {
+            return;
+        }
+        let mut pipe = redis::pipe();
+        for op in batch.iter() {
+            match op {
+                Op::Publish { channel, payload } => {
+                    pipe.publish(channel, payload.as_slice());
+                }
+                Op::PresenceUp { robot_id, conn } => {
+                    pipe.cmd("SET")
+                        .arg(self.key(&["robot:", robot_id]))
+                        .arg(self.presence_value(conn))
+                        .arg("GET");
+                }
+                Op::PresenceDown { robot_id, conn } => {
+                    pipe.cmd("EVAL")
+                        .arg(DELETE_IF)
+                        .arg(1)
+                        .arg(self.key(&["robot:", robot_id]))
+                        .arg(self.presence_value(conn));
+                }
+            }
+        }
+        let mut conn = self.conn.clone();
+        let result: Result<Vec<Value>, _> = pipe.query_async(&mut conn).await;
+        match result {
+            Ok(values) => {
+                self.record(true);
+                for (op, value) in batch.iter().zip(values) {
+                    if let (Op::PresenceUp { conn, .. }, Value::BulkString(old)) = (op, value) {
+                        self.replace_elsewhere(conn, &old);
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, lost = batch.len(), "redis pipeline failed");
+                self.metrics.cluster_dropped.inc_by(batch.len() as u64);
+                self.record(false);
+            }
+        }
+        batch.clear();
+    }
+
+    /// A robot verified here was connected elsewhere: that socket is replaced (4001).
+    fn replace_elsewhere(&self, conn: &ConnId, old: &[u8]) {
+        let Some((node, old_conn)) = std::str::from_utf8(old)
+            .ok()
+            .and_then(|v| v.split_once('\n'))
+        else {
+            return;
+        };
+        if node != &*self.node && old_conn != &**conn {
+            self.kick(node, &ConnId::from(old_conn), Kick::Replaced);
+        }
+    }
+
+    async fn timed<T>(
+        &self,
+        work: impl std::future::Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T, ClusterError> {
+        let limit = Duration::from_secs(2);
+        let result = match tokio::time::timeout(limit, work).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => Err(ClusterError::Redis(e)),
+            Err(_) => Err(ClusterError::Timeout(limit)),
+        };
+        self.record(result.is_ok());
+        result
+    }
+
+    pub async fn ping(&self) -> Result<(), ClusterError> {
+        let mut conn = self.conn.clone();
+        self.timed(async move { redis::cmd("PING").query_async::<()>(&mut conn).await })
+            .await
+    }
+
+    /// The node and socket of a robot online on another node whose lease is alive.
+    pub async fn locate(&self, robot_id: &str) -> Result<Option<RemoteRobot>, ClusterError> {
+        let mut conn = self.conn.clone();
+        let key = self.key(&["robot:", robot_id]);
+        let alive = self.alive_prefix();
+        let value: Option<String> = self
+            .timed(async move {
+                self.scripts
+                    .locate
+                    .key(key)
+                    .arg(alive)
+                    .invoke_async(&mut conn)
+                    .await
+            })
+            .await?;
+        Ok(value
+            .as_deref()
+            .and_then(parse_presence)
+            .map(|(node, conn)| RemoteRobot {
+                node: Arc::from(node),
+                conn: ConnId::from(conn),
+            }))
+    }
+
+    /// The nodes (alive) where these robots are online, for the API.
+    pub async fn nodes_of(
+        &self,
+        robot_ids: &[&str],
+    ) -> Result<HashMap<String, String>, ClusterError> {
+        if robot_ids.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let keys: Vec<String> = robot_ids
+            .iter()
+            .map(|id| self.key(&["robot:", id]))
+            .collect();
+        let mut conn = self.conn.clone();
+        let values: Vec<Option<String>> = self.timed(async { conn.mget(&keys).await }).await?;
+        let mut found: Vec<(String, String)> = Vec::new();
+        for (id, value) in robot_ids.iter().zip(values) {
+            if let Some((node, _)) = value.as_deref().and_then(parse_presence) {
+                found.push((id.to_string(), node.to_string()));
+            }
+        }
+        let mut nodes: Vec<String> = found.iter().map(|(_, n)| n.clone()).collect();
+        nodes.sort();
+        nodes.dedup();
+        let alive = self.alive(&nodes).await?;
+        Ok(found
+            .into_iter()
+            .filter(|(_, node)| alive.contains(node))
+            .collect())
+    }
+
+    /// Which of `nodes` have a live heartbeat lease.
+    pub async fn alive(&self, nodes: &[String]) -> Result<Vec<String>, ClusterError> {
+        if nodes.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for node in nodes {
+            pipe.exists(self.key(&["alive:", node]));
+        }
+        let mut conn = self.conn.clone();
+        let exists: Vec<bool> = self.timed(pipe.query_async(&mut conn)).await?;
+        Ok(nodes
+            .iter()
+            .zip(exists)
+            .filter(|(_, alive)| *alive)
+            .map(|(n, _)| n.clone())
+            .collect())
+    }
+
+    /// Renews this node's lease and registration. True when the lease had lapsed or Redis
+    /// lost it (first beat, Redis restarted empty, a long stall): then everything this node
+    /// keeps in Redis must be written again.
+    pub async fn heartbeat(&self) -> Result<bool, ClusterError> {
+        let ttl = self.config.node_ttl.as_millis() as u64;
+        let mut pipe = redis::pipe();
+        pipe.cmd("SET")
+            .arg(self.key(&["alive:", &self.node]))
+            .arg(crate::clock::now_unix())
+            .arg("PX")
+            .arg(ttl)
+            .arg("GET");
+        pipe.sadd(self.key(&["nodes"]), &*self.node).ignore();
+        let mut conn = self.conn.clone();
+        let (previous,): (Option<String>,) = self.timed(pipe.query_async(&mut conn)).await?;
+        let lapsed = previous.is_none() || self.dirty.swap(false, Ordering::Relaxed);
+        Ok(lapsed)
+    }
+
+    /// Writes the presence of every robot connected here (after a lapse).
+    pub async fn assert_presence(&self, robots: &[(String, ConnId)]) -> Result<(), ClusterError> {
+        for chunk in robots.chunks(BATCH) {
+            let mut pipe = redis::pipe();
+            for (robot_id, conn) in chunk {
+                pipe.set(self.key(&["robot:", robot_id]), self.presence_value(conn))
+                    .ignore();
+            }
+            let mut conn = self.conn.clone();
+            self.timed(pipe.query_async::<()>(&mut conn)).await?;
+        }
+        Ok(())
+    }
+
+    /// Registered nodes whose lease expired, other than this one.
+    pub async fn dead_nodes(&self) -> Result<Vec<String>, ClusterError> {
+        let mut conn = self.conn.clone();
+        let nodes: Vec<String> = self
+            .timed(async { conn.smembers(self.key(&["nodes"])).await })
+            .await?;
+        let others: Vec<String> = nodes.into_iter().filter(|n| *n != *self.node).collect();
+        let alive = self.alive(&others).await?;
+        Ok(others.into_iter().filter(|n| !alive.contains(n)).collect())
+    }
+
+    /// Takes a dead node off the register; true for exactly one caller (that one ends
+    /// the dead node's session records).
+    pub async fn claim_dead(&self, node: &str) -> Result<bool, ClusterError> {
+        let mut conn = self.conn.clone();
+        let removed: i64 = self
+            .timed(async { conn.srem(self.key(&["nodes"]), node).await })
+            .await?;
+        Ok(removed == 1)
+    }
+
+    /// Draining: this node stops counting as alive, so no new session is routed here.
+    pub async fn leave(&self) -> Result<(), ClusterError> {
+        let mut pipe = redis::pipe();
+        pipe.del(self.key(&["alive:", &self.node])).ignore();
+        pipe.srem(self.key(&["nodes"]), &*self.node).ignore();
+        let mut conn = self.conn.clone();
+        self.timed(pipe.query_async::<()>(&mut conn)).await?;
+        self.broadcast(&Control::NodeLeaving);
+        Ok(())
+    }
+
+    /// Tries to take the robot's control lock for a session.
+    pub async fn lock(
+        &self,
+        robot_id: &str,
+        session_id: &str,
+        subject: &str,
+    ) -> Result<LockOutcome, ClusterError> {
+        // The subject goes last: it may contain '|', the holder's fields before it do not.
+        let holder = format!("{}|{}|{}", self.node, session_id, subject);
+        let mut conn = self.conn.clone();
+        let ttl = self.config.lock_ttl.as_millis() as u64;
+        let (taken, value): (i64, String) = self
+            .timed(async {
+                self.scripts
+                    .lock
+                    .key(self.key(&["lock:", robot_id]))
+                    .key(self.key(&["fence:", robot_id]))
+                    .arg(holder)
+                    .arg(ttl)
+                    .invoke_async(&mut conn)
+                    .await
+            })
+            .await?;
+        if taken == 1 {
+            return Ok(LockOutcome::Acquired(value));
+        }
+        Ok(LockOutcome::Held {
+            subject: lock_subject(&value).to_string(),
+        })
+    }
+
+    /// Releases a lock this node holds (no-op if it expired and another took it).
+    pub async fn unlock(&self, robot_id: &str, value: &str) -> Result<(), ClusterError> {
+        let mut conn = self.conn.clone();
+        self.timed(async {
+            self.scripts
+                .delete_if
+                .key(self.key(&["lock:", robot_id]))
+                .arg(value)
+                .invoke_async::<i64>(&mut conn)
+                .await
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// Renews held locks; returns the robots whose lock another holder has now.
+    pub async fn renew_locks(
+        &self,
+        held: &[(String, String)],
+    ) -> Result<Vec<String>, ClusterError> {
+        let ttl = self.config.lock_ttl.as_millis() as u64;
+        let mut lost = Vec::new();
+        for (robot_id, value) in held {
+            let mut conn = self.conn.clone();
+            let renewed: i64 = self
+                .timed(async {
+                    self.scripts
+                        .renew
+                        .key(self.key(&["lock:", robot_id]))
+                        .arg(value)
+                        .arg(ttl)
+                        .invoke_async(&mut conn)
+                        .await
+                })
+                .await?;
+            if renewed == 0 {
+                lost.push(robot_id.clone());
+            }
+        }
+        Ok(lost)
+    }
+
+    /// Publishes a probe to this node's own channel; its arrival measures the bus lag.
+    pub fn probe(&self) {
+        self.send(
+            &self.node.clone(),
+            &Control::Probe {
+                sent_unix_ms: crate::store::now_ms(),
+            },
+        );
+    }
+
+    pub fn observe_probe(&self, sent_unix_ms: i64) {
+        let lag = (crate::store::now_ms() - sent_unix_ms).max(0) as f64 / 1000.0;
+        self.metrics.cluster_bus_lag.observe(lag);
+    }
+
+    pub fn count_received(&self, kind: &'static str) {
+        self.metrics
+            .cluster_messages
+            .with_label_values(&["received", kind])
+            .inc();
+    }
+
+    pub fn node_lost(&self) {
+        self.metrics.cluster_nodes_lost.inc();
+    }
+
+    /// One subscription for the whole node: its own channel and the broadcast channel.
+    pub async fn subscribe(&self) -> Result<PubSubStream, ClusterError> {
+        let work = async {
+            let mut pubsub = self.client.get_async_pubsub().await?;
+            pubsub.subscribe(self.node_channel(&self.node)).await?;
+            pubsub.subscribe(self.broadcast_channel()).await?;
+            Ok::<_, redis::RedisError>(pubsub.into_on_message())
+        };
+        let stream = self.timed(work).await?;
+        self.set_subscribed(true);
+        Ok(stream)
+    }
+
+    pub fn set_subscribed(&self, up: bool) {
+        if !up {
+            self.dirty.store(true, Ordering::Relaxed);
+        }
+        self.subscribed.store(up, Ordering::Relaxed);
+        self.update_gauge();
+    }
+}
+
+/// `node\nconn` as stored for a robot's presence.
+fn parse_presence(value: &str) -> Option<(&str, &str)> {
+    value
+        .split_once('\n')
+        .filter(|(node, conn)| !node.is_empty() && !conn.is_empty())
+}
+
+/// The subject in a lock value `node|session|subject|fence`.
+fn lock_subject(value: &str) -> &str {
+    let without_fence = value.rsplit_once('|').map(|(v, _)| v).unwrap_or(value);
+    without_fence.splitn(3, '|').nth(2).unwrap_or("")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stored_values_parse() {
+        assert_eq!(parse_presence("n1\nc1"), Some(("n1", "c1")));
+        assert_eq!(parse_presence("n1"), None);
+        assert_eq!(parse_presence("\nc"), None);
+        assert_eq!(lock_subject("n1|s1|alice|42"), "alice");
+        assert_eq!(lock_subject("n1|s1|a|b|7"), "a|b");
+        assert_eq!(lock_subject("garbage"), "");
+    }
+}

@@ -1,0 +1,193 @@
+//! The node's side of the cluster: one subscription that hands other nodes' messages to the
+//! relay, and the heartbeat that keeps this node's lease, renews its control locks and ends
+//! the sessions of nodes that died.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+
+use super::StopSignal;
+use crate::cluster::message::kick_from_name;
+use crate::cluster::{decode, Cluster, Control, PeerMessage};
+use crate::relay::{EndReason, Outbound};
+use crate::state::SharedState;
+
+/// Longest wait between two attempts to subscribe again while Redis is away.
+const RETRY_MAX: Duration = Duration::from_secs(2);
+
+/// Receives what other nodes send to this one, resubscribing after Redis comes back.
+pub async fn listen(state: SharedState, cluster: Arc<Cluster>, mut stop: StopSignal) {
+    let mut retry = Duration::from_millis(100);
+    loop {
+        let stream = tokio::select! {
+            _ = stop.stopped() => return,
+            stream = cluster.subscribe() => stream,
+        };
+        match stream {
+            Ok(mut stream) => {
+                retry = Duration::from_millis(100);
+                tracing::info!(node = cluster.node_id(), "subscribed to the cluster bus");
+                loop {
+                    let message = tokio::select! {
+                        _ = stop.stopped() => return,
+                        message = stream.next() => message,
+                    };
+                    let Some(message) = message else { break };
+                    match decode(message.get_payload_bytes()) {
+                        Ok(message) => handle(&state, &cluster, message).await,
+                        Err(e) => tracing::warn!(error = %e, "ignoring a bus message"),
+                    }
+                }
+                cluster.set_subscribed(false);
+                tracing::error!("lost the cluster bus subscription; retrying");
+            }
+            Err(e) => {
+                cluster.set_subscribed(false);
+                tracing::debug!(error = %e, "cannot subscribe to the cluster bus");
+            }
+        }
+        tokio::select! {
+            _ = stop.stopped() => return,
+            _ = tokio::time::sleep(retry) => {}
+        }
+        retry = (retry * 2).min(RETRY_MAX);
+    }
+}
+
+async fn handle(state: &SharedState, cluster: &Cluster, message: PeerMessage) {
+    let (origin, control) = match message {
+        PeerMessage::Frame { from, to, text } => {
+            cluster.count_received("frame");
+            let _ = state
+                .hub
+                .deliver_local(from.as_ref(), &to, Outbound::text(text));
+            return;
+        }
+        PeerMessage::Control { origin, control } => (origin, control),
+    };
+    // Broadcasts come back to their sender too; it already acted on them.
+    if origin == cluster.node_id() && !matches!(control, Control::Probe { .. }) {
+        return;
+    }
+    cluster.count_received(control.kind());
+    match control {
+        Control::Open(mirror) => state.sessions.open_mirror(mirror),
+        Control::End { session_id, notice } => {
+            state.sessions.end_from_peer(&session_id, notice).await
+        }
+        Control::Kick { conn, reason } => {
+            if let Some(reason) = kick_from_name(&reason) {
+                state.hub.kick(&conn.into(), reason);
+            }
+        }
+        Control::KickRobot { robot_id, reason } => {
+            if let Some(reason) = kick_from_name(&reason) {
+                state.hub.kick_robot_here(&robot_id, reason);
+            }
+        }
+        Control::KickToken { token_id } => {
+            state.hub.kick_token_here(&token_id);
+        }
+        Control::KickCredentials {
+            credentials,
+            reason,
+        } => {
+            if let Some(reason) = kick_from_name(&reason) {
+                state.hub.kick_credentials_here(&credentials, reason);
+            }
+        }
+        Control::EndSessionsOf {
+            robot_id,
+            subject,
+            allowed,
+        } => {
+            let reason = if allowed.is_some() {
+                EndReason::GrantChanged
+            } else {
+                EndReason::GrantRevoked
+            };
+            if let Err(e) = state
+                .sessions
+                .end_for_subject_here(&robot_id, &subject, allowed, reason)
+                .await
+            {
+                tracing::error!(error = %e, "cannot end sessions after a grant change");
+            }
+        }
+        Control::NodeLeaving => {
+            tracing::info!(node = %origin, "a node is draining; its robots will reconnect elsewhere")
+        }
+        Control::Probe { sent_unix_ms } => cluster.observe_probe(sent_unix_ms),
+    }
+}
+
+/// Every third of the lease: renew the lease (writing presence again after a lapse),
+/// renew control locks, probe the bus lag, and end what dead nodes left behind.
+pub async fn heartbeat(state: SharedState, cluster: Arc<Cluster>, mut stop: StopSignal) {
+    let period = (cluster.config().node_ttl / 3).max(Duration::from_millis(200));
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Dead nodes already handled here, until they come back.
+    let mut handled: HashSet<String> = HashSet::new();
+    loop {
+        tokio::select! {
+            _ = stop.stopped() => return,
+            _ = tick.tick() => {}
+        }
+        if state.is_shutting_down() {
+            continue;
+        }
+        if let Err(e) = beat(&state, &cluster, &mut handled).await {
+            tracing::debug!(error = %e, "cluster heartbeat failed");
+        }
+        state.hub.sweep_remote();
+    }
+}
+
+async fn beat(
+    state: &SharedState,
+    cluster: &Cluster,
+    handled: &mut HashSet<String>,
+) -> Result<(), crate::cluster::ClusterError> {
+    if cluster.heartbeat().await? {
+        let robots = state.hub.local_robots();
+        cluster.assert_presence(&robots).await?;
+        tracing::info!(
+            robots = robots.len(),
+            "registered this node's presence in redis"
+        );
+    }
+    let held = state.sessions.held_locks();
+    for robot in cluster.renew_locks(&held).await? {
+        tracing::error!(robot = %robot, "control lock taken by another holder");
+    }
+    cluster.probe();
+    let dead = cluster.dead_nodes().await?;
+    handled.retain(|node| dead.contains(node));
+    for node in dead {
+        if handled.contains(&node) {
+            continue;
+        }
+        let ended = state.sessions.node_gone(&node).await;
+        tracing::warn!(node = %node, ended, "node lost: its heartbeat lease expired");
+        if cluster.claim_dead(&node).await? {
+            cluster.node_lost();
+            match state
+                .store
+                .end_open_sessions(&node, EndReason::NodeDown.as_str())
+                .await
+            {
+                Ok(n) => {
+                    tracing::warn!(node = %node, records = n, "ended the lost node's session records")
+                }
+                Err(e) => {
+                    tracing::error!(node = %node, error = %e, "cannot end the lost node's session records")
+                }
+            }
+        }
+        handled.insert(node);
+    }
+    Ok(())
+}

@@ -1,0 +1,742 @@
+//! Several nodes (issue 14): three server processes on one PostgreSQL database and one
+//! Redis, HAProxy in front (with deploy/haproxy/haproxy.cfg), real sockets throughout.
+//!
+//! Runs when SIGNALLING_CLUSTER_TEST=1 and DATABASE_URL points at PostgreSQL (the CI step
+//! `tests/cluster/run.sh` sets both and installs HAProxy); it starts its own Redis on a
+//! free port (it restarts it mid-test) and uses a key prefix and node ids of its own.
+
+use std::future::Future;
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine;
+use ring::signature::{Ed25519KeyPair, KeyPair};
+use serde_json::{json, Value};
+
+use crate::helpers::*;
+
+/// Node heartbeat lease in this test (the default is 10 s): a dead node is noticed in
+/// about this long.
+const NODE_TTL: &str = "3";
+
+fn enabled() -> bool {
+    std::env::var("SIGNALLING_CLUSTER_TEST").is_ok_and(|v| v == "1")
+        && std::env::var("DATABASE_URL").is_ok_and(|u| u.starts_with("postgres"))
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// Polls `check` until it holds, every 100 ms, for at most `limit`.
+async fn eventually<F, Fut>(what: &str, limit: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        if check().await {
+            return;
+        }
+        assert!(Instant::now() < deadline, "not within {limit:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+struct Redis {
+    port: u16,
+    child: Option<Child>,
+}
+
+impl Redis {
+    async fn start(port: u16) -> Redis {
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("redis-server (apt-get install redis-server)");
+        let redis = Redis {
+            port,
+            child: Some(child),
+        };
+        eventually("redis accepts connections", WAIT, || async {
+            tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+        })
+        .await;
+        redis
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+struct Haproxy {
+    child: Child,
+    dir: std::path::PathBuf,
+}
+
+impl Drop for Haproxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// deploy/haproxy/haproxy.cfg with this test's listening port and nodes.
+fn haproxy_config(port: u16, nodes: &[&Node]) -> String {
+    let deployed = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/deploy/haproxy/haproxy.cfg"
+    ))
+    .expect("deploy/haproxy/haproxy.cfg");
+    let mut out = String::new();
+    let mut servers_written = false;
+    for line in deployed.lines() {
+        let trimmed = line.trim_start();
+        if trimmed.starts_with("bind ") {
+            out.push_str(&format!("    bind 127.0.0.1:{port}\n"));
+        } else if trimmed.starts_with("server ") {
+            if !servers_written {
+                for node in nodes {
+                    out.push_str(&format!("    server {} {} check\n", node.id, node.addr));
+                }
+                servers_written = true;
+            }
+        } else if trimmed.starts_with("log stdout") {
+            // Quiet in tests.
+        } else if trimmed.starts_with("maxconn ") {
+            // Within this machine's file descriptor limit.
+            out.push_str("    maxconn 4000\n");
+        } else {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    assert!(servers_written, "the deployed config names its servers");
+    out
+}
+
+struct Node {
+    id: String,
+    addr: String,
+    process: Option<ServerProcess>,
+}
+
+impl Drop for Node {
+    /// A failing test must not leave server processes behind.
+    fn drop(&mut self) {
+        if let Some(process) = self.process.take() {
+            process.stop();
+        }
+    }
+}
+
+impl Node {
+    fn base(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn ws(&self) -> String {
+        format!("ws://{}/ws", self.addr)
+    }
+}
+
+struct Api {
+    http: reqwest::Client,
+}
+
+impl Api {
+    async fn call(
+        &self,
+        base: &str,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let mut request = self
+            .http
+            .request(method, format!("{base}{path}"))
+            .bearer_auth(ADMIN_TOKEN)
+            .timeout(WAIT);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request.send().await.expect("HTTP request");
+        let status = response.status().as_u16();
+        let text = response.text().await.unwrap_or_default();
+        (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+    }
+
+    async fn enroll(&self, base: &str, robot_id: &str) -> Ed25519KeyPair {
+        let (status, body) = self
+            .call(
+                base,
+                reqwest::Method::POST,
+                "/v1/robots",
+                Some(json!({ "robotId": robot_id })),
+            )
+            .await;
+        assert_eq!(status, 201, "{body}");
+        self.enroll_with(base, robot_id, body["enrollmentToken"].as_str().unwrap())
+            .await
+    }
+
+    async fn enroll_with(&self, base: &str, robot_id: &str, token: &str) -> Ed25519KeyPair {
+        let key = new_ed25519();
+        let (status, body) = self
+            .call(
+                base,
+                reqwest::Method::POST,
+                "/v1/enroll",
+                Some(json!({
+                    "robotId": robot_id,
+                    "enrollmentToken": token,
+                    "publicKey": STANDARD.encode(key.public_key().as_ref()),
+                })),
+            )
+            .await;
+        assert_eq!(status, 201, "{body}");
+        key
+    }
+
+    async fn token(&self, base: &str, subject: &str) -> (String, String) {
+        let (status, body) = self
+            .call(
+                base,
+                reqwest::Method::POST,
+                "/v1/tokens",
+                Some(json!({ "subject": subject })),
+            )
+            .await;
+        assert_eq!(status, 201, "{body}");
+        (
+            body["token"].as_str().unwrap().to_string(),
+            body["tokenId"].as_str().unwrap().to_string(),
+        )
+    }
+
+    async fn grant(&self, base: &str, robot_id: &str, subject: &str, role: &str) {
+        let (status, body) = self
+            .call(
+                base,
+                reqwest::Method::PUT,
+                &format!("/v1/robots/{robot_id}/grants/{subject}"),
+                Some(json!({ "role": role })),
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+    }
+
+    async fn robot(&self, base: &str, robot_id: &str) -> Value {
+        let (status, body) = self
+            .call(
+                base,
+                reqwest::Method::GET,
+                &format!("/v1/robots/{robot_id}"),
+                None,
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+        body
+    }
+
+    /// Where the robot is online, as `base` sees it.
+    async fn node_of(&self, base: &str, robot_id: &str) -> Option<String> {
+        let view = self.robot(base, robot_id).await;
+        view["online"]
+            .as_bool()
+            .unwrap_or(false)
+            .then(|| view["node"].as_str().unwrap_or_default().to_string())
+    }
+
+    async fn sessions(&self, base: &str, query: &str) -> Vec<Value> {
+        let (status, body) = self
+            .call(
+                base,
+                reqwest::Method::GET,
+                &format!("/v1/sessions{query}"),
+                None,
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+        body.as_array().cloned().unwrap_or_default()
+    }
+
+    async fn ready(&self, base: &str) -> u16 {
+        match self
+            .http
+            .get(format!("{base}/readyz"))
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await
+        {
+            Ok(response) => response.status().as_u16(),
+            Err(_) => 0,
+        }
+    }
+}
+
+async fn robot_on(ws: &str, robot_id: &str, key: &Ed25519KeyPair) -> WsClient {
+    let mut robot = WsClient::connect(ws).await;
+    robot.prove(robot_id, key).await;
+    robot
+}
+
+fn answer(session: &str) -> Value {
+    envelope(
+        "signalling.answer",
+        Some(json!({"connectionId": session, "sdpType": "answer", "sdp": "v=0\r\n"})),
+    )
+}
+
+fn disconnected(session: &str) -> Value {
+    envelope(
+        "signalling.disconnected",
+        Some(json!({"connectionId": session, "reason": "closed"})),
+    )
+}
+
+/// Starts a node of the cluster.
+fn start_node(database: &str, redis: &str, prefix: &str, id: &str) -> Node {
+    let process = ServerProcess::start_on(
+        database,
+        &[
+            "--redis-url",
+            redis,
+            "--redis-prefix",
+            prefix,
+            "--node-id",
+            id,
+            "--node-ttl",
+            NODE_TTL,
+            "--lock-ttl",
+            NODE_TTL,
+            "--max-connections-per-ip",
+            "0",
+            "--shutdown-grace-secs",
+            "2",
+        ],
+        &[],
+    );
+    Node {
+        id: id.to_string(),
+        addr: process.addr.clone(),
+        process: Some(process),
+    }
+}
+
+#[tokio::test]
+async fn three_nodes_behind_haproxy() {
+    if !enabled() {
+        eprintln!("skipped: set SIGNALLING_CLUSTER_TEST=1 and a postgres DATABASE_URL (tests/cluster/run.sh)");
+        return;
+    }
+    let run = &uuid::Uuid::new_v4().simple().to_string()[..8];
+    let prefix = format!("test-{run}:");
+    let (database, _) = test_database().await;
+    let mut redis = Redis::start(free_port()).await;
+    let ids: Vec<String> = (1..=3).map(|i| format!("n{i}-{run}")).collect();
+    let mut nodes: Vec<Node> = ids
+        .iter()
+        .map(|id| start_node(&database, &redis.url(), &prefix, id))
+        .collect();
+    let api = Api {
+        http: reqwest::Client::new(),
+    };
+    for node in &nodes {
+        eventually("every node is ready", WAIT, || async {
+            api.ready(&node.base()).await == 200
+        })
+        .await;
+    }
+    let lb_port = free_port();
+    let dir = std::env::temp_dir().join(format!("haproxy-{run}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("haproxy.cfg");
+    std::fs::write(
+        &config,
+        haproxy_config(lb_port, &nodes.iter().collect::<Vec<_>>()),
+    )
+    .unwrap();
+    let haproxy = Haproxy {
+        child: Command::new("haproxy")
+            .arg("-db")
+            .arg("-f")
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("haproxy (apt-get install haproxy)"),
+        dir,
+    };
+    let lb = format!("http://127.0.0.1:{lb_port}");
+    let lb_ws = format!("ws://127.0.0.1:{lb_port}/ws");
+    eventually("HAProxy forwards to a ready node", WAIT, || async {
+        api.ready(&lb).await == 200
+    })
+    .await;
+    let (n1, n2, n3) = (nodes[0].base(), nodes[1].base(), nodes[2].base());
+
+    // --- Presence: a robot on node 1 is online on every node, with its node.
+    let key1 = api.enroll(&n2, "r1").await;
+    let mut r1 = robot_on(&nodes[0].ws(), "r1", &key1).await;
+    for base in [&n1, &n2, &n3] {
+        eventually("r1 shows online on node 1", WAIT, || async {
+            api.node_of(base, "r1").await.as_deref() == Some(ids[0].as_str())
+        })
+        .await;
+    }
+
+    // --- Relay: a client on node 2, the robot on node 1, every single-node rule.
+    api.grant(&n3, "r1", "alice", "operator").await;
+    let (alice_token, alice_token_id) = api.token(&n1, "alice").await;
+    let mut alice = WsClient::connect_with_token(&nodes[1].ws(), &alice_token).await;
+    let s1 = alice.connection_id.clone();
+    let mut sent = offer("r1", &s1);
+    sent["meta"] = json!({"session": {"subject": "root", "role": "owner"}});
+    alice.send(&sent).await;
+    let forwarded = r1.recv_type("signalling.offer").await;
+    assert_eq!(forwarded["payload"], sent["payload"]);
+    assert_eq!(
+        forwarded["meta"]["session"],
+        json!({"subject": "alice", "role": "operator"})
+    );
+    r1.send(&answer(&s1)).await;
+    let got = alice.recv_type("signalling.answer").await;
+    assert!(got.get("meta").is_none());
+    alice.send(&ice(&s1)).await;
+    let got = r1.recv_type("signalling.ice_candidate").await;
+    assert_eq!(got["meta"]["session"]["subject"], "alice");
+    r1.send(&ice(&s1)).await;
+    alice.recv_type("signalling.ice_candidate").await;
+    r1.send(&envelope(
+        "signalling.connected",
+        Some(json!({"connectionId": s1, "iceConnectionState": "connected", "dataChannelState": "open"})),
+    ))
+    .await;
+    alice.recv_type("signalling.connected").await;
+    // Sender checks: the robot cannot talk about a session it is not in; a client
+    // cannot answer.
+    r1.send(&ice("not-a-session")).await;
+    r1.expect_error("FORBIDDEN").await;
+    alice.send(&answer(&s1)).await;
+    alice.expect_error("FORBIDDEN").await;
+    let records = api.sessions(&n3, "?robotId=r1&active=true").await;
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert!(records[0]["connectedAt"].is_string());
+    assert_eq!(records[0]["subject"], "alice");
+
+    // The control lock is cluster-wide: an operator on node 3 finds the robot busy, and
+    // an owner is told who holds it.
+    api.grant(&n1, "r1", "bob", "owner").await;
+    let (bob_token, _) = api.token(&n1, "bob").await;
+    let mut bob = WsClient::connect_with_token(&nodes[2].ws(), &bob_token).await;
+    bob.send(&offer("r1", &bob.connection_id.clone())).await;
+    let busy = bob.expect_error("FORBIDDEN").await;
+    assert_eq!(busy["payload"]["details"]["reason"], "robot_busy", "{busy}");
+    assert_eq!(busy["payload"]["details"]["lockedBy"], "alice", "{busy}");
+
+    // The client ends the session: the robot hears it, the record is closed, the lock
+    // is free for bob.
+    alice.send(&disconnected(&s1)).await;
+    r1.recv_type("signalling.disconnected").await;
+    let bob_session = bob.connection_id.clone();
+    bob.send(&offer("r1", &bob_session)).await;
+    r1.recv_type("signalling.offer").await;
+    let ended = api
+        .sessions(&n2, &format!("?robotId=r1&subject=alice"))
+        .await;
+    assert_eq!(ended[0]["endReason"], "closed", "{ended:?}");
+    // The robot's socket closes: the client on another node is told, the record ended.
+    r1.send_message(tokio_tungstenite::tungstenite::Message::Close(None))
+        .await;
+    let notice = bob.recv_type("signalling.disconnected").await;
+    assert_eq!(notice["payload"]["connectionId"], bob_session.as_str());
+    eventually("bob's record is ended", WAIT, || async {
+        api.sessions(&n1, "?robotId=r1&subject=bob&active=true")
+            .await
+            .is_empty()
+    })
+    .await;
+    drop(r1);
+
+    // --- The lock raced from two nodes, 100 times: exactly one wins each time.
+    let mut r1 = robot_on(&nodes[0].ws(), "r1", &key1).await;
+    api.grant(&n1, "r1", "carol", "operator").await;
+    let (carol_token, _) = api.token(&n1, "carol").await;
+    let mut racers = [
+        WsClient::connect_with_token(&nodes[1].ws(), &alice_token).await,
+        WsClient::connect_with_token(&nodes[2].ws(), &carol_token).await,
+    ];
+    eventually(
+        "r1 back online on node 1 for node 2 and 3",
+        WAIT,
+        || async {
+            api.node_of(&n2, "r1").await.is_some() && api.node_of(&n3, "r1").await.is_some()
+        },
+    )
+    .await;
+    let ids_of: Vec<String> = racers.iter().map(|r| r.connection_id.clone()).collect();
+    for trial in 0..100 {
+        let (a, b) = racers.split_at_mut(1);
+        let (first, second) = (&mut a[0], &mut b[0]);
+        let (offer_a, offer_b) = (offer("r1", &ids_of[0]), offer("r1", &ids_of[1]));
+        tokio::join!(first.send(&offer_a), second.send(&offer_b));
+        let won = r1.recv_type("signalling.offer").await;
+        let winner = ids_of
+            .iter()
+            .position(|id| won["payload"]["connectionId"] == id.as_str())
+            .expect("the offer of one of the racers");
+        let loser = &mut racers[1 - winner];
+        let refused = loser.expect_error("FORBIDDEN").await;
+        assert_eq!(
+            refused["payload"]["details"]["reason"], "robot_busy",
+            "trial {trial}: {refused}"
+        );
+        racers[winner].send(&disconnected(&ids_of[winner])).await;
+        r1.recv_type("signalling.disconnected").await;
+    }
+    r1.expect_nothing_pending().await;
+    for racer in &mut racers {
+        racer.expect_nothing_pending().await;
+    }
+
+    // --- Cuts made on one node reach sockets on the others within 1 s.
+    // Token revocation (made on node 3; alice's sockets are on node 2).
+    let (status, _) = api
+        .call(
+            &n3,
+            reqwest::Method::DELETE,
+            &format!("/v1/tokens/{alice_token_id}"),
+            None,
+        )
+        .await;
+    assert_eq!(status, 204);
+    for socket in [&mut alice, &mut racers[0]] {
+        socket.wait = Duration::from_secs(1);
+        socket.expect_close_with(4003).await;
+    }
+    // Grant removal (made on node 1): carol's session (node 3 → robot on node 1) ends,
+    // both ends told.
+    let carol = &mut racers[1];
+    carol.send(&offer("r1", &ids_of[1])).await;
+    r1.recv_type("signalling.offer").await;
+    let (status, _) = api
+        .call(
+            &n1,
+            reqwest::Method::DELETE,
+            "/v1/robots/r1/grants/carol",
+            None,
+        )
+        .await;
+    assert_eq!(status, 204);
+    carol.wait = Duration::from_secs(1);
+    r1.wait = Duration::from_secs(1);
+    let told = carol.recv_type("signalling.disconnected").await;
+    assert_eq!(
+        told["payload"]["details"]["reason"], "grant_revoked",
+        "{told}"
+    );
+    r1.recv_type("signalling.disconnected").await;
+    r1.wait = WAIT;
+    // A robot connecting to another node replaces its old socket there (4001).
+    let r1_moved = robot_on(&nodes[1].ws(), "r1", &key1).await;
+    r1.wait = Duration::from_secs(1);
+    r1.expect_close_with(4001).await;
+    eventually("r1 shows on node 2", WAIT, || async {
+        api.node_of(&n3, "r1").await.as_deref() == Some(ids[1].as_str())
+    })
+    .await;
+    // Revocation (made on node 3; the robot is on node 2).
+    let mut r1 = r1_moved;
+    let (status, body) = api
+        .call(&n3, reqwest::Method::POST, "/v1/robots/r1/revoke", None)
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(body["disconnected"], true, "{body}");
+    r1.wait = Duration::from_secs(1);
+    let error = r1.expect_error("UNAUTHORIZED").await;
+    assert_eq!(error["payload"]["details"]["reason"], "revoked");
+    r1.expect_close_with(4003).await;
+    // Re-enrollment (made on node 1) and deletion (made on node 2) of robots on node 3.
+    let key2 = api.enroll(&n1, "r2").await;
+    let mut r2 = robot_on(&nodes[2].ws(), "r2", &key2).await;
+    let (status, body) = api
+        .call(
+            &n1,
+            reqwest::Method::POST,
+            "/v1/robots/r2/enrollment-token",
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let key2 = api
+        .enroll_with(&n1, "r2", body["enrollmentToken"].as_str().unwrap())
+        .await;
+    r2.wait = Duration::from_secs(1);
+    r2.expect_error("UNAUTHORIZED").await;
+    r2.expect_close_with(4003).await;
+    let mut r2 = robot_on(&nodes[2].ws(), "r2", &key2).await;
+    let (status, _) = api
+        .call(&n2, reqwest::Method::DELETE, "/v1/robots/r2", None)
+        .await;
+    assert_eq!(status, 204);
+    r2.wait = Duration::from_secs(1);
+    r2.expect_error("UNAUTHORIZED").await;
+    r2.expect_close_with(4003).await;
+
+    // --- A node dies (SIGKILL) mid-session.
+    // r3 on node 3 in a session with dave on node 1; r4 and its client both on node 3.
+    let key3 = api.enroll(&n1, "r3").await;
+    let key4 = api.enroll(&n1, "r4").await;
+    let mut r3 = robot_on(&nodes[2].ws(), "r3", &key3).await;
+    let mut r4 = robot_on(&nodes[2].ws(), "r4", &key4).await;
+    api.grant(&n1, "r3", "dave", "operator").await;
+    api.grant(&n1, "r4", "dave", "operator").await;
+    let (dave_token, _) = api.token(&n1, "dave").await;
+    eventually("r3 is visible from node 1", WAIT, || async {
+        api.node_of(&n1, "r3").await.is_some()
+    })
+    .await;
+    let mut dave = WsClient::connect_with_token(&nodes[0].ws(), &dave_token).await;
+    let dave_session = dave.connection_id.clone();
+    dave.send(&offer("r3", &dave_session)).await;
+    r3.recv_type("signalling.offer").await;
+    let mut dave3 = WsClient::connect_with_token(&nodes[2].ws(), &dave_token).await;
+    let dave3_session = dave3.connection_id.clone();
+    dave3.send(&offer("r4", &dave3_session)).await;
+    r4.recv_type("signalling.offer").await;
+    let killed = Instant::now();
+    let log = nodes[2].process.take().expect("node 3").stop();
+    drop((dave3, r3, r4));
+    assert!(!log.contains("panicked"), "{log}");
+    // The survivors end what had an end on it, with a reason, and tell the ends they have.
+    dave.wait = Duration::from_secs(15);
+    let told = dave.recv_type("signalling.disconnected").await;
+    assert_eq!(told["payload"]["details"]["reason"], "node_down", "{told}");
+    for robot in ["r3", "r4"] {
+        eventually(
+            "the dead node's robots read offline",
+            Duration::from_secs(15),
+            || async { api.node_of(&n1, robot).await.is_none() },
+        )
+        .await;
+        let records = api.sessions(&n2, &format!("?robotId={robot}")).await;
+        assert!(
+            records.iter().all(|r| r["endReason"] == "node_down"),
+            "{records:?}"
+        );
+    }
+    // Its robots reconnect through HAProxy and are back within 10 s of the kill.
+    let mut back = Vec::new();
+    for (robot_id, key) in [("r3", &key3), ("r4", &key4)] {
+        let mut robot = None;
+        while robot.is_none() {
+            assert!(
+                killed.elapsed() < Duration::from_secs(10),
+                "{robot_id} not back within 10 s"
+            );
+            let mut socket = WsClient::connect(&lb_ws).await;
+            let verdict = socket.try_prove(robot_id, key).await;
+            if verdict["type"] == "signalling.pki_verified" {
+                socket.recv_type("signalling.welcome").await;
+                robot = Some(socket);
+            }
+        }
+        back.push(robot);
+        let node = api.node_of(&n2, robot_id).await.expect("back online");
+        assert!(node == ids[0] || node == ids[1], "{robot_id} on {node}");
+    }
+
+    // --- Redis restarts (empty): nodes report not ready, serve what is local, recover.
+    let mut r5 = robot_on(&nodes[0].ws(), "r3", &key3).await;
+    r5.expect_nothing_pending().await;
+    redis.kill();
+    for node in &nodes[..2] {
+        eventually("readyz is 503 without Redis", WAIT, || async {
+            api.ready(&node.base()).await == 503
+        })
+        .await;
+    }
+    // Local sockets keep working.
+    r5.expect_nothing_pending().await;
+    let redis_port = redis.port;
+    let _redis = Redis::start(redis_port).await;
+    for node in &nodes[..2] {
+        eventually("readyz is 200 again", Duration::from_secs(15), || async {
+            api.ready(&node.base()).await == 200
+        })
+        .await;
+    }
+    // Presence is written again; relay across nodes works again.
+    eventually(
+        "r3 is online again on node 1 for node 2",
+        Duration::from_secs(15),
+        || async { api.node_of(&n2, "r3").await.as_deref() == Some(ids[0].as_str()) },
+    )
+    .await;
+    let mut dave2 = WsClient::connect_with_token(&nodes[1].ws(), &dave_token).await;
+    let session = dave2.connection_id.clone();
+    dave2.send(&offer("r3", &session)).await;
+    r5.recv_type("signalling.offer").await;
+    r5.send(&answer(&session)).await;
+    dave2.recv_type("signalling.answer").await;
+
+    // --- Draining: SIGTERM on node 1; its sockets close (1001), its robot reconnects to
+    // node 2, and the session's client on node 2 is told.
+    nodes[0].process.as_ref().expect("node 1").sigterm();
+    let told = r5.recv_type("signalling.disconnected").await;
+    assert_eq!(told["payload"]["details"]["reason"], "server_shutdown");
+    r5.expect_close_with(1001).await;
+    let told = dave2.recv_type("signalling.disconnected").await;
+    assert_eq!(told["payload"]["connectionId"], session.as_str());
+    assert_eq!(told["payload"]["details"]["reason"], "server_shutdown");
+    eventually("r3 offline once node 1 left", WAIT, || async {
+        api.node_of(&n2, "r3").await.is_none()
+    })
+    .await;
+    let status = nodes[0].process.take().expect("node 1").exit_status().await;
+    assert!(status.success(), "{status:?}");
+    let _r3 = robot_on(&lb_ws, "r3", &key3).await;
+    assert_eq!(
+        api.node_of(&n2, "r3").await.as_deref(),
+        Some(ids[1].as_str())
+    );
+    let records = api.sessions(&n2, "?active=true").await;
+    assert!(
+        records.iter().all(|r| r["robotId"] != "r3"),
+        "no open record of r3: {records:?}"
+    );
+    drop(haproxy);
+    for node in &mut nodes {
+        if let Some(process) = node.process.take() {
+            let log = process.stop();
+            assert!(!log.contains("panicked"), "{log}");
+        }
+    }
+    let _ = (n3, back);
+}
