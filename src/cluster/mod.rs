@@ -81,6 +81,14 @@ const DELETE_IF: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0";
 
+/// Writes a robot's presence unless another node has written a newer one.
+const SET_UNLESS_ELSEWHERE: &str = r"
+local current = redis.call('GET', KEYS[1])
+if (not current) or string.sub(current, 1, #ARGV[2]) == ARGV[2] then
+  redis.call('SET', KEYS[1], ARGV[1])
+end
+return 0";
+
 /// Takes the lock if free: SET NX PX with the next fencing token in the value.
 const LOCK: &str = r"
 local fence = redis.call('INCR', KEYS[2])
@@ -88,12 +96,16 @@ local value = ARGV[1] .. '|' .. fence
 if redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[2]) then return {1, value} end
 return {0, redis.call('GET', KEYS[1]) or ''}";
 
-/// Extends the lock while it is ours; takes it back if it vanished (Redis restarted
-/// empty); 0 when someone else holds it now.
+/// Extends the lock while it is ours. When it is gone and ARGV[3] is 1 (Redis lost its
+/// data: restarted empty), takes it back unless someone else took it first. 0 when
+/// someone else holds it now, 3 when it is gone (the session ended meanwhile).
 const RENEW: &str = r"
 local current = redis.call('GET', KEYS[1])
 if current == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end
-if not current then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 2 end
+if not current then
+  if ARGV[3] == '1' and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 2 end
+  return 3
+end
 return 0";
 
 /// Reads a robot's presence if its node's heartbeat lease is alive.
@@ -487,7 +499,8 @@ impl Cluster {
         pipe.sadd(self.key(&["nodes"]), &*self.node).ignore();
         let mut conn = self.conn.clone();
         let (previous,): (Option<String>,) = self.timed(pipe.query_async(&mut conn)).await?;
-        let lapsed = previous.is_none() || self.dirty.swap(false, Ordering::Relaxed);
+        let dirty = self.dirty.swap(false, Ordering::Relaxed);
+        let lapsed = previous.is_none() || dirty;
         Ok(lapsed)
     }
 
@@ -496,7 +509,13 @@ impl Cluster {
         for chunk in robots.chunks(BATCH) {
             let mut pipe = redis::pipe();
             for (robot_id, conn) in chunk {
-                pipe.set(self.key(&["robot:", robot_id]), self.presence_value(conn))
+                // A robot that moved to another node meanwhile keeps its newer entry.
+                pipe.cmd("EVAL")
+                    .arg(SET_UNLESS_ELSEWHERE)
+                    .arg(1)
+                    .arg(self.key(&["robot:", robot_id]))
+                    .arg(self.presence_value(conn))
+                    .arg(format!("{}\n", self.node))
                     .ignore();
             }
             let mut conn = self.conn.clone();
@@ -583,10 +602,13 @@ impl Cluster {
         Ok(())
     }
 
-    /// Renews held locks; returns the robots whose lock another holder has now.
+    /// Renews held locks; returns the robots whose lock another holder has now. `retake`
+    /// after Redis lost its data: locks that vanished are taken again. (Never otherwise:
+    /// a lock released by a session that ended after `held` was read must stay free.)
     pub async fn renew_locks(
         &self,
         held: &[(String, String)],
+        retake: bool,
     ) -> Result<Vec<String>, ClusterError> {
         let ttl = self.config.lock_ttl.as_millis() as u64;
         let mut lost = Vec::new();
@@ -599,6 +621,7 @@ impl Cluster {
                         .key(self.key(&["lock:", robot_id]))
                         .arg(value)
                         .arg(ttl)
+                        .arg(if retake { "1" } else { "0" })
                         .invoke_async(&mut conn)
                         .await
                 })

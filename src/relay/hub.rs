@@ -492,38 +492,27 @@ impl Hub {
         ended
     }
 
-    /// Live sessions owned here whose robot may be driven: (session id, robot id), for the
-    /// control locks.
-    pub fn driving_sessions(&self) -> Vec<(String, String)> {
-        self.state()
-            .sessions
-            .iter()
-            .filter(|(_, s)| !s.mirror && s.role.may_drive())
-            .map(|(id, s)| (id.clone(), s.robot_id.clone()))
-            .collect()
-    }
-
     /// Forgets remote sockets that no session, live or in its grace period, names.
     pub fn sweep_remote(&self) {
         if self.cluster.is_none() {
             return;
         }
-        let named: HashSet<ConnId> = {
-            let mut state = self.state();
-            prune_ended(&mut state, self.limits.grace, Instant::now());
-            state
-                .sessions
-                .values()
-                .flat_map(|s| [s.client_conn.clone(), s.robot_conn.clone()])
-                .chain(
-                    state
-                        .ended
-                        .values()
-                        .flat_map(|e| [e.client_conn.clone(), e.robot_conn.clone()]),
-                )
-                .collect()
-        };
+        // Under the state lock throughout: a session opened meanwhile keeps its entry.
+        let mut state = self.state();
+        prune_ended(&mut state, self.limits.grace, Instant::now());
+        let named: HashSet<ConnId> = state
+            .sessions
+            .values()
+            .flat_map(|s| [s.client_conn.clone(), s.robot_conn.clone()])
+            .chain(
+                state
+                    .ended
+                    .values()
+                    .flat_map(|e| [e.client_conn.clone(), e.robot_conn.clone()]),
+            )
+            .collect();
         self.remote_map().retain(|conn, _| named.contains(conn));
+        drop(state);
     }
 
     /// Removes a socket: its sessions end; the other end of each is to be told.

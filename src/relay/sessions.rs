@@ -210,18 +210,10 @@ impl Sessions {
         }
     }
 
-    /// The locks to renew: (robot id, value). Locks of sessions that ended by a path that
-    /// could not release them are dropped here.
+    /// The locks to renew: (robot id, value). Every path that ends a session releases its
+    /// lock (and takes it out of this map) before anyone hears of the end.
     pub fn held_locks(&self) -> Vec<(String, String)> {
-        let live: std::collections::HashSet<String> = self
-            .hub
-            .driving_sessions()
-            .into_iter()
-            .map(|(id, _)| id)
-            .collect();
-        let mut locks = self.locks();
-        locks.retain(|id, _| live.contains(id));
-        locks
+        self.locks()
             .values()
             .map(|l| (l.robot_id.clone(), l.value.clone()))
             .collect()

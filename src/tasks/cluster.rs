@@ -151,7 +151,8 @@ async fn beat(
     cluster: &Cluster,
     handled: &mut HashSet<String>,
 ) -> Result<(), crate::cluster::ClusterError> {
-    if cluster.heartbeat().await? {
+    let lapsed = cluster.heartbeat().await?;
+    if lapsed {
         let robots = state.hub.local_robots();
         cluster.assert_presence(&robots).await?;
         tracing::info!(
@@ -160,7 +161,7 @@ async fn beat(
         );
     }
     let held = state.sessions.held_locks();
-    for robot in cluster.renew_locks(&held).await? {
+    for robot in cluster.renew_locks(&held, lapsed).await? {
         tracing::error!(robot = %robot, "control lock taken by another holder");
     }
     cluster.probe();
