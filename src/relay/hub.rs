@@ -198,9 +198,8 @@ impl Hub {
     }
 
     fn remote_node(&self, conn: &ConnId) -> Option<Arc<str>> {
-        if self.cluster.is_none() {
-            return None;
-        }
+        // Single node: no lookup at all on the relay path.
+        self.cluster.as_ref()?;
         self.remote_map().get(conn).cloned()
     }
 

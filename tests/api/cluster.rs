@@ -475,9 +475,7 @@ async fn three_nodes_behind_haproxy() {
     let bob_session = bob.connection_id.clone();
     bob.send(&offer("r1", &bob_session)).await;
     r1.recv_type("signalling.offer").await;
-    let ended = api
-        .sessions(&n2, &format!("?robotId=r1&subject=alice"))
-        .await;
+    let ended = api.sessions(&n2, "?robotId=r1&subject=alice").await;
     assert_eq!(ended[0]["endReason"], "closed", "{ended:?}");
     // The robot's socket closes: the client on another node is told, the record ended.
     r1.send_message(tokio_tungstenite::tungstenite::Message::Close(None))
