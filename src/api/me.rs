@@ -52,6 +52,9 @@ pub async fn robots(
     State(state): State<SharedState>,
 ) -> Result<Json<Vec<MyRobot>>, ApiError> {
     let grants = state.store.grants_of_subject(&who.subject).await?;
+    // Online on any node (several nodes share presence through Redis).
+    let ids: Vec<&str> = grants.iter().map(|g| g.robot_id.as_str()).collect();
+    let online = super::robots::presence(&state, &ids).await;
     let mut out = Vec::with_capacity(grants.len());
     for grant in grants {
         // A grant outlives nothing: deleting a robot deletes its grants, so a miss here is
@@ -60,7 +63,7 @@ pub async fn robots(
             continue;
         };
         out.push(MyRobot {
-            online: state.hub.is_online(&robot.robot_id),
+            online: online.contains_key(&robot.robot_id),
             last_seen_at: robot.last_seen_at.and_then(rfc3339),
             robot_id: robot.robot_id,
             name: robot.name,

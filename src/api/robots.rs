@@ -97,7 +97,7 @@ pub async fn list(_: Admin, State(state): State<SharedState>) -> Result<Response
 
 /// The node each online robot is connected to: this one, or (multi-node) another whose
 /// heartbeat lease is alive. Without Redis, only this node's robots are known.
-async fn presence(state: &SharedState, ids: &[&str]) -> HashMap<String, String> {
+pub(super) async fn presence(state: &SharedState, ids: &[&str]) -> HashMap<String, String> {
     let mut nodes = HashMap::new();
     if let Some(cluster) = &state.cluster {
         match cluster.nodes_of(ids).await {
