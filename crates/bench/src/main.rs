@@ -148,6 +148,17 @@ async fn run(opts: Options) -> anyhow::Result<()> {
         notes.push("registration storm on PostgreSQL skipped: no --postgres-url".to_string());
     }
 
+    // Several nodes: opt-in (it needs PostgreSQL and redis-server), `BENCH_CLUSTER=1`.
+    if std::env::var("BENCH_CLUSTER").is_ok_and(|v| v == "1") {
+        match &opts.postgres_url {
+            Some(url) => {
+                eprintln!("[bench] cluster of 3 nodes: relay same node vs cross-node");
+                orchestrator::cluster(&opts, &keys, url, &mut rows).await?;
+            }
+            None => notes.push("cluster benchmark skipped: no --postgres-url".to_string()),
+        }
+    }
+
     for peer in &opts.peers {
         if !orchestrator::peer_available(&opts, peer) {
             let note = format!("peer {peer} skipped: not installed (bench/run.sh installs it)");

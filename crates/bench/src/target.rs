@@ -35,6 +35,9 @@ pub struct TargetInfo {
     pub name: String,
     pub kind: Kind,
     pub ws_url: String,
+    /// Ours, several nodes: where robots connect, when not `ws_url` (clients' node).
+    #[serde(default)]
+    pub robot_ws_url: Option<String>,
     /// Ours: the client token every bench client uses.
     pub client_token: Option<String>,
     /// Ours: PKCS#8 of the robots' Ed25519 key (base64).
@@ -130,7 +133,7 @@ pub async fn robot_login(
     robot_id: &str,
     signer: &Signer,
 ) -> anyhow::Result<Socket> {
-    let mut socket = connect(&info.ws_url).await?;
+    let mut socket = connect(info.robot_ws_url.as_deref().unwrap_or(&info.ws_url)).await?;
     let register = envelope(
         "signalling.register",
         &uuid::Uuid::new_v4().to_string(),

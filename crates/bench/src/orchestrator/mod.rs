@@ -4,6 +4,7 @@
 //! workers), `measure` turns raw readings into figures (pure, unit-tested), `scenarios`
 //! runs capacity, relay, setup and storm and writes their rows.
 
+mod cluster;
 mod measure;
 mod process;
 mod scenarios;
@@ -14,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::worker::Latency;
 
+pub use cluster::cluster;
 pub use measure::describe_machine;
 pub use process::{peer_available, start_ours, start_peer, Keys, Running};
 pub use scenarios::{capacity, relay, setup, storm};

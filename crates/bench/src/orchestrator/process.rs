@@ -19,13 +19,13 @@ use super::Options;
 use crate::target::{Kind, TargetInfo};
 use crate::worker::{Scenario, Spec};
 
-fn free_port() -> anyhow::Result<u16> {
+pub(super) fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
 }
 
-async fn wait_listening(port: u16, child: &mut Child) -> anyhow::Result<()> {
+pub(super) async fn wait_listening(port: u16, child: &mut Child) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(120);
     while Instant::now() < deadline {
         if tokio::net::TcpStream::connect(("127.0.0.1", port))
@@ -50,6 +50,15 @@ pub struct Running {
 }
 
 impl Running {
+    /// A system under test started elsewhere (the cluster benchmark's nodes).
+    pub(super) fn adopt(info: TargetInfo, child: Child) -> Running {
+        Running {
+            info,
+            child,
+            _dir: None,
+        }
+    }
+
     /// SIGINT (our server shuts down gracefully on it) and a bounded wait; killed if it
     /// does not stop.
     pub async fn stop(mut self) {
@@ -84,6 +93,19 @@ pub struct Keys {
 }
 
 impl Keys {
+    /// Our server's target description with these keys and a client token.
+    pub(super) fn target_info(&self, name: &str, ws_url: &str, token: &str) -> TargetInfo {
+        TargetInfo {
+            name: name.into(),
+            kind: Kind::Ours,
+            ws_url: ws_url.into(),
+            robot_ws_url: None,
+            client_token: Some(token.into()),
+            ed25519_pkcs8: Some(STANDARD.encode(&self.ed25519_pkcs8)),
+            p256_pkcs8: Some(STANDARD.encode(&self.p256_pkcs8)),
+        }
+    }
+
     pub fn new() -> anyhow::Result<Keys> {
         let rng = SystemRandom::new();
         let ed = Ed25519KeyPair::generate_pkcs8(&rng).map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -112,7 +134,7 @@ impl Keys {
     }
 }
 
-const ADMIN: &str = "bench-admin-token";
+pub(super) const ADMIN: &str = "bench-admin-token";
 
 /// Starts our server with a fresh database and prepares robots, grants and a client token.
 pub async fn start_ours(
@@ -176,6 +198,7 @@ pub async fn start_ours(
             },
             kind: Kind::Ours,
             ws_url: format!("ws://127.0.0.1:{port}/ws"),
+            robot_ws_url: None,
             client_token: Some(token),
             ed25519_pkcs8: Some(STANDARD.encode(&keys.ed25519_pkcs8)),
             p256_pkcs8: Some(STANDARD.encode(&keys.p256_pkcs8)),
@@ -185,7 +208,7 @@ pub async fn start_ours(
     })
 }
 
-async fn fresh_postgres_schema(url: &str) -> anyhow::Result<String> {
+pub(super) async fn fresh_postgres_schema(url: &str) -> anyhow::Result<String> {
     // A schema per run keeps runs apart without needing CREATE DATABASE rights.
     let schema = format!("bench_{}", uuid::Uuid::new_v4().simple());
     let status = Command::new("psql")
@@ -233,7 +256,7 @@ async fn admin(
 }
 
 /// Robots `bench-*` (Ed25519, viewer grant for subject `bench`), `storm-ed-*`, `storm-p256-*`.
-async fn prepare(
+pub(super) async fn prepare(
     http: &reqwest::Client,
     base: &str,
     keys: &Keys,
@@ -336,6 +359,7 @@ pub async fn start_peer(opts: &Options, name: &str) -> anyhow::Result<Running> {
             name: peer_label(name).into(),
             kind,
             ws_url: format!("ws://127.0.0.1:{port}{path}"),
+            robot_ws_url: None,
             client_token: None,
             ed25519_pkcs8: None,
             p256_pkcs8: None,

@@ -1,0 +1,143 @@
+//! Several nodes (issue 14): the relay with the client on node B and the robot on node A,
+//! against both ends on node A of the same cluster, in one run (same build, same machine,
+//! same moment), so the ratio shows what the Redis hop costs.
+//!
+//! Three nodes on one PostgreSQL schema and a Redis of their own (on a free port); robots
+//! and the client token are prepared once through node A's admin API.
+
+use std::process::Stdio;
+
+use anyhow::Context;
+use tokio::process::{Child, Command};
+
+use super::process::{free_port, fresh_postgres_schema, prepare, wait_listening, Keys, Running};
+use super::{relay, row, Options, Row};
+use crate::target::TargetInfo;
+
+/// Starts one node of the cluster; returns its port and process.
+async fn start_node(
+    opts: &Options,
+    database: &str,
+    redis: &str,
+    prefix: &str,
+    index: usize,
+) -> anyhow::Result<(u16, Child)> {
+    let port = free_port()?;
+    let mut child = Command::new(&opts.server_bin)
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--admin-token", super::process::ADMIN])
+        .args(["--database-url", database, "--redis-url", redis])
+        .args([
+            "--redis-prefix",
+            prefix,
+            "--node-id",
+            &format!("bench-node-{index}"),
+        ])
+        // As for the single node: the relay is measured, not the abuse limits.
+        .args([
+            "--rate-limit",
+            "100000000",
+            "--rate-burst",
+            "100000000",
+            "--send-queue",
+            "4096",
+            "--relay-bytes-per-sec",
+            "0",
+            "--max-connections-per-ip",
+            "0",
+            "--max-sessions-per-connection",
+            "100000000",
+        ])
+        .env("RUST_LOG", "warn")
+        .env_remove("DATABASE_URL")
+        .env_remove("REDIS_URL")
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("starting {}", opts.server_bin.display()))?;
+    wait_listening(port, &mut child).await?;
+    Ok((port, child))
+}
+
+fn info(name: &str, client_port: u16, robot_port: u16, token: &str, keys: &Keys) -> TargetInfo {
+    let mut info = keys.target_info(name, &format!("ws://127.0.0.1:{client_port}/ws"), token);
+    info.robot_ws_url = Some(format!("ws://127.0.0.1:{robot_port}/ws"));
+    info
+}
+
+/// Same-node and cross-node relay on three nodes; rows named "… same node" and "…
+/// cross-node", plus their ratios.
+pub async fn cluster(
+    opts: &Options,
+    keys: &Keys,
+    postgres: &str,
+    rows: &mut Vec<Row>,
+) -> anyhow::Result<()> {
+    let redis_port = free_port()?;
+    let mut redis = Command::new("redis-server")
+        .args(["--port", &redis_port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no"])
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .context("redis-server")?;
+    wait_listening(redis_port, &mut redis).await?;
+    let redis_url = format!("redis://127.0.0.1:{redis_port}");
+    let database = fresh_postgres_schema(postgres).await?;
+    let prefix = format!("bench-{}:", uuid::Uuid::new_v4().simple());
+    let mut nodes = Vec::new();
+    for index in 0..3 {
+        nodes.push(start_node(opts, &database, &redis_url, &prefix, index).await?);
+    }
+    let http = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{}", nodes[0].0);
+    let token = prepare(&http, &base, keys, opts.profile.relay_sessions, 0).await?;
+    let (a, b) = (nodes[0].0, nodes[1].0);
+    let mut children = nodes.into_iter().map(|(_, child)| child);
+    let (node_a, node_b) = (
+        children.next().context("node A")?,
+        children.next().context("node B")?,
+    );
+    let same = Running::adopt(info("cluster, same node", a, a, &token, keys), node_a);
+    let cross = Running::adopt(info("cluster, cross-node", b, a, &token, keys), node_b);
+    let first = rows.len();
+    relay(opts, &same, rows).await?;
+    relay(opts, &cross, rows).await?;
+    let measured: Vec<Row> = rows[first..].to_vec();
+    for same_row in measured.iter().filter(|r| r.target == same.info.name) {
+        let Some(cross_row) = measured.iter().find(|r| {
+            r.target == cross.info.name
+                && r.benchmark == same_row.benchmark
+                && r.metric == same_row.metric
+        }) else {
+            continue;
+        };
+        if same_row.value > 0.0 {
+            rows.push(row(
+                &same_row.benchmark,
+                "cluster, cross-node ÷ same node",
+                &format!("{} ratio", same_row.metric),
+                cross_row.value / same_row.value,
+                "×",
+            ));
+        }
+        if let (Some(s), Some(c)) = (&same_row.latency, &cross_row.latency) {
+            if s.p50_us > 0.0 {
+                rows.push(row(
+                    &same_row.benchmark,
+                    "cluster, cross-node ÷ same node",
+                    "p50 latency ratio",
+                    c.p50_us / s.p50_us,
+                    "×",
+                ));
+            }
+        }
+    }
+    same.stop().await;
+    cross.stop().await;
+    for mut child in children {
+        let _ = child.kill().await;
+    }
+    let _ = redis.kill().await;
+    Ok(())
+}
