@@ -931,6 +931,43 @@ mod tests {
     }
 
     #[test]
+    fn a_session_from_another_node_routes_the_robot_end_only() {
+        let hub = hub();
+        let (robot, _robot_rx) = connect(&hub, "robot");
+        hub.robot_verified(&robot, "r1", Vec::new());
+        let mirror = MirrorSession {
+            session_id: "s1".into(),
+            record_id: "rec".into(),
+            robot_id: "r1".into(),
+            robot_conn: "robot".into(),
+            client_conn: "client-on-b".into(),
+            client_node: "node-b".into(),
+            subject: "alice".into(),
+            role: Role::Operator,
+        };
+        hub.open_mirror(&mirror).unwrap();
+        // The robot's messages go to the client on the other node.
+        let route = hub.route(&robot, "s1").unwrap();
+        assert!(route.from_robot);
+        assert_eq!(&*route.target, "client-on-b");
+        // A second copy, or one for a socket that is not the robot's, is refused.
+        assert!(hub.open_mirror(&mirror).is_err());
+        let stale = MirrorSession {
+            session_id: "s2".into(),
+            robot_conn: "gone".into(),
+            ..mirror.clone()
+        };
+        assert!(hub.open_mirror(&stale).is_err());
+        // Mirrors are ended by their owner node, not by a local grant change.
+        assert!(hub
+            .end_sessions_of("r1", "alice", None, "grant_revoked")
+            .is_empty());
+        let ended = hub.end_session_from_peer("s1").unwrap();
+        assert_eq!(ended.local_end(), Some(&robot));
+        assert!(matches!(hub.route(&robot, "s1"), Err(RelayError::Ended(_))));
+    }
+
+    #[test]
     fn a_new_robot_connection_replaces_the_old_one() {
         let hub = hub();
         let (old, old_rx) = connect(&hub, "old");
