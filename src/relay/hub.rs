@@ -67,8 +67,9 @@ enum ConnKind {
 struct ConnEntry {
     kind: ConnKind,
     sessions: HashSet<String>,
-    /// Session ids claimed besides its own connection id, live or within the grace period.
-    claimed: usize,
+    /// Session ids claimed besides its own connection id, live or within the grace period
+    /// (at most the per-socket session limit): what its detach must release.
+    claimed: Vec<String>,
 }
 
 /// A session that ended within the grace period: who its ends were.
@@ -222,7 +223,7 @@ impl Hub {
             ConnEntry {
                 kind: ConnKind::Pending,
                 sessions: HashSet::new(),
-                claimed: 0,
+                claimed: Vec::new(),
             },
         );
     }
@@ -312,7 +313,7 @@ impl Hub {
         }
         let limit = self.limits.sessions_per_conn;
         if let Some(entry) = state.conns.get(client_conn) {
-            if entry.sessions.len() >= limit || (!claimed_already && entry.claimed >= limit) {
+            if entry.sessions.len() >= limit || (!claimed_already && entry.claimed.len() >= limit) {
                 return Err(RelayError::TooManySessions { limit });
             }
         }
@@ -342,7 +343,7 @@ impl Hub {
         if !claimed_already {
             state.claims.insert(session_id.clone(), client_conn.clone());
             if let Some(entry) = state.conns.get_mut(client_conn) {
-                entry.claimed += 1;
+                entry.claimed.push(session_id.clone());
             }
         }
         // Reopened under the same id: late messages now belong to the new session.
@@ -523,7 +524,13 @@ impl Hub {
             let Some(entry) = state.conns.remove(conn) else {
                 return Vec::new();
             };
-            state.claims.retain(|_, owner| owner != conn);
+            // Only what this socket claimed: scanning every claim made a mass disconnect
+            // quadratic (it showed in relay profiles as `memcmp`).
+            for id in entry.claimed.iter().map(String::as_str).chain([&**conn]) {
+                if state.claims.get(id) == Some(conn) {
+                    state.claims.remove(id);
+                }
+            }
             if let ConnKind::Robot { robot_id, .. } = &entry.kind {
                 if state.robots.get(robot_id) == Some(conn) {
                     state.robots.remove(robot_id);
@@ -807,7 +814,7 @@ fn prune_ended(state: &mut State, grace: Duration, now: Instant) {
             if &*owner != id.as_str() {
                 state.claims.remove(&id);
                 if let Some(entry) = state.conns.get_mut(&owner) {
-                    entry.claimed = entry.claimed.saturating_sub(1);
+                    entry.claimed.retain(|claimed| *claimed != id);
                 }
             }
         }
@@ -861,6 +868,32 @@ mod tests {
             subject: "alice",
             role,
         }
+    }
+
+    #[test]
+    fn a_leaving_socket_frees_exactly_its_own_claims() {
+        let hub = hub();
+        let (robot, _robot_rx) = connect(&hub, "robot");
+        hub.robot_verified(&robot, "r1", vec![]);
+        let (alice, _alice_rx) = connect(&hub, "alice");
+        let (carol, _carol_rx) = connect(&hub, "carol");
+        assert!(hub.open_session(&alice, open("s1", Role::Viewer)).is_ok());
+        assert!(hub.open_session(&carol, open("s2", Role::Viewer)).is_ok());
+        hub.detach(&alice);
+        // Alice's session id and her own connection id are free again; Carol's are not.
+        let (bob, _bob_rx) = connect(&hub, "bob");
+        assert!(hub.open_session(&bob, open("s1", Role::Viewer)).is_ok());
+        assert!(hub.open_session(&bob, open("alice", Role::Viewer)).is_ok());
+        assert_eq!(
+            hub.open_session(&bob, open("s2", Role::Viewer))
+                .unwrap_err(),
+            RelayError::ConnectionIdInUse("s2".into())
+        );
+        assert_eq!(
+            hub.open_session(&bob, open("carol", Role::Viewer))
+                .unwrap_err(),
+            RelayError::ConnectionIdInUse("carol".into())
+        );
     }
 
     #[test]
