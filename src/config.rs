@@ -199,6 +199,12 @@ pub struct Config {
     /// `disconnected`, ICE candidates) without an error.
     #[arg(long, env = "SIGNALLING_SESSION_GRACE", default_value_t = 60)]
     pub session_grace_secs: u64,
+    /// Seconds a session outlives its client's socket, so the same subject can take it back
+    /// from a new socket (the browser SDK re-offers on the same connectionId after a
+    /// signalling reconnect; the peer connection never depended on the socket). 0: the
+    /// session ends with the socket and the robot is told at once.
+    #[arg(long, env = "SIGNALLING_SESSION_RESUME", default_value_t = 0)]
+    pub session_resume_secs: u64,
     /// Also greet every client socket with the flat `{"type":"welcome"}` that Modulr's
     /// older web app waits for before it sends anything. Off by default: it is not a spec
     /// message. (Flat frames from clients are translated whatever this says.)

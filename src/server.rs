@@ -201,6 +201,13 @@ impl Server {
                 tasks::cluster::heartbeat(beating, cluster, stop)
             });
         }
+        if state.config.session_resume_secs > 0 {
+            let window = std::time::Duration::from_secs(state.config.session_resume_secs);
+            let expiring = state.clone();
+            tasks.spawn("session-resume", move |stop| {
+                tasks::resume::expire(expiring, window, stop)
+            });
+        }
         if let Some(path) = state.config.crl.clone() {
             let modified = tasks::crl::load_at_start(&state, &path).await?;
             let watched = state.clone();

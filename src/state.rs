@@ -61,6 +61,7 @@ impl AppState {
         let limits = HubLimits {
             sessions_per_conn: parts.config.max_sessions_per_connection,
             grace: Duration::from_secs(parts.config.session_grace_secs),
+            resume: Duration::from_secs(parts.config.session_resume_secs),
         };
         let mut hub = Hub::new(Arc::new(LocalBus::default()), parts.metrics.clone(), limits);
         if let Some(cluster) = &parts.cluster {

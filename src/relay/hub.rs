@@ -39,6 +39,9 @@ pub struct HubLimits {
     pub sessions_per_conn: usize,
     /// How long after its end a session's two ends may still mention it.
     pub grace: Duration,
+    /// How long a session outlives its client's socket, waiting for the same subject to
+    /// take it back from a new socket (zero: it ends with the socket).
+    pub resume: Duration,
 }
 
 impl Default for HubLimits {
@@ -46,6 +49,7 @@ impl Default for HubLimits {
         HubLimits {
             sessions_per_conn: 16,
             grace: Duration::from_secs(60),
+            resume: Duration::ZERO,
         }
     }
 }
@@ -93,6 +97,8 @@ struct Session {
     /// The client is on another node, which owns the session (its record's node and its
     /// control lock); this node holds a copy for routing the robot's messages.
     mirror: bool,
+    /// When the client's socket went away, if the session waits to be resumed.
+    orphaned: Option<Instant>,
 }
 
 #[derive(Default)]
@@ -292,6 +298,9 @@ impl Hub {
     ) -> Result<SessionOpened, RelayError> {
         let mut state = self.state();
         prune_ended(&mut state, self.limits.grace, Instant::now());
+        if let Some(robot_conn) = self.resume(&mut state, client_conn, &request)? {
+            return Ok(SessionOpened::Existing { robot_conn });
+        }
         let claimed_already = match state.claims.get(request.session_id) {
             Some(owner) if owner != client_conn => {
                 return Err(RelayError::ConnectionIdInUse(
@@ -364,6 +373,7 @@ impl Hub {
                 role: request.role,
                 remote: remote.clone(),
                 mirror: false,
+                orphaned: None,
             },
         );
         if let Some(node) = remote {
@@ -456,6 +466,7 @@ impl Hub {
                 role: mirror.role,
                 remote: Some(node.clone()),
                 mirror: true,
+                orphaned: None,
             },
         );
         self.remote_map().insert(client_conn, node);
@@ -515,18 +526,115 @@ impl Hub {
         drop(state);
     }
 
-    /// Removes a socket: its sessions end; the other end of each is to be told.
+    /// A session of `request.subject` whose client socket went away, taken back by the
+    /// new socket `client_conn` (its offer then goes to the robot as a renegotiation).
+    /// None when the session is not waiting for this subject.
+    fn resume(
+        &self,
+        state: &mut State,
+        client_conn: &ConnId,
+        request: &OpenSession<'_>,
+    ) -> Result<Option<ConnId>, RelayError> {
+        let waiting = state.sessions.get(request.session_id).is_some_and(|s| {
+            s.orphaned.is_some() && *s.subject == *request.subject && s.robot_id == request.robot_id
+        });
+        if !waiting {
+            return Ok(None);
+        }
+        let limit = self.limits.sessions_per_conn;
+        let Some(entry) = state.conns.get_mut(client_conn) else {
+            return Ok(None);
+        };
+        if entry.sessions.len() >= limit || entry.claimed.len() >= limit {
+            return Err(RelayError::TooManySessions { limit });
+        }
+        entry.sessions.insert(request.session_id.to_string());
+        if request.session_id != &**client_conn {
+            entry.claimed.push(request.session_id.to_string());
+        }
+        state
+            .claims
+            .insert(request.session_id.to_string(), client_conn.clone());
+        let Some(session) = state.sessions.get_mut(request.session_id) else {
+            return Ok(None);
+        };
+        session.client_conn = client_conn.clone();
+        session.orphaned = None;
+        tracing::info!(session = %request.session_id, subject = %request.subject, "session resumed by a new socket");
+        Ok(Some(session.robot_conn.clone()))
+    }
+
+    /// Sessions whose client went away longer ago than the resume window: they end now,
+    /// the robot's end to be told.
+    pub fn expire_orphans(&self, now: Instant) -> Vec<EndedSession> {
+        let resume = self.limits.resume;
+        let mut state = self.state();
+        let expired: Vec<String> = state
+            .sessions
+            .iter()
+            .filter(|(_, s)| {
+                s.orphaned
+                    .is_some_and(|at| now.saturating_duration_since(at) >= resume)
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        let mut ended = Vec::new();
+        for session_id in expired {
+            let Some(session) = remove_session(&mut state, &session_id) else {
+                continue;
+            };
+            if state.claims.get(&session_id) == Some(&session.client_conn) {
+                state.claims.remove(&session_id);
+            }
+            let notice = messages::disconnected(&session_id, None);
+            ended.push(EndedSession {
+                session_id,
+                record_id: session.record_id.to_string(),
+                notices: vec![(session.robot_conn.clone(), notice)],
+                local_end: local_end(&session),
+                remote: session.remote,
+            });
+        }
+        drop(state);
+        self.metrics.sessions_active.sub(ended.len() as i64);
+        ended
+    }
+
+    /// Removes a socket: its sessions end; the other end of each is to be told. With a
+    /// resume window, a client's own sessions wait for it instead (see `expire_orphans`).
     pub fn detach(&self, conn: &ConnId) -> Vec<EndedSession> {
         self.bus.detach(conn);
         let ended = {
             let mut state = self.state();
-            prune_ended(&mut state, self.limits.grace, Instant::now());
-            let Some(entry) = state.conns.remove(conn) else {
+            let now = Instant::now();
+            prune_ended(&mut state, self.limits.grace, now);
+            let Some(mut entry) = state.conns.remove(conn) else {
                 return Vec::new();
             };
+            // With a resume window, a client's own sessions wait for it; their ids stay
+            // claimed (by the gone socket) until resumed or expired.
+            let mut waiting = Vec::new();
+            if !self.limits.resume.is_zero() && matches!(entry.kind, ConnKind::Client { .. }) {
+                for id in &entry.sessions {
+                    if let Some(session) = state.sessions.get_mut(id) {
+                        // Robot on this node only: a robot's node routes by the client's
+                        // socket id, which a resume changes.
+                        if &session.client_conn == conn && session.remote.is_none() {
+                            session.orphaned = Some(now);
+                            waiting.push(id.clone());
+                        }
+                    }
+                }
+                for id in &waiting {
+                    entry.sessions.remove(id);
+                }
+            }
             // Only what this socket claimed: scanning every claim made a mass disconnect
             // quadratic (it showed in relay profiles as `memcmp`).
             for id in entry.claimed.iter().map(String::as_str).chain([&**conn]) {
+                if waiting.iter().any(|w| w == id) {
+                    continue;
+                }
                 if state.claims.get(id) == Some(conn) {
                     state.claims.remove(id);
                 }

@@ -300,6 +300,15 @@ impl Sessions {
         self.finish(&ended, EndReason::Closed).await;
     }
 
+    /// Ends the sessions whose client did not come back within the resume window.
+    pub async fn expire_orphans(&self) {
+        let ended = self.hub.expire_orphans(std::time::Instant::now());
+        if !ended.is_empty() {
+            tracing::info!(sessions = ended.len(), "sessions not resumed in time ended");
+            self.finish(&ended, EndReason::Closed).await;
+        }
+    }
+
     /// `subject` may no longer hold what its sessions with `robot_id` gave it: those above
     /// the `allowed` role (all, when its grant is gone) end, both ends told why. Returns
     /// how many ended.

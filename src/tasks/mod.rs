@@ -1,5 +1,6 @@
-//! Background work that lives as long as the server: the CRL watcher, the JWKS refresh
-//! and, on several nodes, the cluster's writer, subscription and heartbeat.
+//! Background work that lives as long as the server: the CRL watcher, the JWKS refresh,
+//! the end of sessions not resumed in time and, on several nodes, the cluster's writer,
+//! subscription and heartbeat.
 //!
 //! Every task is started through [`Tasks`], which owns it: [`Tasks::stop`] tells the tasks
 //! to finish through a shared stop signal and waits for them, and dropping `Tasks` aborts
@@ -9,6 +10,7 @@
 pub mod cluster;
 pub mod crl;
 pub mod jwks;
+pub mod resume;
 
 use std::future::Future;
 use std::time::Duration;

@@ -307,6 +307,19 @@ impl Drop for TestServer {
     }
 }
 
+/// Waits (bounded) until `check` holds: for server-side effects that send no message to
+/// wait for, such as a closed socket having been taken out of the hub.
+pub async fn until(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !check() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {WAIT:?} waiting until {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 pub fn new_ed25519() -> Ed25519KeyPair {
     let pkcs8 = Ed25519KeyPair::generate_pkcs8(&SystemRandom::new()).expect("keygen");
     Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).expect("key")

@@ -11,6 +11,7 @@ mod fleet_ca;
 mod harness;
 mod legacy;
 mod openapi;
+mod resume;
 mod robot_login;
 mod robustness;
 mod session_end;

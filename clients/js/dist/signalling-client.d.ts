@@ -212,6 +212,9 @@ export declare class Session extends Emitter {
     /** Re-offers with fresh ICE credentials on the same session id. */
     private iceRestart;
     signallingLost(): void;
+    /** The socket is back: re-offer on the same session id. A server started with
+     * `--session-resume-secs` hands the session to this new socket (the robot never noticed);
+     * the restart also brings fresh candidates if the network moved meanwhile. */
     signallingBack(): void;
     private fromRobot;
     private trySend;

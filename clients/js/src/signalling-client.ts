@@ -560,7 +560,13 @@ export class Session extends Emitter {
     await this.pc.setLocalDescription(offer);
     const sent = this.client.send({
       type: 'signalling.offer',
-      payload: { robotId: this.robotId, connectionId: this.id, sdpType: 'offer', sdp: this.pc.localDescription?.sdp ?? offer.sdp },
+      payload: {
+        robotId: this.robotId,
+        connectionId: this.id,
+        sdpType: 'offer',
+        sdp: this.pc.localDescription?.sdp ?? offer.sdp,
+        ...(iceRestart ? { iceRestart: true } : {}),
+      },
     });
     // A refusal names the offer by correlationId; the answer names the session.
     this.stopWatch?.();
@@ -629,9 +635,11 @@ export class Session extends Emitter {
     this.restarting = false;
   }
 
+  /** The socket is back: re-offer on the same session id. A server started with
+   * `--session-resume-secs` hands the session to this new socket (the robot never noticed);
+   * the restart also brings fresh candidates if the network moved meanwhile. */
   signallingBack(): void {
-    const s = this.pc.iceConnectionState;
-    if (s === 'disconnected' || s === 'failed') this.iceRestart();
+    this.iceRestart();
   }
 
   private fromRobot(data: unknown): void {

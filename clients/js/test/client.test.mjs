@@ -212,6 +212,10 @@ test('the socket reconnects with backoff and the session keeps its peer connecti
   // Data keeps flowing on the peer connection.
   s.move({ forward: 0.1, turn: 0 });
   assert.equal(pc.dc.sentOf('agent.movement').length, 1);
+  // The new socket re-offers on the same session id: how the server hands it over.
+  const reoffer = await until('re-offer', () => again.sentOf('signalling.offer')[0]);
+  assert.equal(reoffer.payload.connectionId, s.id);
+  assert.equal(reoffer.payload.iceRestart, true);
 });
 
 test('a revoked token (close 4003) ends reconnecting', async () => {

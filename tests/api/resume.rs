@@ -1,0 +1,89 @@
+//! `--session-resume-secs`: a session outlives its client's socket for a while, and the same
+//! subject takes it back from a new socket by offering again on the same connectionId.
+
+use crate::helpers::*;
+use serde_json::json;
+
+#[tokio::test]
+async fn the_same_subject_takes_its_session_back_from_a_new_socket() {
+    let server = TestServer::start_with(|c| c.session_resume_secs = 60).await;
+    let (mut robot, _) = server.online_robot("robot-1").await;
+    let (client, session) = server
+        .open_session(&mut robot, "robot-1", "alice", "operator")
+        .await;
+    drop(client);
+    until("the closed socket is out of the hub", || {
+        server.state.hub.connection_count() == 1
+    })
+    .await;
+
+    // Someone else cannot take it meanwhile, even with a grant of their own.
+    let mut bob = server.client_for("robot-1", "bob", "owner").await;
+    bob.send(&offer("robot-1", &session)).await;
+    bob.recv_type("signalling.error").await;
+
+    let token = server.client_token("alice").await;
+    let mut again = WsClient::connect_with_token(&server.ws_url(), &token).await;
+    let mut restart = offer("robot-1", &session);
+    restart["payload"]["iceRestart"] = json!(true);
+    again.send(&restart).await;
+    // The robot heard nothing in between: the next thing it gets is the re-offer.
+    let forwarded = robot.recv().await;
+    assert_eq!(forwarded["type"], "signalling.offer", "{forwarded}");
+    assert_eq!(forwarded["payload"]["connectionId"], session.as_str());
+    assert_eq!(
+        forwarded["meta"]["session"],
+        json!({"subject": "alice", "role": "operator"})
+    );
+    let answer = envelope(
+        "signalling.answer",
+        Some(json!({"connectionId": session, "sdpType": "answer", "sdp": "v=0\r\n"})),
+    );
+    robot.send(&answer).await;
+    assert_eq!(
+        again.recv_type("signalling.answer").await["payload"],
+        answer["payload"]
+    );
+    // One session, one record, still open.
+    let records = server.sessions("?robotId=robot-1").await;
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert!(records[0]["endedAt"].is_null(), "{}", records[0]);
+}
+
+#[tokio::test]
+async fn a_session_not_taken_back_in_time_ends_and_the_robot_is_told() {
+    let server = TestServer::start_with(|c| c.session_resume_secs = 1).await;
+    let (mut robot, _) = server.online_robot("robot-1").await;
+    let (client, session) = server
+        .open_session(&mut robot, "robot-1", "alice", "operator")
+        .await;
+    drop(client);
+    let notice = robot.recv_type("signalling.disconnected").await;
+    assert_eq!(notice["payload"]["connectionId"], session.as_str());
+    assert_eq!(notice["payload"]["reason"], "closed");
+    let records = server.sessions("?robotId=robot-1").await;
+    assert_eq!(records[0]["endReason"], "closed", "{}", records[0]);
+    // The lock went with it: another operator may drive now.
+    let mut carol = server.client_for("robot-1", "carol", "operator").await;
+    let id = carol.connection_id.clone();
+    carol.send(&offer("robot-1", &id)).await;
+    robot.recv_type("signalling.offer").await;
+}
+
+#[tokio::test]
+async fn without_a_resume_window_the_robot_is_told_at_once() {
+    let server = TestServer::start().await;
+    let (mut robot, _) = server.online_robot("robot-1").await;
+    let (client, session) = server
+        .open_session(&mut robot, "robot-1", "alice", "operator")
+        .await;
+    drop(client);
+    let notice = robot.recv_type("signalling.disconnected").await;
+    assert_eq!(notice["payload"]["connectionId"], session.as_str());
+    let token = server.client_token("alice").await;
+    let mut again = WsClient::connect_with_token(&server.ws_url(), &token).await;
+    again.send(&offer("robot-1", &session)).await;
+    // A new session under the old id (its claim was freed), with its own record.
+    robot.recv_type("signalling.offer").await;
+    assert_eq!(server.sessions("?robotId=robot-1").await.len(), 2);
+}
