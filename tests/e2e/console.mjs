@@ -396,6 +396,55 @@ async function main() {
       assert(result.states.join(',') === 'reconnecting,open,closed', result.states.join(','));
       assert(result.newId && result.pong === 'agent.pong', JSON.stringify(result));
     });
+
+    await check('with --session-resume-secs a session survives a signalling drop: same session, same peer connection', async () => {
+      await stop(server);
+      server = start('server-resume', SERVER_BIN, [...serverArgs, '--session-resume-secs', '30']);
+      await waitFor('server health', async () => (await fetch(`${HTTP}/healthz`)).ok, 20000);
+      await waitFor('robot online again', async () => (await h.api('GET', `/v1/robots/${ROBOT}`)).body?.online === true, 20000);
+      const other = await browser.newPage();
+      await other.goto(`${HTTP}/healthz`);
+      const result = await other.evaluate(async ({ ws, token, robot }) => {
+        const { SignallingClient } = await import('/sdk/signalling-client.js');
+        const sdk = await SignallingClient.connect({ url: ws, token, initialDelayMs: 100, maxDelayMs: 500 });
+        let session;
+        for (let i = 0; ; i++) {
+          try {
+            session = await sdk.openSession(robot, { timeoutMs: 5000 });
+            break;
+          } catch (e) {
+            if (i >= 20) throw e;
+            await new Promise((r) => setTimeout(r, 100 * (i + 1)));
+          }
+        }
+        const firstSocket = sdk.connectionId;
+        const states = [];
+        sdk.on('state', (st) => states.push(st));
+        // Drop the signalling socket only (what a flaky network does to a TCP connection).
+        sdk.ws.close();
+        const until = async (what, ok) => {
+          for (let i = 0; i < 200 && !ok(); i++) await new Promise((r) => setTimeout(r, 50));
+          if (!ok()) throw new Error(`timed out waiting for ${what}`);
+        };
+        await until('the socket back', () => sdk.state === 'open' && sdk.connectionId !== firstSocket);
+        // The re-offer's answer: the robot answered the same session over the new socket.
+        await until('the re-offer answered', () => session.state === 'open' && !session.restarting);
+        const pong = await session.request({ type: 'agent.ping' });
+        const result = { states, session: session.id, sessionState: session.state, pong: pong.type };
+        await session.close();
+        await sdk.close();
+        return result;
+      }, { ws: WS, token: tokens.alice, robot: ROBOT });
+      await other.close();
+      log(`SDK across a signalling drop: ${JSON.stringify(result)}`);
+      assert(result.states.join(',').startsWith('reconnecting,open'), result.states.join(','));
+      assert(result.sessionState === 'open' && result.pong === 'agent.pong', JSON.stringify(result));
+      // One record for the session, ended only by the close at the end: it was never
+      // ended by the drop, and the re-offer opened no second one.
+      const records = (await h.api('GET', `/v1/sessions?robotId=${ROBOT}`)).body
+        .filter((r) => r.connectionId === result.session);
+      assert(records.length === 1, JSON.stringify(records));
+    });
   } finally {
     await browser.close();
   }
