@@ -33,21 +33,7 @@ async fn start_node(
             "--node-id",
             &format!("bench-node-{index}"),
         ])
-        // As for the single node: the relay is measured, not the abuse limits.
-        .args([
-            "--rate-limit",
-            "100000000",
-            "--rate-burst",
-            "100000000",
-            "--send-queue",
-            "4096",
-            "--relay-bytes-per-sec",
-            "0",
-            "--max-connections-per-ip",
-            "0",
-            "--max-sessions-per-connection",
-            "100000000",
-        ])
+        .args(super::process::UNLIMITED)
         .env("RUST_LOG", "warn")
         .env_remove("DATABASE_URL")
         .env_remove("REDIS_URL")

@@ -43,6 +43,25 @@ pub(super) async fn wait_listening(port: u16, child: &mut Child) -> anyhow::Resu
 }
 
 /// A running system under test.
+/// Server flags for every benchmark run: the relay is measured, not the abuse limits. The
+/// load generator sends far more than signalling ever does, all from one address, and
+/// session setup opens a new session per offer on each client socket (ended ids stay
+/// claimed for the grace period, so the per-socket cap of 16 would stop the loop).
+pub(super) const UNLIMITED: [&str; 12] = [
+    "--rate-limit",
+    "100000000",
+    "--rate-burst",
+    "100000000",
+    "--send-queue",
+    "4096",
+    "--relay-bytes-per-sec",
+    "0",
+    "--max-connections-per-ip",
+    "0",
+    "--max-sessions-per-connection",
+    "100000000",
+];
+
 pub struct Running {
     pub info: TargetInfo,
     pub child: Child,
@@ -160,24 +179,7 @@ pub async fn start_ours(
             "--database-url",
             &database_url,
         ])
-        // The relay benchmarks measure the relay, not the abuse limits: the load generator
-        // sends far more than signalling ever does, all from one address.
-        .args([
-            "--rate-limit",
-            "100000000",
-            "--rate-burst",
-            "100000000",
-            "--send-queue",
-            "4096",
-            "--relay-bytes-per-sec",
-            "0",
-            "--max-connections-per-ip",
-            "0",
-            // Session setup opens a new session per offer on each client socket; ended ids
-            // stay claimed for the grace period, so the per-socket cap (16) stops the loop.
-            "--max-sessions-per-connection",
-            "100000000",
-        ])
+        .args(UNLIMITED)
         .env("RUST_LOG", "warn")
         .env_remove("DATABASE_URL")
         .env_remove("REDIS_URL")
