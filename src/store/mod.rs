@@ -5,6 +5,7 @@
 //! milliseconds).
 
 mod grants;
+mod group_commit;
 mod revocations;
 mod robots;
 mod sessions;
@@ -48,8 +49,8 @@ pub struct Store {
     /// queueing writers here is far cheaper than SQLite's busy-wait sleeps between pooled
     /// connections. On PostgreSQL the same pool as reads.
     writer: AnyPool,
-    /// Queue of the last-seen group-commit writer (see `touch_robot`).
-    touches: tokio::sync::mpsc::Sender<robots::Touch>,
+    /// The frequent small writes: last login, session records (see `group_commit`).
+    writes: group_commit::Writes,
     is_sqlite: bool,
 }
 
@@ -93,12 +94,15 @@ impl Store {
             sqlx::migrate!("./migrations").run(&pool).await?;
             (pool.clone(), pool)
         };
-        let (touches, queue) = tokio::sync::mpsc::channel(4096);
-        tokio::spawn(robots::touch_writer(writer.clone(), queue));
+        let writes = if is_sqlite {
+            group_commit::Writes::grouped(writer.clone())
+        } else {
+            group_commit::Writes::Direct(writer.clone())
+        };
         Ok(Store {
             pool,
             writer,
-            touches,
+            writes,
             is_sqlite,
         })
     }

@@ -1,3 +1,4 @@
+use super::group_commit::Write;
 use super::{now_ms, Store, StoreError};
 
 /// How a robot proves who it is.
@@ -260,20 +261,13 @@ impl Store {
     /// Records that the robot logged in now, on `node`. Logins arriving together share one
     /// transaction (group commit); this returns once the update is committed.
     pub async fn touch_robot(&self, robot_id: &str, node: &str) -> Result<(), StoreError> {
-        let (done, committed) = tokio::sync::oneshot::channel();
-        let touch = Touch {
-            robot_id: robot_id.to_string(),
-            node: node.to_string(),
-            at: now_ms(),
-            done,
-        };
-        self.touches
-            .send(touch)
+        self.writes
+            .write(Write::Touch {
+                robot_id: robot_id.to_string(),
+                node: node.to_string(),
+                at: now_ms(),
+            })
             .await
-            .map_err(|_| StoreError::Background("last-seen writer stopped".into()))?;
-        committed
-            .await
-            .map_err(|_| StoreError::Background("last-seen writer stopped".into()))?
     }
 
     /// Whether the robot still exists with its credential unrevoked, and none of `entries`
@@ -302,47 +296,3 @@ impl Store {
         Ok(row.map(|(flag, revoked)| flag == 0 && revoked == 0))
     }
 }
-
-/// A pending last-seen update for the group-commit writer.
-pub(super) struct Touch {
-    robot_id: String,
-    node: String,
-    at: i64,
-    done: tokio::sync::oneshot::Sender<Result<(), StoreError>>,
-}
-
-/// Most updates one transaction takes.
-const TOUCH_BATCH: usize = 512;
-
-/// Writes queued last-seen updates, as many per transaction as have queued up.
-pub(super) async fn touch_writer(
-    writer: sqlx::AnyPool,
-    mut queue: tokio::sync::mpsc::Receiver<Touch>,
-) {
-    let mut batch = Vec::with_capacity(TOUCH_BATCH);
-    while queue.recv_many(&mut batch, TOUCH_BATCH).await > 0 {
-        let result = write_touches(&writer, &batch).await;
-        for touch in batch.drain(..) {
-            let outcome = match &result {
-                Ok(()) => Ok(()),
-                Err(e) => Err(StoreError::Background(e.to_string())),
-            };
-            let _ = touch.done.send(outcome);
-        }
-    }
-}
-
-async fn write_touches(writer: &sqlx::AnyPool, batch: &[Touch]) -> Result<(), sqlx::Error> {
-    let mut tx = writer.begin().await?;
-    for touch in batch {
-        sqlx::query("UPDATE robots SET last_seen_at = $2, node = $3 WHERE robot_id = $1")
-            .bind(&touch.robot_id)
-            .bind(touch.at)
-            .bind(&touch.node)
-            .execute(&mut *tx)
-            .await?;
-    }
-    tx.commit().await
-}
-
-impl Store {}

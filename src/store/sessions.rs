@@ -1,5 +1,6 @@
 use serde::Serialize;
 
+use super::group_commit::Write;
 use super::{now_ms, Store, StoreError};
 
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
@@ -27,6 +28,7 @@ pub struct SessionFilter {
 }
 
 impl Store {
+    /// Writes a session's record at its start; returns once it is committed.
     pub async fn start_session(
         &self,
         id: &str,
@@ -36,42 +38,37 @@ impl Store {
         role: &str,
         node: &str,
     ) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO sessions (id, connection_id, robot_id, subject, role, node, started_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7)",
-        )
-        .bind(id)
-        .bind(connection_id)
-        .bind(robot_id)
-        .bind(subject)
-        .bind(role)
-        .bind(node)
-        .bind(now_ms())
-        .execute(&self.writer)
-        .await?;
-        Ok(())
+        self.writes
+            .write(Write::StartSession {
+                id: id.to_string(),
+                connection_id: connection_id.to_string(),
+                robot_id: robot_id.to_string(),
+                subject: subject.to_string(),
+                role: role.to_string(),
+                node: node.to_string(),
+                at: now_ms(),
+            })
+            .await
     }
 
     /// Records the first `connected` of a session; later ones keep the first time.
     pub async fn session_connected(&self, id: &str) -> Result<(), StoreError> {
-        sqlx::query("UPDATE sessions SET connected_at = $2 WHERE id = $1 AND connected_at IS NULL")
-            .bind(id)
-            .bind(now_ms())
-            .execute(&self.writer)
-            .await?;
-        Ok(())
+        self.writes
+            .write(Write::SessionConnected {
+                id: id.to_string(),
+                at: now_ms(),
+            })
+            .await
     }
 
     pub async fn end_session(&self, id: &str, reason: &str) -> Result<(), StoreError> {
-        sqlx::query(
-            "UPDATE sessions SET ended_at = $2, end_reason = $3 WHERE id = $1 AND ended_at IS NULL",
-        )
-        .bind(id)
-        .bind(now_ms())
-        .bind(reason)
-        .execute(&self.writer)
-        .await?;
-        Ok(())
+        self.writes
+            .write(Write::EndSession {
+                id: id.to_string(),
+                reason: reason.to_string(),
+                at: now_ms(),
+            })
+            .await
     }
 
     /// Ends every open session of this node: at shutdown, and at start for records a crash
