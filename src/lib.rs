@@ -4,7 +4,8 @@
 //!
 //! Layout, one job per module:
 //! - [`config`]: flags and environment.
-//! - [`server`]: startup, listening (plain or TLS) and graceful shutdown.
+//! - [`server`]: startup, listening (plain or TLS) and graceful shutdown; `lean_io`: the
+//!   accepted sockets, which hold no read buffer while idle.
 //! - [`app`]: the router, wired in one place from every module's routes.
 //! - [`tasks`]: background work (CRL watcher, JWKS refresh), stopped on shutdown.
 //! - [`api`]: the HTTP API (admin, enrollment, health, metrics).
@@ -30,6 +31,7 @@ pub mod dev_pki;
 mod http_error;
 pub mod ice;
 pub mod identity;
+mod lean_io;
 pub mod messages;
 pub mod metrics;
 pub mod pki;

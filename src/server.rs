@@ -10,6 +10,8 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use hyper_util::server::conn::auto::Builder as HttpBuilder;
 use tokio::net::TcpListener;
 
+use crate::lean_io::LeanAcceptor;
+
 use crate::auth::{random_token, sha256_hex, ClientAuthenticator, JwtConfig, JwtVerifier};
 use crate::cluster::{Cluster, ClusterConfig};
 use crate::config::Config;
@@ -256,15 +258,14 @@ impl Server {
         // The socket layer needs the peer's address (connection limits per address).
         let service = app.into_make_service_with_connect_info::<SocketAddr>();
         let header_timeout = Duration::from_secs(state.config.header_read_timeout_secs.max(1));
-        // Signalling messages are small and latency-bound: no Nagle delays.
-        let no_delay = axum_server::accept::NoDelayAcceptor::new();
         match (&state.config.tls_cert, &state.config.tls_key) {
             (Some(cert), Some(key)) => {
                 let tls = axum_server::tls_rustls::RustlsConfig::from_pem_file(cert, key)
                     .await
                     .map_err(|e| StartError::Tls(e.to_string()))?;
                 tracing::info!(%addr, node = %state.node_id, "listening (TLS)");
-                let acceptor = axum_server::tls_rustls::RustlsAcceptor::new(tls).acceptor(no_delay);
+                let acceptor =
+                    axum_server::tls_rustls::RustlsAcceptor::new(tls).acceptor(LeanAcceptor);
                 let mut server = axum_server::from_tcp(std_listener)
                     .acceptor(acceptor)
                     .handle(handle);
@@ -274,7 +275,7 @@ impl Server {
             _ => {
                 tracing::info!(%addr, node = %state.node_id, "listening");
                 let mut server = axum_server::from_tcp(std_listener)
-                    .acceptor(no_delay)
+                    .acceptor(LeanAcceptor)
                     .handle(handle);
                 limit_header_time(server.http_builder(), header_timeout);
                 server.serve(service).await?;

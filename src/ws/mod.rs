@@ -23,9 +23,13 @@ use crate::state::SharedState;
 pub use admission::{Admission, AdmissionError, Permit};
 pub use error::WsError;
 
-/// The `/ws` route, merged into the app at the top.
 /// Bytes of frames a socket gathers before writing, within one batch of the writer.
 const WRITE_GATHER: usize = 16 * 1024;
+
+/// The WebSocket layer's own read buffer per socket: a login fits in it.
+const READ_BUFFER: usize = 1024;
+
+/// The `/ws` route, merged into the app at the top.
 
 pub fn router() -> Router<SharedState> {
     Router::new().route("/ws", get(upgrade))
@@ -138,12 +142,14 @@ async fn upgrade(
     // it only stops abuse: past it the frame is not even read.
     let hard_limit = state.config.max_frame_bytes.saturating_mul(4);
     // Small buffers: most sockets sit idle, and tungstenite's 128 KiB defaults would cost
-    // that much per connection. Writes gather up to WRITE_GATHER bytes and the writer
-    // flushes once per batch, so a busy socket makes one send for many frames.
+    // that much per connection. Its reads are small, served from a chunk the socket holds
+    // only while busy (`lean_io`), so one system call still reads a burst. Writes gather up
+    // to WRITE_GATHER bytes and the writer flushes once per batch, so a busy socket makes
+    // one send for many frames.
     let mut ws = ws
         .max_message_size(hard_limit)
         .max_frame_size(hard_limit)
-        .read_buffer_size(4 * 1024)
+        .read_buffer_size(READ_BUFFER)
         .write_buffer_size(WRITE_GATHER);
     if let Some(protocol) = protocol {
         ws = ws.protocols([protocol]);

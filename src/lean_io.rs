@@ -1,0 +1,217 @@
+//! Accepted sockets that hold no read buffer while idle.
+//!
+//! Most of the server's sockets are idle robots. The WebSocket layer keeps a read buffer of
+//! its own per socket and fills it with one system call per read, so a big buffer costs
+//! memory on every idle socket and a small one costs system calls on busy ones. This stream
+//! sits below it: a small read is served from a chunk lent by the worker thread, filled
+//! with whatever the kernel has in one call, and the chunk goes back as soon as it is
+//! drained. Idle sockets hold nothing; busy ones make one call per burst.
+
+use std::cell::Cell;
+use std::future::{ready, Ready};
+use std::io;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use axum_server::accept::Accept;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+
+/// Most bytes one system call reads.
+const CHUNK: usize = 16 * 1024;
+
+/// Reads asking for at least this much go straight to the kernel (HTTP requests do).
+const DIRECT: usize = 4 * 1024;
+
+thread_local! {
+    /// One spare chunk per worker thread: a socket borrows it for a read and returns it
+    /// when the bytes are handed out, so chunks are not allocated per read.
+    static SPARE: Cell<Option<Vec<u8>>> = const { Cell::new(None) };
+}
+
+fn borrow_chunk() -> Vec<u8> {
+    SPARE
+        .with(Cell::take)
+        .unwrap_or_else(|| Vec::with_capacity(CHUNK))
+}
+
+fn return_chunk(mut chunk: Vec<u8>) {
+    chunk.clear();
+    SPARE.with(|spare| {
+        if let Some(kept) = spare.take() {
+            // This thread already has one; keep it and drop the other.
+            spare.set(Some(kept));
+        } else {
+            spare.set(Some(chunk));
+        }
+    });
+}
+
+/// A TCP stream whose read buffer exists only while read bytes wait in it.
+#[derive(Debug)]
+pub struct LeanStream {
+    inner: TcpStream,
+    /// Bytes read from the kernel and not yet handed out, from `at` on.
+    pending: Option<(Vec<u8>, usize)>,
+}
+
+impl LeanStream {
+    pub fn new(inner: TcpStream) -> LeanStream {
+        LeanStream {
+            inner,
+            pending: None,
+        }
+    }
+
+    /// Copies what fits into `out`; keeps the rest, or gives the chunk back when drained.
+    fn hand_out(&mut self, chunk: Vec<u8>, at: usize, out: &mut ReadBuf<'_>) {
+        let n = (chunk.len() - at).min(out.remaining());
+        out.put_slice(&chunk[at..at + n]);
+        if at + n == chunk.len() {
+            return_chunk(chunk);
+        } else {
+            self.pending = Some((chunk, at + n));
+        }
+    }
+}
+
+impl AsyncRead for LeanStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        out: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if out.remaining() == 0 {
+            return Poll::Ready(Ok(()));
+        }
+        if let Some((chunk, at)) = this.pending.take() {
+            this.hand_out(chunk, at, out);
+            return Poll::Ready(Ok(()));
+        }
+        if out.remaining() >= DIRECT {
+            return Pin::new(&mut this.inner).poll_read(cx, out);
+        }
+        loop {
+            ready!(this.inner.poll_read_ready(cx))?;
+            let mut chunk = borrow_chunk();
+            match this.inner.try_read_buf(&mut chunk) {
+                Ok(_) => {
+                    // Zero bytes is the end of the stream: nothing handed out says so.
+                    this.hand_out(chunk, 0, out);
+                    return Poll::Ready(Ok(()));
+                }
+                // Readiness was stale; it is cleared, and the next poll registers again.
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return_chunk(chunk),
+                Err(e) => {
+                    return_chunk(chunk);
+                    return Poll::Ready(Err(e));
+                }
+            }
+        }
+    }
+}
+
+impl AsyncWrite for LeanStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+/// Accepts sockets as lean streams, without Nagle delays (signalling messages are small
+/// and latency-bound).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LeanAcceptor;
+
+impl<S> Accept<TcpStream, S> for LeanAcceptor {
+    type Stream = LeanStream;
+    type Service = S;
+    type Future = Ready<io::Result<(LeanStream, S)>>;
+
+    fn accept(&self, stream: TcpStream, service: S) -> Self::Future {
+        ready(
+            stream
+                .set_nodelay(true)
+                .map(|()| (LeanStream::new(stream), service)),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    async fn pair() -> (LeanStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (client, accepted) = tokio::join!(TcpStream::connect(addr), listener.accept());
+        (LeanStream::new(accepted.unwrap().0), client.unwrap())
+    }
+
+    #[tokio::test]
+    async fn small_reads_get_every_byte_in_order_and_the_chunk_goes_back() {
+        let (mut lean, mut peer) = pair().await;
+        let sent: Vec<u8> = (0..50_000u32).map(|i| (i % 251) as u8).collect();
+        let writer = tokio::spawn(async move {
+            peer.write_all(&sent).await.unwrap();
+            sent
+        });
+        let mut got = Vec::new();
+        let mut piece = [0u8; 1000];
+        while got.len() < 50_000 {
+            let n = lean.read(&mut piece).await.unwrap();
+            assert!(n > 0, "early end of stream");
+            got.extend_from_slice(&piece[..n]);
+        }
+        assert_eq!(got, writer.await.unwrap());
+        assert!(lean.pending.is_none(), "a drained socket keeps no buffer");
+    }
+
+    #[tokio::test]
+    async fn large_reads_go_direct_and_end_of_stream_reads_zero() {
+        let (mut lean, mut peer) = pair().await;
+        peer.write_all(b"hello").await.unwrap();
+        peer.shutdown().await.unwrap();
+        let mut big = vec![0u8; DIRECT];
+        let n = lean.read(&mut big).await.unwrap();
+        assert_eq!(&big[..n], b"hello");
+        let mut small = [0u8; 16];
+        assert_eq!(lean.read(&mut small).await.unwrap(), 0);
+        assert!(lean.pending.is_none());
+    }
+
+    #[tokio::test]
+    async fn writes_pass_through() {
+        let (mut lean, mut peer) = pair().await;
+        lean.write_all(b"ping").await.unwrap();
+        let mut got = [0u8; 4];
+        peer.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"ping");
+    }
+}
