@@ -91,13 +91,18 @@ async fn main() -> anyhow::Result<()> {
     }
 }
 
+/// Whether `--only` asks for the benchmark `name`.
+fn wants(opts: &Options, name: &str) -> bool {
+    opts.only.iter().any(|o| o == name)
+}
+
 /// The benchmarks every target runs: capacity, relay and session setup.
 async fn run_suite(
     opts: &Options,
     target: &orchestrator::Running,
     rows: &mut Vec<Row>,
 ) -> anyhow::Result<()> {
-    let wants = |name: &str| opts.only.iter().any(|o| o == name);
+    let wants = |name: &str| wants(opts, name);
     let name = &target.info.name;
     if wants("capacity") {
         eprintln!("[bench] {name}: capacity");
@@ -127,25 +132,26 @@ async fn run(opts: Options) -> anyhow::Result<()> {
     );
     let ours =
         orchestrator::start_ours(&opts, &keys, None, p.capacity_robots, p.storm_robots).await?;
-    eprintln!("[bench] ours: capacity");
-    orchestrator::capacity(&opts, &ours, &mut rows).await?;
-    eprintln!("[bench] ours: relay");
-    orchestrator::relay(&opts, &ours, &mut rows).await?;
-    eprintln!("[bench] ours: session setup");
-    orchestrator::setup(&opts, &ours, &mut rows).await?;
-    eprintln!("[bench] ours: registration storms");
-    orchestrator::storm(&opts, &ours, false, &mut rows).await?;
-    orchestrator::storm(&opts, &ours, true, &mut rows).await?;
+    run_suite(&opts, &ours, &mut rows).await?;
+    if wants(&opts, "storm") {
+        eprintln!("[bench] ours: registration storms");
+        orchestrator::storm(&opts, &ours, false, &mut rows).await?;
+        orchestrator::storm(&opts, &ours, true, &mut rows).await?;
+    }
     drop(ours);
 
-    if let Some(url) = &opts.postgres_url {
-        eprintln!("[bench] ours (PostgreSQL): registration storms");
-        let pg = orchestrator::start_ours(&opts, &keys, Some(url), 1, p.storm_robots).await?;
-        orchestrator::storm(&opts, &pg, false, &mut rows).await?;
-        orchestrator::storm(&opts, &pg, true, &mut rows).await?;
-        pg.stop().await;
-    } else {
-        notes.push("registration storm on PostgreSQL skipped: no --postgres-url".to_string());
+    match (&opts.postgres_url, wants(&opts, "storm")) {
+        (Some(url), true) => {
+            eprintln!("[bench] ours (PostgreSQL): registration storms");
+            let pg = orchestrator::start_ours(&opts, &keys, Some(url), 1, p.storm_robots).await?;
+            orchestrator::storm(&opts, &pg, false, &mut rows).await?;
+            orchestrator::storm(&opts, &pg, true, &mut rows).await?;
+            pg.stop().await;
+        }
+        (None, true) => {
+            notes.push("registration storm on PostgreSQL skipped: no --postgres-url".to_string())
+        }
+        (_, false) => {}
     }
 
     // Several nodes: opt-in (it needs PostgreSQL and redis-server), `BENCH_CLUSTER=1`.
