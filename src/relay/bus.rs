@@ -1,10 +1,10 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
 use axum::extract::ws::Utf8Bytes;
-use tokio::sync::{watch, Notify};
+use tokio::sync::Notify;
 
 use crate::rate_limit::RateLimiter;
 
@@ -146,6 +146,12 @@ struct QueueState {
     senders: AtomicUsize,
     /// The writer is gone: nothing queued now would ever be sent.
     receiver_gone: AtomicBool,
+    /// Why the socket is to close, once kicked; the first reason stays (a socket closed
+    /// as revoked stays revoked). Here rather than in a watch channel: that costs about
+    /// 300 bytes per socket, and most sockets are never kicked.
+    kick: OnceLock<Kick>,
+    /// Wakes the socket task when kicked.
+    kicked: Notify,
 }
 
 /// Room a drained queue keeps; more than this was a burst and is given back.
@@ -179,7 +185,6 @@ const SHARES_KEPT: usize = 32;
 
 /// The sending half of a socket's queue and its kick switch.
 pub struct Mailbox {
-    kick: Arc<watch::Sender<Option<Kick>>>,
     accounting: Arc<QueueState>,
 }
 
@@ -187,7 +192,6 @@ impl Clone for Mailbox {
     fn clone(&self) -> Mailbox {
         self.accounting.senders.fetch_add(1, Ordering::Relaxed);
         Mailbox {
-            kick: self.kick.clone(),
             accounting: self.accounting.clone(),
         }
     }
@@ -205,7 +209,30 @@ impl Drop for Mailbox {
 /// What the socket task reads.
 pub struct MailboxReceiver {
     pub queue: QueueReceiver,
-    pub kick: watch::Receiver<Option<Kick>>,
+    pub kick: KickReceiver,
+}
+
+/// The socket task's side of the kick switch.
+pub struct KickReceiver {
+    accounting: Arc<QueueState>,
+}
+
+impl KickReceiver {
+    /// The kick, if one came.
+    pub fn get(&self) -> Option<Kick> {
+        self.accounting.kick.get().copied()
+    }
+
+    /// Resolves once kicked. Cancel-safe: a kick that comes between the check and the
+    /// wait is kept by the notification as a permit.
+    pub async fn kicked(&self) -> Kick {
+        loop {
+            if let Some(kick) = self.get() {
+                return kick;
+            }
+            self.accounting.kicked.notified().await;
+        }
+    }
 }
 
 /// The receiving half of a socket's queue; taking a frame releases its accounting.
@@ -256,7 +283,6 @@ impl Drop for QueueReceiver {
 impl Mailbox {
     /// A bounded queue: a socket that cannot keep up is closed, never buffered without limit.
     pub fn new(limits: QueueLimits) -> (Mailbox, MailboxReceiver) {
-        let (kick, kick_rx) = watch::channel(None);
         let accounting = Arc::new(QueueState {
             limits,
             bytes: AtomicUsize::new(0),
@@ -265,15 +291,18 @@ impl Mailbox {
             ready: Notify::new(),
             senders: AtomicUsize::new(1),
             receiver_gone: AtomicBool::new(false),
+            kick: OnceLock::new(),
+            kicked: Notify::new(),
         });
         (
             Mailbox {
-                kick: Arc::new(kick),
                 accounting: accounting.clone(),
             },
             MailboxReceiver {
-                queue: QueueReceiver { accounting },
-                kick: kick_rx,
+                queue: QueueReceiver {
+                    accounting: accounting.clone(),
+                },
+                kick: KickReceiver { accounting },
             },
         )
     }
@@ -361,14 +390,9 @@ impl Mailbox {
 
     fn kick(&self, reason: Kick) {
         // The first reason wins: a socket closed as revoked stays revoked.
-        self.kick.send_if_modified(|current| {
-            if current.is_none() {
-                *current = Some(reason);
-                true
-            } else {
-                false
-            }
-        });
+        if self.accounting.kick.set(reason).is_ok() {
+            self.accounting.kicked.notify_one();
+        }
     }
 }
 
@@ -461,7 +485,7 @@ mod tests {
         assert_eq!(recv_text(&mut rx).as_deref(), Some("1"));
         bus.kick(&id, Kick::Revoked);
         bus.kick(&id, Kick::Shutdown);
-        assert_eq!(*rx.kick.borrow(), Some(Kick::Revoked));
+        assert_eq!(rx.kick.get(), Some(Kick::Revoked));
         bus.detach(&id);
         assert_eq!(bus.deliver(None, &id, text("3")), Err(DeliveryError::Gone));
     }

@@ -1057,7 +1057,7 @@ mod tests {
             hub.kick_robots_with_credentials(&["serial:01".into()], Kick::Revoked),
             1
         );
-        assert_eq!(*robot_rx.kick.borrow(), Some(Kick::Revoked));
+        assert_eq!(robot_rx.kick.get(), Some(Kick::Revoked));
         // The robot leaves: both clients hear about their sessions.
         let ended = hub.detach(&robot);
         assert_eq!(ended.len(), 2);
@@ -1115,7 +1115,7 @@ mod tests {
         let (new, _new_rx) = connect(&hub, "new");
         hub.robot_verified(&old, "r1", Vec::new());
         hub.robot_verified(&new, "r1", Vec::new());
-        assert_eq!(*old_rx.kick.borrow(), Some(Kick::Replaced));
+        assert_eq!(old_rx.kick.get(), Some(Kick::Replaced));
         // The old socket leaving must not take the new one offline.
         hub.detach(&old);
         assert!(hub.is_online("r1"));

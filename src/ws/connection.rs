@@ -11,7 +11,7 @@ use axum::extract::ws::{CloseFrame, Message, WebSocket};
 use futures_util::stream::SplitSink;
 use futures_util::{SinkExt, StreamExt};
 use tokio::sync::oneshot;
-use tokio::time::{interval_at, sleep_until, MissedTickBehavior};
+use tokio::time::sleep_until;
 use tracing::Instrument;
 
 use super::admission::Permit;
@@ -98,8 +98,7 @@ async fn serve(
     let login_deadline = Instant::now() + Duration::from_secs(config.login_timeout_secs);
     let ping_every = Duration::from_secs(config.ping_interval_secs.max(1));
     let idle_timeout = Duration::from_secs(config.idle_timeout_secs.max(1));
-    let mut ping = interval_at(tokio::time::Instant::now() + ping_every, ping_every);
-    ping.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut next_ping = Instant::now() + ping_every;
     let mut limiter = RateLimiter::new(
         u64::from(config.rate_limit),
         u64::from(config.rate_burst),
@@ -112,15 +111,14 @@ async fn serve(
     }
 
     // Futures that live across loop turns are made once: building a timer entry or a watch
-    // notification per message showed up in relay profiles.
+    // notification per message showed up in relay profiles. One timer serves the ping, the
+    // deadline and the credentials refresh: each timer entry is memory in every socket.
     let mut deadline = protocol.deadline(login_deadline);
-    let timer = sleep_until(timer_instant(&deadline));
-    tokio::pin!(timer);
     let mut refresh_at = protocol.credentials_refresh_at();
-    let refresh = sleep_until(far_or(refresh_at));
-    tokio::pin!(refresh);
-    let mut kick_watch = inbox.kick.clone();
-    let kicked = kick_watch.changed();
+    let mut wake_at = next_wake(next_ping, &deadline, refresh_at);
+    let timer = sleep_until(tokio::time::Instant::from_std(wake_at));
+    tokio::pin!(timer);
+    let kicked = inbox.kick.kicked();
     tokio::pin!(kicked);
     let mut writer_done = false;
     let mut peer_closed = false;
@@ -128,18 +126,12 @@ async fn serve(
     while out.close.is_none() {
         tokio::select! {
             biased;
-            _ = &mut kicked => {
-                let kick = *inbox.kick.borrow();
-                match kick {
-                    Some(kick) => {
-                        if kick == Kick::Revoked {
-                            let error = WsError::Identity(crate::identity::IdentityError::Revoked);
-                            out.error(&error, None);
-                        }
-                        out.close = Some(kick.close_frame());
-                    }
-                    None => out.close = Some((1011, "internal error")),
+            kick = &mut kicked => {
+                if kick == Kick::Revoked {
+                    let error = WsError::Identity(crate::identity::IdentityError::Revoked);
+                    out.error(&error, None);
                 }
+                out.close = Some(kick.close_frame());
             }
             _ = &mut writer => {
                 // The peer is gone or stopped reading: nothing more can reach it.
@@ -205,15 +197,12 @@ async fn serve(
                         None => out.count_strike(now),
                     }
                 }
-                let next = protocol.deadline(login_deadline);
-                if next.as_ref().map(|(at, _)| *at) != deadline.as_ref().map(|(at, _)| *at) {
-                    timer.as_mut().reset(timer_instant(&next));
-                }
-                deadline = next;
-                let next_refresh = protocol.credentials_refresh_at();
-                if next_refresh != refresh_at {
-                    refresh.as_mut().reset(far_or(next_refresh));
-                    refresh_at = next_refresh;
+                deadline = protocol.deadline(login_deadline);
+                refresh_at = protocol.credentials_refresh_at();
+                let next = next_wake(next_ping, &deadline, refresh_at);
+                if next != wake_at {
+                    wake_at = next;
+                    timer.as_mut().reset(tokio::time::Instant::from_std(wake_at));
                 }
                 let now_role = protocol.role_label();
                 if now_role != role {
@@ -223,29 +212,35 @@ async fn serve(
                     out.peer = protocol.peer_label();
                 }
             }
-            _ = ping.tick() => {
-                if last_heard.elapsed() > idle_timeout {
-                    // Likely dead; should it still read, it learns why (the writer gives up
-                    // on the close within its timeout if not).
-                    tracing::debug!("dropping dead connection");
-                    out.close = Some((1008, "idle timeout"));
-                    continue;
+            _ = &mut timer => {
+                let now = Instant::now();
+                if deadline.as_ref().is_some_and(|(at, _)| *at <= now) {
+                    if let Some((_, error)) = deadline.take() {
+                        out.error(&error, None);
+                        out.close = Some(error.close().unwrap_or((1008, "deadline")));
+                        continue;
+                    }
                 }
-                out.send(Outbound::Ping);
-            }
-            _ = &mut refresh, if refresh_at.is_some() => {
-                protocol.refresh_credentials();
-                for reply in protocol.replies.drain(..) {
-                    out.reply(reply);
+                if refresh_at.is_some_and(|at| at <= now) {
+                    protocol.refresh_credentials();
+                    for reply in protocol.replies.drain(..) {
+                        out.reply(reply);
+                    }
+                    refresh_at = protocol.credentials_refresh_at();
                 }
-                refresh_at = protocol.credentials_refresh_at();
-                refresh.as_mut().reset(far_or(refresh_at));
-            }
-            _ = &mut timer, if deadline.is_some() => {
-                if let Some((_, error)) = deadline.take() {
-                    out.error(&error, None);
-                    out.close = Some(error.close().unwrap_or((1008, "deadline")));
+                if next_ping <= now {
+                    next_ping = now + ping_every;
+                    if last_heard.elapsed() > idle_timeout {
+                        // Likely dead; should it still read, it learns why (the writer
+                        // gives up on the close within its timeout if not).
+                        tracing::debug!("dropping dead connection");
+                        out.close = Some((1008, "idle timeout"));
+                        continue;
+                    }
+                    out.send(Outbound::Ping);
                 }
+                wake_at = next_wake(next_ping, &deadline, refresh_at);
+                timer.as_mut().reset(tokio::time::Instant::from_std(wake_at));
             }
         }
     }
@@ -455,18 +450,18 @@ async fn write_loop(
     }
 }
 
-/// When the deadline timer fires; far in the future when there is no deadline (the branch
-/// is disabled then anyway).
-fn timer_instant(deadline: &Option<(Instant, WsError)>) -> tokio::time::Instant {
-    far_or(deadline.as_ref().map(|(at, _)| *at))
-}
-
-/// The instant as a timer's, or one far in the future for a timer that is off.
-fn far_or(at: Option<Instant>) -> tokio::time::Instant {
-    match at {
-        Some(at) => tokio::time::Instant::from_std(at),
-        None => tokio::time::Instant::now() + Duration::from_secs(86_400 * 365),
-    }
+/// The socket's next timed duty: the next ping, the deadline or the credentials refresh,
+/// whichever comes first.
+fn next_wake(
+    next_ping: Instant,
+    deadline: &Option<(Instant, WsError)>,
+    refresh_at: Option<Instant>,
+) -> Instant {
+    let deadline = deadline.as_ref().map(|(at, _)| *at);
+    [deadline, refresh_at]
+        .into_iter()
+        .flatten()
+        .fold(next_ping, Instant::min)
 }
 
 fn is_too_large(error: &axum::Error) -> bool {
