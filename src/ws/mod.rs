@@ -27,7 +27,7 @@ pub use error::WsError;
 const WRITE_GATHER: usize = 16 * 1024;
 
 /// The WebSocket layer's own read buffer per socket: a login fits in it.
-const READ_BUFFER: usize = 1024;
+const READ_BUFFER: usize = 512;
 
 /// The `/ws` route, merged into the app at the top.
 
