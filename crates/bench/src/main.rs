@@ -138,7 +138,7 @@ async fn run(opts: Options) -> anyhow::Result<()> {
         orchestrator::storm(&opts, &ours, false, &mut rows).await?;
         orchestrator::storm(&opts, &ours, true, &mut rows).await?;
     }
-    drop(ours);
+    ours.stop().await;
 
     match (&opts.postgres_url, wants(&opts, "storm")) {
         (Some(url), true) => {
