@@ -14,14 +14,9 @@
 pub mod message;
 
 use std::collections::HashMap;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::Poll;
 use std::time::Duration;
-
-use futures_util::stream::{FuturesOrdered, StreamExt};
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, PubSubStream};
 use redis::{AsyncCommands, IntoConnectionInfo, Script, Value};
@@ -38,9 +33,6 @@ use crate::tasks::StopSignal;
 const OUTBOX: usize = 65_536;
 /// Largest pipeline the writer sends at once.
 const BATCH: usize = 512;
-/// Pipelines sent and not answered yet. The writer does not wait for an answer before
-/// sending what came meanwhile: a frame never waits a Redis round trip behind another.
-const IN_FLIGHT: usize = 16;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
@@ -77,11 +69,6 @@ pub enum LockOutcome {
     /// Someone holds it: the holder's subject.
     Held { subject: String },
 }
-
-/// A pipeline on its way: its operations come back with the answer.
-type Pipelined<'a> =
-    Pin<Box<dyn Future<Output = (Vec<Op>, redis::RedisResult<Vec<Value>>)> + Send + 'a>>;
-type InFlight<'a> = FuturesOrdered<Pipelined<'a>>;
 
 enum Op {
     Publish { channel: String, payload: Vec<u8> },
@@ -324,59 +311,42 @@ impl Cluster {
     /// Sends queued operations until stopped; what is queued at the stop is still sent
     /// (the last notices of a draining node).
     ///
-    /// Whatever is queued goes out as one pipeline at once, up to `IN_FLIGHT` pipelines
-    /// awaiting their answers. Each pipeline is handed to the connection (which writes in
-    /// the order it is handed things) before the next is built, so frames keep their order.
+    /// One pipeline at a time: what comes while one awaits its answer goes out together
+    /// next. Sending without waiting (up to 16 pipelines in flight) was measured and not
+    /// kept: at light load it did not lower the cross-node p50 beyond the noise, and under
+    /// load the smaller pipelines cost throughput (6 KB frames, 50 sessions: 0.63–0.69× same
+    /// node against 1.2× with this batching; docs/benchmarks.md, "Several nodes").
     pub async fn run_writer(self: Arc<Self>, mut stop: StopSignal) {
         let Some(mut rx) = self.outbox_rx.lock().ok().and_then(|mut rx| rx.take()) else {
             return;
         };
-        let mut in_flight = FuturesOrdered::new();
         let mut batch = Vec::with_capacity(BATCH);
         loop {
             tokio::select! {
-                biased;
-                Some((sent, result)) = in_flight.next(), if !in_flight.is_empty() => {
-                    self.answered(sent, result);
-                }
-                n = rx.recv_many(&mut batch, BATCH), if in_flight.len() < IN_FLIGHT => {
+                n = rx.recv_many(&mut batch, BATCH) => {
                     if n == 0 {
-                        break;
+                        return;
                     }
-                    let ops = std::mem::replace(&mut batch, Vec::with_capacity(BATCH));
-                    self.send_now(ops, &mut in_flight).await;
                 }
                 _ = stop.stopped() => {
                     while let Ok(op) = rx.try_recv() {
                         batch.push(op);
                         if batch.len() >= BATCH {
-                            let ops = std::mem::replace(&mut batch, Vec::with_capacity(BATCH));
-                            self.send_now(ops, &mut in_flight).await;
+                            self.flush(&mut batch).await;
                         }
                     }
-                    if !batch.is_empty() {
-                        self.send_now(std::mem::take(&mut batch), &mut in_flight).await;
-                    }
-                    break;
+                    self.flush(&mut batch).await;
+                    return;
                 }
             }
-        }
-        while let Some((sent, result)) = in_flight.next().await {
-            self.answered(sent, result);
+            self.flush(&mut batch).await;
         }
     }
 
-    /// Builds the pipeline and polls it once, here: that hands it to the connection's
-    /// queue now, before anything sent later. Its answer is awaited with the others.
-    async fn send_now<'a>(&'a self, ops: Vec<Op>, in_flight: &mut InFlight<'a>) {
-        let mut sent: Pipelined<'a> = Box::pin(self.pipeline(ops));
-        match std::future::poll_fn(|cx| Poll::Ready(sent.as_mut().poll(cx))).await {
-            Poll::Ready((ops, result)) => self.answered(ops, result),
-            Poll::Pending => in_flight.push_back(sent),
+    async fn flush(&self, batch: &mut Vec<Op>) {
+        if batch.is_empty() {
+            return;
         }
-    }
-
-    async fn pipeline(&self, batch: Vec<Op>) -> (Vec<Op>, redis::RedisResult<Vec<Value>>) {
         let mut pipe = redis::pipe();
         for op in batch.iter() {
             match op {
@@ -399,12 +369,7 @@ impl Cluster {
             }
         }
         let mut conn = self.conn.clone();
-        let result = pipe.query_async(&mut conn).await;
-        (batch, result)
-    }
-
-    /// A pipeline's answer: presence that replaced a socket elsewhere, or what was lost.
-    fn answered(&self, batch: Vec<Op>, result: redis::RedisResult<Vec<Value>>) {
+        let result: Result<Vec<Value>, _> = pipe.query_async(&mut conn).await;
         match result {
             Ok(values) => {
                 self.record(true);
@@ -420,6 +385,7 @@ impl Cluster {
                 self.record(false);
             }
         }
+        batch.clear();
     }
 
     /// A robot verified here was connected elsewhere: that socket is replaced (4001).
