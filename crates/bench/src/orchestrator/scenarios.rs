@@ -24,7 +24,7 @@ pub async fn capacity(
     capacity_over(
         opts,
         &running.info.name,
-        &[running.info.clone()],
+        std::slice::from_ref(&running.info),
         &[pid],
         robots,
         rows,
