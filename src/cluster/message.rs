@@ -56,6 +56,10 @@ pub enum Control {
     NodeLeaving,
     /// Directed to the sender itself: measures the bus's lag.
     Probe { sent_unix_ms: i64 },
+    /// Directed: the receiving node refused a frame from `conn` (a socket of the node this
+    /// goes to) because that sender is over its share of the receiver's queue or its byte
+    /// rate; `id` is the refused message's id. The sender is told `relay_throttled`.
+    Throttled { conn: String, id: Option<String> },
 }
 
 impl Control {
@@ -70,6 +74,7 @@ impl Control {
             Control::EndSessionsOf { .. } => "end_sessions_of",
             Control::NodeLeaving => "node_leaving",
             Control::Probe { .. } => "probe",
+            Control::Throttled { .. } => "throttled",
         }
     }
 }
@@ -152,6 +157,16 @@ pub fn decode(bytes: &[u8]) -> Result<PeerMessage, DecodeError> {
     }
 }
 
+/// The `id` of a relayed frame (for the error that names it), read only when the frame was
+/// refused: no parse on the relay path.
+pub fn frame_id(text: &str) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Id {
+        id: Option<String>,
+    }
+    serde_json::from_str::<Id>(text).ok()?.id
+}
+
 /// A kick's name on the bus.
 pub fn kick_name(kick: Kick) -> &'static str {
     match kick {
@@ -208,6 +223,23 @@ mod tests {
                 control
             }
         );
+        let throttled = Control::Throttled {
+            conn: "c1".into(),
+            id: Some("m1".into()),
+        };
+        assert_eq!(
+            decode(&encode_control("n2", &throttled)).unwrap(),
+            PeerMessage::Control {
+                origin: "n2".into(),
+                control: throttled
+            }
+        );
+        assert_eq!(
+            frame_id(r#"{"type":"signalling.ice_candidate","id":"m1","payload":{}}"#),
+            Some("m1".into())
+        );
+        assert_eq!(frame_id("not json"), None);
+        assert_eq!(frame_id(r#"{"type":"x"}"#), None);
         assert!(decode(b"").is_err());
         assert!(decode(b"Fonly").is_err());
         assert!(decode(b"J{").is_err());

@@ -204,7 +204,8 @@ impl Hub {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn remote_node(&self, conn: &ConnId) -> Option<Arc<str>> {
+    /// The node of a socket on another node that a session here names.
+    pub fn remote_node(&self, conn: &ConnId) -> Option<Arc<str>> {
         // Single node: no lookup at all on the relay path.
         self.cluster.as_ref()?;
         self.remote_map().get(conn).cloned()
@@ -718,8 +719,8 @@ impl Hub {
         message: Outbound,
     ) -> Result<(), DeliveryError> {
         if let (Some(node), Some(cluster)) = (self.remote_node(to), &self.cluster) {
-            // The receiving node applies the receiver's queue limits; what it refuses is
-            // dropped there (the sender is not told across nodes).
+            // The receiving node applies the receiver's queue limits; a sender over its
+            // share there is told `relay_throttled` through its node (Control::Throttled).
             if let Outbound::Text(text) = &message {
                 cluster.send_frame(&node, from, to, text.as_str());
             }

@@ -6,13 +6,16 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::extract::ws::Utf8Bytes;
 use futures_util::StreamExt;
 
 use super::StopSignal;
-use crate::cluster::message::kick_from_name;
+use crate::cluster::message::{frame_id, kick_from_name};
 use crate::cluster::{decode, Cluster, Control, PeerMessage};
-use crate::relay::{EndReason, Outbound};
+use crate::messages;
+use crate::relay::{ConnId, DeliveryError, EndReason, Outbound};
 use crate::state::SharedState;
+use crate::ws::WsError;
 
 /// Longest wait between two attempts to subscribe again while Redis is away.
 const RETRY_MAX: Duration = Duration::from_secs(2);
@@ -60,9 +63,24 @@ async fn handle(state: &SharedState, cluster: &Cluster, message: PeerMessage) {
     let (origin, control) = match message {
         PeerMessage::Frame { from, to, text } => {
             cluster.count_received("frame");
-            let _ = state
-                .hub
-                .deliver_local(from.as_ref(), &to, Outbound::text(text));
+            // Shared bytes: the copy kept for a refusal is a reference count.
+            let text = Utf8Bytes::from(text);
+            let delivered =
+                state
+                    .hub
+                    .deliver_local(from.as_ref(), &to, Outbound::Text(text.clone()));
+            if let (Err(DeliveryError::SenderThrottled), Some(from)) = (delivered, from) {
+                // Over its share here, like a local sender: its own node tells it.
+                if let Some(node) = state.hub.remote_node(&from) {
+                    cluster.send(
+                        &node,
+                        &Control::Throttled {
+                            conn: from.to_string(),
+                            id: frame_id(text.as_str()),
+                        },
+                    );
+                }
+            }
             return;
         }
         PeerMessage::Control { origin, control } => (origin, control),
@@ -120,6 +138,20 @@ async fn handle(state: &SharedState, cluster: &Cluster, message: PeerMessage) {
             tracing::info!(node = %origin, "a node is draining; its robots will reconnect elsewhere")
         }
         Control::Probe { sent_unix_ms } => cluster.observe_probe(sent_unix_ms),
+        Control::Throttled { conn, id } => {
+            // The same error a local refusal earns (ws::protocol), naming the message.
+            let error = WsError::Throttled;
+            let code = error.code();
+            state
+                .metrics
+                .errors
+                .with_label_values(&[code.as_str()])
+                .inc();
+            let text = messages::error(code, &error.to_string(), error.details(), id.as_deref());
+            let _ = state
+                .hub
+                .deliver_local(None, &ConnId::from(conn), Outbound::text(text));
+        }
     }
 }
 

@@ -330,26 +330,29 @@ fn disconnected(session: &str) -> Value {
 
 /// Starts a node of the cluster.
 fn start_node(database: &str, redis: &str, prefix: &str, id: &str) -> Node {
-    let process = ServerProcess::start_on(
-        database,
-        &[
-            "--redis-url",
-            redis,
-            "--redis-prefix",
-            prefix,
-            "--node-id",
-            id,
-            "--node-ttl",
-            NODE_TTL,
-            "--lock-ttl",
-            NODE_TTL,
-            "--max-connections-per-ip",
-            "0",
-            "--shutdown-grace-secs",
-            "2",
-        ],
-        &[],
-    );
+    start_node_with(database, redis, prefix, id, &[])
+}
+
+/// Starts a node of the cluster with extra flags.
+fn start_node_with(database: &str, redis: &str, prefix: &str, id: &str, extra: &[&str]) -> Node {
+    let mut args = vec![
+        "--redis-url",
+        redis,
+        "--redis-prefix",
+        prefix,
+        "--node-id",
+        id,
+        "--node-ttl",
+        NODE_TTL,
+        "--lock-ttl",
+        NODE_TTL,
+        "--max-connections-per-ip",
+        "0",
+        "--shutdown-grace-secs",
+        "2",
+    ];
+    args.extend_from_slice(extra);
+    let process = ServerProcess::start_on(database, &args, &[]);
     Node {
         id: id.to_string(),
         addr: process.addr.clone(),
@@ -752,4 +755,177 @@ async fn three_nodes_behind_haproxy() {
         }
     }
     let _ = (n3, back);
+}
+
+/// An ICE candidate carrying `size` bytes of candidate text.
+fn big_candidate(session: &str, size: usize) -> Value {
+    envelope(
+        "signalling.ice_candidate",
+        Some(json!({
+            "connectionId": session,
+            "candidate": format!("candidate:1 1 UDP 1 127.0.0.1 9 typ host {}", "x".repeat(size)),
+            "sdpMid": "0",
+            "sdpMLineIndex": 0,
+        })),
+    )
+}
+
+/// Counts `relay_throttled` errors on `socket`, each naming one of the messages in `sent`:
+/// first up to the pong of a ping sent now (its node has then routed every message sent
+/// before), then until there are `want`. Anything else fails; each read is bounded.
+async fn count_throttled(socket: &mut WsClient, sent: &[String], want: usize) -> usize {
+    let ping = envelope("signalling.ping", None);
+    socket.send(&ping).await;
+    let mut ponged = false;
+    let mut throttled = 0;
+    while !ponged || throttled < want {
+        let message = socket.recv().await;
+        if message["type"] == "signalling.pong" && message["correlationId"] == ping["id"] {
+            ponged = true;
+            continue;
+        }
+        assert_eq!(message["type"], "signalling.error", "{message}");
+        assert_eq!(message["payload"]["code"], "FORBIDDEN", "{message}");
+        assert_eq!(
+            message["payload"]["details"]["reason"], "relay_throttled",
+            "{message}"
+        );
+        let id = message["correlationId"].as_str().unwrap_or_default();
+        assert!(
+            sent.iter().any(|s| s == id),
+            "names a flood message: {message}"
+        );
+        throttled += 1;
+    }
+    throttled
+}
+
+/// Reads what the floods left queued for `socket`, up to a pong: relayed candidates, and
+/// `relay_throttled` errors that came after its own count stopped.
+async fn drain_flood(socket: &mut WsClient) {
+    let ping = envelope("signalling.ping", None);
+    socket.send(&ping).await;
+    loop {
+        let message = socket.recv().await;
+        if message["type"] == "signalling.pong" && message["correlationId"] == ping["id"] {
+            return;
+        }
+        let throttled = message["payload"]["details"]["reason"] == "relay_throttled";
+        assert!(
+            message["type"] == "signalling.ice_candidate" || throttled,
+            "{message}"
+        );
+    }
+}
+
+/// The relay's fairness across nodes: a sender over its share of a receiver's queue on
+/// another node is told `relay_throttled` (by its own node, correlated with the message
+/// refused), like on one node, and the receiver is never hurt. Both directions: a viewer
+/// on node 2 flooding a robot on node 1, and a robot on node 1 flooding a client on node 2.
+#[tokio::test]
+async fn a_flood_from_another_node_is_throttled() {
+    if !enabled() {
+        eprintln!("skipped: set SIGNALLING_CLUSTER_TEST=1 and a postgres DATABASE_URL (tests/cluster/run.sh)");
+        return;
+    }
+    let run = &uuid::Uuid::new_v4().simple().to_string()[..8];
+    let prefix = format!("test-{run}:");
+    let (database, _) = test_database().await;
+    let redis = Redis::start(free_port()).await;
+    // Only the relay's fairness is under test, not the per-socket message limit.
+    let flags = [
+        "--rate-limit",
+        "1000000",
+        "--rate-burst",
+        "1000000",
+        "--max-strikes",
+        "1000000",
+    ];
+    let nodes: Vec<Node> = (1..=2)
+        .map(|i| {
+            start_node_with(
+                &database,
+                &redis.url(),
+                &prefix,
+                &format!("n{i}-{run}"),
+                &flags,
+            )
+        })
+        .collect();
+    let api = Api {
+        http: reqwest::Client::new(),
+    };
+    for node in &nodes {
+        eventually("every node is ready", WAIT, || async {
+            api.ready(&node.base()).await == 200
+        })
+        .await;
+    }
+    let (n1, n2) = (nodes[0].base(), nodes[1].base());
+    let key = api.enroll(&n1, "rf").await;
+    let mut robot = robot_on(&nodes[0].ws(), "rf", &key).await;
+    eventually("rf is visible from node 2", WAIT, || async {
+        api.node_of(&n2, "rf").await.is_some()
+    })
+    .await;
+    api.grant(&n1, "rf", "alice", "operator").await;
+    api.grant(&n1, "rf", "carol", "viewer").await;
+    let (alice_token, _) = api.token(&n1, "alice").await;
+    let (carol_token, _) = api.token(&n1, "carol").await;
+    let mut alice = WsClient::connect_with_token(&nodes[1].ws(), &alice_token).await;
+    let mut carol = WsClient::connect_with_token(&nodes[1].ws(), &carol_token).await;
+    let (alice_session, carol_session) = (alice.connection_id.clone(), carol.connection_id.clone());
+    alice.send(&offer("rf", &alice_session)).await;
+    robot.recv_type("signalling.offer").await;
+    carol.send(&offer("rf", &carol_session)).await;
+    robot.recv_type("signalling.offer").await;
+
+    // The robot stops reading while carol (node 2) sends ~18 MB to it (node 1): more than
+    // the kernel buffers and the whole queue (1 MiB) would hold.
+    let mut sent = Vec::new();
+    for _ in 0..300 {
+        let flood = big_candidate(&carol_session, 60_000);
+        sent.push(flood["id"].as_str().unwrap_or_default().to_string());
+        carol.send(&flood).await;
+    }
+    // Most of it is refused (a quarter of the queue's bytes and 256 KiB/s get through).
+    let throttled = count_throttled(&mut carol, &sent, 200).await;
+    eprintln!("flooder on node 2 throttled {throttled} times by node 1");
+
+    // The operator still gets through, and the robot was never dropped.
+    alice.send(&ice(&alice_session)).await;
+    loop {
+        let message = robot.recv().await;
+        assert_eq!(message["type"], "signalling.ice_candidate", "{message}");
+        if message["payload"]["connectionId"] == alice_session.as_str() {
+            break;
+        }
+    }
+    robot.expect_nothing_pending().await;
+    assert_eq!(
+        api.node_of(&n2, "rf").await.as_deref(),
+        Some(nodes[0].id.as_str())
+    );
+
+    // The other way: the robot (node 1) floods carol (node 2), who does not read; the
+    // robot is told, carol's socket stays and alice still hears the robot.
+    let mut sent = Vec::new();
+    for _ in 0..300 {
+        let flood = big_candidate(&carol_session, 60_000);
+        sent.push(flood["id"].as_str().unwrap_or_default().to_string());
+        robot.send(&flood).await;
+    }
+    let throttled = count_throttled(&mut robot, &sent, 200).await;
+    eprintln!("flooding robot on node 1 throttled {throttled} times by node 2");
+    robot.send(&ice(&alice_session)).await;
+    alice.recv_type("signalling.ice_candidate").await;
+    alice.expect_nothing_pending().await;
+    drain_flood(&mut carol).await;
+    carol.expect_nothing_pending().await;
+    for mut node in nodes {
+        if let Some(process) = node.process.take() {
+            let log = process.stop();
+            assert!(!log.contains("panicked"), "{log}");
+        }
+    }
 }

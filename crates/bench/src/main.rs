@@ -56,6 +56,30 @@ enum Cmd {
         )]
         only: Vec<String>,
     },
+    /// Only the cluster benchmark (three nodes on Redis and PostgreSQL): relay same node
+    /// vs cross-node, and the capacity of the three nodes. Writes results.* into --out.
+    Cluster {
+        #[arg(long, default_value = "bench-results")]
+        out: PathBuf,
+        #[arg(long)]
+        smoke: bool,
+        #[arg(long, env = "BENCH_POSTGRES_URL")]
+        postgres_url: String,
+        #[arg(long, default_value = "target/release")]
+        bin_dir: PathBuf,
+        /// capacity, relay.
+        #[arg(long, value_delimiter = ',', default_value = "capacity,relay")]
+        only: Vec<String>,
+        /// Overrides the profile's seconds per relay run (longer runs: steadier figures).
+        #[arg(long)]
+        relay_secs: Option<f64>,
+        /// Overrides the profile's offered rate of the fixed-load relay run (msgs/s).
+        #[arg(long)]
+        offered_rate: Option<u64>,
+        /// Overrides how often the fixed-load relay run is repeated.
+        #[arg(long)]
+        latency_repeats: Option<usize>,
+    },
     /// Internal: one load-generator process.
     Worker { spec: String },
 }
@@ -87,6 +111,43 @@ async fn main() -> anyhow::Result<()> {
                 only,
             };
             run(opts).await
+        }
+        Cmd::Cluster {
+            out,
+            smoke,
+            postgres_url,
+            bin_dir,
+            only,
+            relay_secs,
+            offered_rate,
+            latency_repeats,
+        } => {
+            let mut profile = if smoke { SMOKE } else { FULL };
+            profile.relay_secs = relay_secs.unwrap_or(profile.relay_secs);
+            profile.offered_rate = offered_rate.unwrap_or(profile.offered_rate);
+            profile.latency_repeats = latency_repeats.unwrap_or(profile.latency_repeats);
+            let opts = Options {
+                profile,
+                out,
+                server_bin: bin_dir.join("signalling-server"),
+                bench_bin: std::env::current_exe()?,
+                bare_bin: bin_dir.join("bare-relay"),
+                peers: Vec::new(),
+                postgres_url: Some(postgres_url.clone()),
+                repo: std::env::current_dir()?,
+                only,
+            };
+            let started = std::time::Instant::now();
+            let keys = orchestrator::Keys::new()?;
+            let mut rows: Vec<Row> = Vec::new();
+            eprintln!("[bench] cluster of 3 nodes");
+            orchestrator::cluster(&opts, &keys, &postgres_url, &mut rows).await?;
+            let mut conditions = orchestrator::describe_machine(&opts.repo);
+            conditions["duration_secs"] = json!(started.elapsed().as_secs_f64().round());
+            let profile = serde_json::to_value(&opts.profile)?;
+            report::write_all(&opts.out, &rows, &conditions, &profile)?;
+            print!("{}", report::markdown(&rows, &conditions));
+            Ok(())
         }
     }
 }

@@ -4,6 +4,11 @@
 //!
 //! Three nodes on one PostgreSQL schema and a Redis of their own (on a free port); robots
 //! and the client token are prepared once through node A's admin API.
+//!
+//! The capacity of the three nodes together: idle verified robots (and half as many
+//! clients), three times the single node's count, with the capacity workers spread
+//! round-robin over the nodes (each node, like each worker, is a process with its own
+//! open-file limit).
 
 use std::process::Stdio;
 
@@ -11,8 +16,11 @@ use anyhow::Context;
 use tokio::process::{Child, Command};
 
 use super::process::{free_port, fresh_postgres_schema, prepare, wait_listening, Keys, Running};
+use super::scenarios::capacity_over;
 use super::{relay, row, Options, Row};
 use crate::target::TargetInfo;
+
+const NODES: usize = 3;
 
 /// Starts one node of the cluster; returns its port and process.
 async fn start_node(
@@ -52,13 +60,14 @@ fn info(name: &str, client_port: u16, robot_port: u16, token: &str, keys: &Keys)
 }
 
 /// Same-node and cross-node relay on three nodes; rows named "… same node" and "…
-/// cross-node", plus their ratios.
+/// cross-node", plus their ratios; and the idle capacity of the three nodes.
 pub async fn cluster(
     opts: &Options,
     keys: &Keys,
     postgres: &str,
     rows: &mut Vec<Row>,
 ) -> anyhow::Result<()> {
+    let wants = |name: &str| opts.only.iter().any(|o| o == name);
     let redis_port = free_port()?;
     let mut redis = Command::new("redis-server")
         .args(["--port", &redis_port.to_string(), "--bind", "127.0.0.1"])
@@ -72,12 +81,43 @@ pub async fn cluster(
     let database = fresh_postgres_schema(postgres).await?;
     let prefix = format!("bench-{}:", uuid::Uuid::new_v4().simple());
     let mut nodes = Vec::new();
-    for index in 0..3 {
+    for index in 0..NODES {
         nodes.push(start_node(opts, &database, &redis_url, &prefix, index).await?);
     }
+    let capacity_robots = if wants("capacity") {
+        opts.profile.capacity_robots * NODES
+    } else {
+        0
+    };
     let http = reqwest::Client::new();
     let base = format!("http://127.0.0.1:{}", nodes[0].0);
-    let token = prepare(&http, &base, keys, opts.profile.relay_sessions, 0).await?;
+    let robots = capacity_robots.max(opts.profile.relay_sessions);
+    eprintln!("[bench] cluster: preparing {robots} robots");
+    let token = prepare(&http, &base, keys, robots, 0).await?;
+    if wants("capacity") {
+        let targets: Vec<TargetInfo> = nodes
+            .iter()
+            .map(|(port, _)| info("cluster, 3 nodes", *port, *port, &token, keys))
+            .map(|mut i| {
+                i.robot_ws_url = None;
+                i
+            })
+            .collect();
+        let pids: Vec<u32> = nodes
+            .iter()
+            .map(|(_, child)| child.id().context("node pid"))
+            .collect::<anyhow::Result<_>>()?;
+        eprintln!("[bench] cluster: capacity of {NODES} nodes ({capacity_robots} robots)");
+        capacity_over(
+            opts,
+            "cluster, 3 nodes",
+            &targets,
+            &pids,
+            capacity_robots,
+            rows,
+        )
+        .await?;
+    }
     let (a, b) = (nodes[0].0, nodes[1].0);
     let mut children = nodes.into_iter().map(|(_, child)| child);
     let (node_a, node_b) = (
@@ -86,6 +126,15 @@ pub async fn cluster(
     );
     let same = Running::adopt(info("cluster, same node", a, a, &token, keys), node_a);
     let cross = Running::adopt(info("cluster, cross-node", b, a, &token, keys), node_b);
+    if !wants("relay") {
+        same.stop().await;
+        cross.stop().await;
+        for mut child in children {
+            let _ = child.kill().await;
+        }
+        let _ = redis.kill().await;
+        return Ok(());
+    }
     let first = rows.len();
     relay(opts, &same, rows).await?;
     relay(opts, &cross, rows).await?;

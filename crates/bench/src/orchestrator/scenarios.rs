@@ -11,6 +11,7 @@ use super::measure::{
 };
 use super::process::{spec, Profiler, Running, Worker};
 use super::{row, Options, Profile, Row};
+use crate::target::TargetInfo;
 use crate::worker::{deserialize, new_histogram, summarize, Latency, Scenario};
 
 pub async fn capacity(
@@ -18,21 +19,54 @@ pub async fn capacity(
     running: &Running,
     rows: &mut Vec<Row>,
 ) -> anyhow::Result<()> {
-    let p = &opts.profile;
     let pid = running.child.id().context("pid")?;
-    let (rss_before, _) = proc_stats(pid)?;
-    let robots = p.capacity_robots;
+    let robots = opts.profile.capacity_robots;
+    capacity_over(
+        opts,
+        &running.info.name,
+        std::slice::from_ref(&running.info),
+        &[pid],
+        robots,
+        rows,
+    )
+    .await
+}
+
+/// Idle capacity with the workers spread round-robin over `targets` (one per node of a
+/// cluster; worker w connects to `targets[w % n]`), memory and CPU summed over `pids`.
+pub async fn capacity_over(
+    opts: &Options,
+    name: &str,
+    targets: &[TargetInfo],
+    pids: &[u32],
+    robots: usize,
+    rows: &mut Vec<Row>,
+) -> anyhow::Result<()> {
+    let p = &opts.profile;
+    let stats = || -> anyhow::Result<(u64, u64)> {
+        let mut sum = (0, 0);
+        for pid in pids {
+            let (rss, ticks) = proc_stats(*pid)?;
+            sum = (sum.0 + rss, sum.1 + ticks);
+        }
+        Ok(sum)
+    };
+    let (rss_before, _) = stats()?;
     let clients = robots / 2;
     let total = robots + clients;
-    let workers_needed = total.div_ceil(p.sockets_per_worker);
+    // Every target gets as many workers (a worker is a process: its own fd limit).
+    let per_target = total
+        .div_ceil(p.sockets_per_worker)
+        .div_ceil(targets.len().max(1));
+    let workers_needed = per_target * targets.len().max(1);
     let started = Instant::now();
     let mut workers = Vec::new();
     for (w, scenario) in capacity_shares(robots, clients, workers_needed)
         .into_iter()
         .enumerate()
     {
-        workers
-            .push(Worker::spawn(opts, &spec(&running.info, scenario, &format!("cap{w}-"))).await?);
+        let target = &targets[w % targets.len()];
+        workers.push(Worker::spawn(opts, &spec(target, scenario, &format!("cap{w}-"))).await?);
     }
     let mut sockets = 0;
     for worker in &mut workers {
@@ -43,13 +77,12 @@ pub async fn capacity(
     let connect_secs = started.elapsed().as_secs_f64();
     // Let the target settle before reading memory, then watch idle CPU.
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let (rss_after, ticks_before) = proc_stats(pid)?;
+    let (rss_after, ticks_before) = stats()?;
     tokio::time::sleep(Duration::from_secs_f64(p.idle_secs)).await;
-    let (_, ticks_after) = proc_stats(pid)?;
+    let (_, ticks_after) = stats()?;
     for worker in workers {
         worker.finish().await?;
     }
-    let name = &running.info.name;
     let per_conn_kib = rss_per_connection_kib(rss_before, rss_after, sockets);
     let cpu = cpu_percent(ticks_before, ticks_after, clock_ticks(), p.idle_secs);
     rows.push(row(
@@ -122,6 +155,10 @@ async fn relay_runs(opts: &Options, running: &Running, rows: &mut Vec<Row>) -> a
         sessions,
     } in relay_plan(p)
     {
+        // BENCH_RELAY_ONLY=text: only the runs whose label contains it (focused A/B runs).
+        if std::env::var("BENCH_RELAY_ONLY").is_ok_and(|only| !label.contains(&only)) {
+            continue;
+        }
         let mut throughputs = Vec::new();
         let mut p99s = Vec::new();
         let mut merged = new_histogram();
