@@ -152,6 +152,9 @@ struct QueueState {
     kick: OnceLock<Kick>,
     /// Wakes the socket task when kicked.
     kicked: Notify,
+    /// Frames of this socket refused on another node (over its share there): strikes the
+    /// socket task counts at its next frame, as it counts a refusal made here.
+    remote_strikes: AtomicUsize,
 }
 
 /// Room a drained queue keeps; more than this was a burst and is given back.
@@ -212,7 +215,7 @@ pub struct MailboxReceiver {
     pub kick: KickReceiver,
 }
 
-/// The socket task's side of the kick switch.
+/// The socket task's side of the kick switch, and of the strikes other nodes report.
 pub struct KickReceiver {
     accounting: Arc<QueueState>,
 }
@@ -221,6 +224,11 @@ impl KickReceiver {
     /// The kick, if one came.
     pub fn get(&self) -> Option<Kick> {
         self.accounting.kick.get().copied()
+    }
+
+    /// Strikes earned on other nodes since the last call.
+    pub fn take_remote_strikes(&self) -> usize {
+        self.accounting.remote_strikes.swap(0, Ordering::Relaxed)
     }
 
     /// Resolves once kicked. Cancel-safe: a kick that comes between the check and the
@@ -293,6 +301,7 @@ impl Mailbox {
             receiver_gone: AtomicBool::new(false),
             kick: OnceLock::new(),
             kicked: Notify::new(),
+            remote_strikes: AtomicUsize::new(0),
         });
         (
             Mailbox {
@@ -388,6 +397,12 @@ impl Mailbox {
         Ok(share)
     }
 
+    fn strike(&self) {
+        self.accounting
+            .remote_strikes
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
     fn kick(&self, reason: Kick) {
         // The first reason wins: a socket closed as revoked stays revoked.
         if self.accounting.kick.set(reason).is_ok() {
@@ -408,6 +423,8 @@ pub trait Bus: Send + Sync + 'static {
         message: Outbound,
     ) -> Result<(), DeliveryError>;
     fn kick(&self, conn: &ConnId, reason: Kick);
+    /// Counts a strike against `conn` for a frame of its that another node refused.
+    fn strike(&self, conn: &ConnId);
 }
 
 /// Sockets on this node.
@@ -450,6 +467,12 @@ impl Bus for LocalBus {
             .get(to)
             .ok_or(DeliveryError::Gone)?
             .send(from, message)
+    }
+
+    fn strike(&self, conn: &ConnId) {
+        if let Some(mailbox) = self.mailbox(conn) {
+            mailbox.strike();
+        }
     }
 
     fn kick(&self, conn: &ConnId, reason: Kick) {

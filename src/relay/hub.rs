@@ -747,6 +747,11 @@ impl Hub {
         self.bus.kick(conn, reason);
     }
 
+    /// A frame of `conn` was refused on another node: a strike, like a refusal here.
+    pub fn strike(&self, conn: &ConnId) {
+        self.bus.strike(conn);
+    }
+
     /// Closes the robot's live connection, on whichever node it is; true if it was here.
     pub fn kick_robot(&self, robot_id: &str, reason: Kick) -> bool {
         if let Some(cluster) = &self.cluster {

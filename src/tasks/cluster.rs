@@ -148,9 +148,9 @@ async fn handle(state: &SharedState, cluster: &Cluster, message: PeerMessage) {
                 .with_label_values(&[code.as_str()])
                 .inc();
             let text = messages::error(code, &error.to_string(), error.details(), id.as_deref());
-            let _ = state
-                .hub
-                .deliver_local(None, &ConnId::from(conn), Outbound::text(text));
+            let conn = ConnId::from(conn);
+            let _ = state.hub.deliver_local(None, &conn, Outbound::text(text));
+            state.hub.strike(&conn);
         }
     }
 }

@@ -159,6 +159,16 @@ async fn serve(
                     continue;
                 }
                 last_heard = now;
+                // Refusals made on other nodes count as strikes too, as they would here.
+                for _ in 0..inbox.kick.take_remote_strikes().min(config.max_strikes + 1) {
+                    out.count_strike(now);
+                    if out.close.is_some() {
+                        break;
+                    }
+                }
+                if out.close.is_some() {
+                    continue;
+                }
                 // Every frame counts against the rate limit: binary and control frames too.
                 if !limiter.allow(now) {
                     out.strike(&WsError::RateLimited, now);

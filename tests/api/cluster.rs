@@ -929,3 +929,105 @@ async fn a_flood_from_another_node_is_throttled() {
         }
     }
 }
+
+/// A flooder refused on another node earns strikes for it, as it would on the victim's
+/// node, and is cut off past `--max-strikes`.
+#[tokio::test]
+async fn a_flooder_refused_on_another_node_earns_strikes_and_is_cut_off() {
+    if !enabled() {
+        eprintln!("skipped: set SIGNALLING_CLUSTER_TEST=1 and a postgres DATABASE_URL (tests/cluster/run.sh)");
+        return;
+    }
+    let run = &uuid::Uuid::new_v4().simple().to_string()[..8];
+    let prefix = format!("test-{run}:");
+    let (database, _) = test_database().await;
+    let redis = Redis::start(free_port()).await;
+    let flags = [
+        "--rate-limit",
+        "1000000",
+        "--rate-burst",
+        "1000000",
+        "--max-strikes",
+        "5",
+    ];
+    let nodes: Vec<Node> = (1..=2)
+        .map(|i| {
+            start_node_with(
+                &database,
+                &redis.url(),
+                &prefix,
+                &format!("n{i}-{run}"),
+                &flags,
+            )
+        })
+        .collect();
+    let api = Api {
+        http: reqwest::Client::new(),
+    };
+    for node in &nodes {
+        eventually("every node is ready", WAIT, || async {
+            api.ready(&node.base()).await == 200
+        })
+        .await;
+    }
+    let (n1, n2) = (nodes[0].base(), nodes[1].base());
+    let key = api.enroll(&n1, "rs").await;
+    let mut robot = robot_on(&nodes[0].ws(), "rs", &key).await;
+    eventually("rs is visible from node 2", WAIT, || async {
+        api.node_of(&n2, "rs").await.is_some()
+    })
+    .await;
+    api.grant(&n1, "rs", "carol", "viewer").await;
+    let (carol_token, _) = api.token(&n1, "carol").await;
+    let mut carol = WsClient::connect_with_token(&nodes[1].ws(), &carol_token).await;
+    let session = carol.connection_id.clone();
+    carol.send(&offer("rs", &session)).await;
+    robot.recv_type("signalling.offer").await;
+
+    // The robot does not read; carol (node 2) floods it (node 1).
+    for _ in 0..300 {
+        let flood = big_candidate(&session, 60_000).to_string();
+        if !carol.try_send_text(flood).await {
+            break;
+        }
+    }
+    // Node 1's refusals come back as errors; each is answered with a ping, so node 2's
+    // socket task has frames to count the strikes at. Past five, carol is cut off.
+    let mut errors = 0;
+    loop {
+        match carol
+            .next_frame("relay_throttled errors, then the close")
+            .await
+        {
+            Frame::Text(message) if message["type"] == "signalling.pong" => {}
+            Frame::Text(message) => {
+                assert_eq!(message["type"], "signalling.error", "{message}");
+                let reason = &message["payload"]["details"]["reason"];
+                assert!(
+                    reason == "relay_throttled" || reason == "rate_limited",
+                    "{message}"
+                );
+                errors += 1;
+                let ping = envelope("signalling.ping", None).to_string();
+                let _ = carol.try_send_text(ping).await;
+            }
+            Frame::Close(closed) => {
+                assert_eq!(closed.code, 1008, "{closed:?}");
+                break;
+            }
+            other => panic!("expected errors, then a close: {other:?}"),
+        }
+    }
+    assert!(errors > 5, "cut off after {errors} errors");
+    // The robot was never the one dropped.
+    assert_eq!(
+        api.node_of(&n2, "rs").await.as_deref(),
+        Some(nodes[0].id.as_str())
+    );
+    for mut node in nodes {
+        if let Some(process) = node.process.take() {
+            let log = process.stop();
+            assert!(!log.contains("panicked"), "{log}");
+        }
+    }
+}
