@@ -119,7 +119,7 @@ impl Writes {
         match self {
             Writes::Direct(pool) => {
                 let mut conn = pool.acquire().await?;
-                write.execute(&mut *conn).await?;
+                write.execute(&mut conn).await?;
                 Ok(())
             }
             Writes::Grouped(queue) => {
@@ -169,7 +169,7 @@ async fn commit<'a>(
 ) -> Result<(), sqlx::Error> {
     let mut tx = writer.begin().await?;
     for write in writes {
-        write.execute(&mut *tx).await?;
+        write.execute(&mut tx).await?;
     }
     tx.commit().await
 }

@@ -26,11 +26,11 @@ pub use error::WsError;
 /// Bytes of frames a socket gathers before writing, within one batch of the writer.
 const WRITE_GATHER: usize = 16 * 1024;
 
-/// The WebSocket layer's own read buffer per socket: a login fits in it.
+/// The WebSocket layer's own read buffer per socket (it grows for a bigger message); the
+/// bytes come from the lean stream's chunk, so a small buffer costs copies, not syscalls.
 const READ_BUFFER: usize = 512;
 
 /// The `/ws` route, merged into the app at the top.
-
 pub fn router() -> Router<SharedState> {
     Router::new().route("/ws", get(upgrade))
 }
