@@ -773,6 +773,54 @@ fn big_candidate(session: &str, size: usize) -> Value {
 /// Counts `relay_throttled` errors on `socket`, each naming one of the messages in `sent`:
 /// first up to the pong of a ping sent now (its node has then routed every message sent
 /// before), then until there are `want`. Anything else fails; each read is bounded.
+/// Two nodes on a fresh database and a Redis of their own, both ready, with no message rate
+/// limit and `max_strikes` strikes allowed. The Redis runs as long as its handle lives.
+async fn two_ready_nodes(max_strikes: &str) -> (Redis, Vec<Node>, Api) {
+    let run = &uuid::Uuid::new_v4().simple().to_string()[..8];
+    let prefix = format!("test-{run}:");
+    let (database, _) = test_database().await;
+    let redis = Redis::start(free_port()).await;
+    let flags = [
+        "--rate-limit",
+        "1000000",
+        "--rate-burst",
+        "1000000",
+        "--max-strikes",
+        max_strikes,
+    ];
+    let nodes: Vec<Node> = (1..=2)
+        .map(|i| {
+            start_node_with(
+                &database,
+                &redis.url(),
+                &prefix,
+                &format!("n{i}-{run}"),
+                &flags,
+            )
+        })
+        .collect();
+    let api = Api {
+        http: reqwest::Client::new(),
+    };
+    for node in &nodes {
+        eventually("every node is ready", WAIT, || async {
+            api.ready(&node.base()).await == 200
+        })
+        .await;
+    }
+    (redis, nodes, api)
+}
+
+/// Stops the nodes; none of them may have panicked.
+fn stop_without_panics(nodes: Vec<Node>) {
+    for mut node in nodes {
+        if let Some(process) = node.process.take() {
+            let log = process.stop();
+            assert!(!log.contains("panicked"), "{log}");
+        }
+    }
+}
+
 async fn count_throttled(socket: &mut WsClient, sent: &[String], want: usize) -> usize {
     let ping = envelope("signalling.ping", None);
     socket.send(&ping).await;
@@ -828,39 +876,8 @@ async fn a_flood_from_another_node_is_throttled() {
         eprintln!("skipped: set SIGNALLING_CLUSTER_TEST=1 and a postgres DATABASE_URL (tests/cluster/run.sh)");
         return;
     }
-    let run = &uuid::Uuid::new_v4().simple().to_string()[..8];
-    let prefix = format!("test-{run}:");
-    let (database, _) = test_database().await;
-    let redis = Redis::start(free_port()).await;
     // Only the relay's fairness is under test, not the per-socket message limit.
-    let flags = [
-        "--rate-limit",
-        "1000000",
-        "--rate-burst",
-        "1000000",
-        "--max-strikes",
-        "1000000",
-    ];
-    let nodes: Vec<Node> = (1..=2)
-        .map(|i| {
-            start_node_with(
-                &database,
-                &redis.url(),
-                &prefix,
-                &format!("n{i}-{run}"),
-                &flags,
-            )
-        })
-        .collect();
-    let api = Api {
-        http: reqwest::Client::new(),
-    };
-    for node in &nodes {
-        eventually("every node is ready", WAIT, || async {
-            api.ready(&node.base()).await == 200
-        })
-        .await;
-    }
+    let (_redis, nodes, api) = two_ready_nodes("1000000").await;
     let (n1, n2) = (nodes[0].base(), nodes[1].base());
     let key = api.enroll(&n1, "rf").await;
     let mut robot = robot_on(&nodes[0].ws(), "rf", &key).await;
@@ -922,12 +939,7 @@ async fn a_flood_from_another_node_is_throttled() {
     alice.expect_nothing_pending().await;
     drain_flood(&mut carol).await;
     carol.expect_nothing_pending().await;
-    for mut node in nodes {
-        if let Some(process) = node.process.take() {
-            let log = process.stop();
-            assert!(!log.contains("panicked"), "{log}");
-        }
-    }
+    stop_without_panics(nodes);
 }
 
 /// A flooder refused on another node earns strikes for it, as it would on the victim's
@@ -938,38 +950,7 @@ async fn a_flooder_refused_on_another_node_earns_strikes_and_is_cut_off() {
         eprintln!("skipped: set SIGNALLING_CLUSTER_TEST=1 and a postgres DATABASE_URL (tests/cluster/run.sh)");
         return;
     }
-    let run = &uuid::Uuid::new_v4().simple().to_string()[..8];
-    let prefix = format!("test-{run}:");
-    let (database, _) = test_database().await;
-    let redis = Redis::start(free_port()).await;
-    let flags = [
-        "--rate-limit",
-        "1000000",
-        "--rate-burst",
-        "1000000",
-        "--max-strikes",
-        "5",
-    ];
-    let nodes: Vec<Node> = (1..=2)
-        .map(|i| {
-            start_node_with(
-                &database,
-                &redis.url(),
-                &prefix,
-                &format!("n{i}-{run}"),
-                &flags,
-            )
-        })
-        .collect();
-    let api = Api {
-        http: reqwest::Client::new(),
-    };
-    for node in &nodes {
-        eventually("every node is ready", WAIT, || async {
-            api.ready(&node.base()).await == 200
-        })
-        .await;
-    }
+    let (_redis, nodes, api) = two_ready_nodes("5").await;
     let (n1, n2) = (nodes[0].base(), nodes[1].base());
     let key = api.enroll(&n1, "rs").await;
     let mut robot = robot_on(&nodes[0].ws(), "rs", &key).await;
@@ -1024,10 +1005,5 @@ async fn a_flooder_refused_on_another_node_earns_strikes_and_is_cut_off() {
         api.node_of(&n2, "rs").await.as_deref(),
         Some(nodes[0].id.as_str())
     );
-    for mut node in nodes {
-        if let Some(process) = node.process.take() {
-            let log = process.stop();
-            assert!(!log.contains("panicked"), "{log}");
-        }
-    }
+    stop_without_panics(nodes);
 }
