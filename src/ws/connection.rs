@@ -3,6 +3,7 @@
 //! reads cannot hold back its own login deadline, idle timeout or kick, and a writer that
 //! makes no progress for the write timeout gives up on the socket.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,6 +20,7 @@ use super::error::WsError;
 use super::legacy;
 use super::protocol::{Peer, Protocol};
 use crate::auth::ClientIdentity;
+use crate::config::Config;
 use crate::messages;
 use crate::rate_limit::{RateLimiter, Strikes};
 use crate::relay::{ConnId, DeliveryError, Kick, Mailbox, Outbound, QueueReceiver};
@@ -38,7 +40,10 @@ const WRITE_BATCH: usize = 64;
 /// A close the reader asks of the writer: code and reason.
 type CloseRequest = (u16, &'static str);
 
-pub async fn run(
+/// Starts the socket's tasks. Called from axum's upgrade task, which ends right after:
+/// that wrapper keeps its captures for as long as the future it runs, a few hundred bytes
+/// in every socket, so the socket task is spawned on its own.
+pub fn start(
     state: SharedState,
     socket: WebSocket,
     client: Option<ClientIdentity>,
@@ -47,18 +52,21 @@ pub async fn run(
     let conn: ConnId = Arc::from(uuid::Uuid::new_v4().to_string());
     // Every line logged for this socket, here and below, carries its id.
     let span = tracing::info_span!("ws", conn = %conn);
-    serve(state, socket, client, conn).instrument(span).await;
-    // The socket's place is free once everything above is done.
-    drop(permit);
+    let task = span.in_scope(|| serve(state, socket, client, conn, permit));
+    tokio::spawn(task.instrument(span));
 }
 
-async fn serve(
+/// The socket task. Its setup runs before the future exists, and the future is a block
+/// rather than an `async fn`: an async fn keeps every argument twice (the argument and the
+/// local it is moved into), and this future is memory in every socket.
+fn serve(
     state: SharedState,
     socket: WebSocket,
     client: Option<ClientIdentity>,
     conn: ConnId,
-) {
-    let _guard = state.socket_guard();
+    permit: Permit,
+) -> impl Future<Output = ()> + Send {
+    let guard = state.socket_guard();
     let config = &state.config;
     let (mailbox, inbox) = Mailbox::new(config.queue_limits());
     state.hub.attach(conn.clone(), mailbox.clone());
@@ -71,7 +79,6 @@ async fn serve(
     state.metrics.connections.with_label_values(&[role]).inc();
 
     let (sink, mut stream) = socket.split();
-    let write_timeout = Duration::from_secs(config.write_timeout_secs.max(1));
     let (close_tx, close_rx) = oneshot::channel::<CloseRequest>();
     let dialect = Arc::new(AtomicBool::new(false));
     let mut writer = tokio::spawn(
@@ -80,222 +87,237 @@ async fn serve(
             inbox.queue,
             close_rx,
             Writer {
-                timeout: write_timeout,
+                timeout: write_timeout(config),
                 queue_len: config.send_queue,
                 legacy: dialect.clone(),
             },
         )
         .in_current_span(),
     );
-    let mut out = Outbox {
-        state: &state,
-        mailbox: &mailbox,
-        strikes: Strikes::new(config.max_strikes, STRIKE_WINDOW),
-        close: None,
-        peer: protocol.peer_label(),
-    };
+    let kick = inbox.kick;
+    async move {
+        let config = &state.config;
+        let mut out = Outbox {
+            state: &state,
+            mailbox: &mailbox,
+            strikes: Strikes::new(config.max_strikes, STRIKE_WINDOW),
+            close: None,
+            cut_off: false,
+        };
 
-    let login_deadline = Instant::now() + Duration::from_secs(config.login_timeout_secs);
-    let ping_every = Duration::from_secs(config.ping_interval_secs.max(1));
-    let idle_timeout = Duration::from_secs(config.idle_timeout_secs.max(1));
-    let mut next_ping = Instant::now() + ping_every;
-    let mut limiter = RateLimiter::new(
-        u64::from(config.rate_limit),
-        u64::from(config.rate_burst),
-        Instant::now(),
-    );
-    let mut last_heard = Instant::now();
+        let login_deadline = Instant::now() + Duration::from_secs(config.login_timeout_secs);
+        let mut next_ping = Instant::now() + ping_every(config);
+        let mut limiter = RateLimiter::new(
+            u64::from(config.rate_limit),
+            u64::from(config.rate_burst),
+            Instant::now(),
+        );
+        let mut last_heard = Instant::now();
 
-    for welcome in protocol.welcome_at_open() {
-        out.reply(welcome);
-    }
+        for welcome in protocol.welcome_at_open() {
+            out.reply(welcome);
+        }
 
-    // Futures that live across loop turns are made once: building a timer entry or a watch
-    // notification per message showed up in relay profiles. One timer serves the ping, the
-    // deadline and the credentials refresh: each timer entry is memory in every socket.
-    let mut deadline = protocol.deadline(login_deadline);
-    let mut refresh_at = protocol.credentials_refresh_at();
-    let mut wake_at = next_wake(next_ping, &deadline, refresh_at);
-    let timer = sleep_until(tokio::time::Instant::from_std(wake_at));
-    tokio::pin!(timer);
-    let kicked = inbox.kick.kicked();
-    tokio::pin!(kicked);
-    let mut writer_done = false;
-    let mut peer_closed = false;
+        // Futures that live across loop turns are made once: building a timer entry or a watch
+        // notification per message showed up in relay profiles. One timer serves the ping, the
+        // deadline and the credentials refresh: each timer entry is memory in every socket.
+        // Only the instant is kept: the error is worked out again when it comes (the
+        // protocol state it depends on cannot change without a frame, which resets it).
+        let mut deadline = protocol.deadline(login_deadline).map(|(at, _)| at);
+        let mut refresh_at = protocol.credentials_refresh_at();
+        let timer = sleep_until(tokio::time::Instant::from_std(next_wake(
+            next_ping, deadline, refresh_at,
+        )));
+        tokio::pin!(timer);
+        let kicked = kick.kicked();
+        tokio::pin!(kicked);
+        let mut writer_done = false;
+        let mut peer_closed = false;
 
-    while out.close.is_none() {
-        tokio::select! {
-            biased;
-            kick = &mut kicked => {
-                if kick == Kick::Revoked {
-                    let error = WsError::Identity(crate::identity::IdentityError::Revoked);
-                    out.error(&error, None);
+        while out.close.is_none() {
+            tokio::select! {
+                biased;
+                kick = &mut kicked => {
+                    if kick == Kick::Revoked {
+                        let error = WsError::Identity(crate::identity::IdentityError::Revoked);
+                        out.error(&error, None);
+                    }
+                    out.close = Some(kick.close_frame());
                 }
-                out.close = Some(kick.close_frame());
-            }
-            _ = &mut writer => {
-                // The peer is gone or stopped reading: nothing more can reach it.
-                writer_done = true;
-                break;
-            }
-            frame = stream.next() => {
-                let now = Instant::now();
-                let Some(frame) = frame else { break };
-                let frame = match frame {
-                    Ok(frame) => frame,
-                    Err(e) => {
-                        if is_too_large(&e) {
-                            out.too_large();
-                        } else {
-                            tracing::debug!(error = %e, "socket read failed");
+                _ = &mut writer => {
+                    // The peer is gone or stopped reading: nothing more can reach it.
+                    writer_done = true;
+                    break;
+                }
+                frame = stream.next() => {
+                    let now = Instant::now();
+                    let Some(frame) = frame else { break };
+                    let frame = match frame {
+                        Ok(frame) => frame,
+                        Err(e) => {
+                            if is_too_large(&e) {
+                                out.too_large();
+                            } else {
+                                tracing::debug!(error = %e, "socket read failed");
+                                break;
+                            }
+                            continue;
+                        }
+                    };
+                    if matches!(frame, Message::Close(_)) {
+                        peer_closed = true;
+                        out.close = Some((1000, "closed"));
+                        continue;
+                    }
+                    last_heard = now;
+                    // Refusals made on other nodes count as strikes too, as they would here.
+                    for _ in 0..kick.take_remote_strikes().min(config.max_strikes + 1) {
+                        out.count_strike(now);
+                        if out.close.is_some() {
                             break;
                         }
-                        continue;
                     }
-                };
-                if matches!(frame, Message::Close(_)) {
-                    peer_closed = true;
-                    out.close = Some((1000, "closed"));
-                    continue;
-                }
-                last_heard = now;
-                // Refusals made on other nodes count as strikes too, as they would here.
-                for _ in 0..inbox.kick.take_remote_strikes().min(config.max_strikes + 1) {
-                    out.count_strike(now);
                     if out.close.is_some() {
-                        break;
+                        continue;
                     }
-                }
-                if out.close.is_some() {
-                    continue;
-                }
-                // Every frame counts against the rate limit: binary and control frames too.
-                if !limiter.allow(now) {
-                    out.strike(&WsError::RateLimited, now);
-                    continue;
-                }
-                let text = match frame {
-                    Message::Text(text) => text,
-                    Message::Binary(bytes) => {
-                        if bytes.len() > config.max_frame_bytes {
-                            out.too_large();
-                        } else {
-                            out.strike(&WsError::Binary, now);
+                    // Every frame counts against the rate limit: binary and control frames too.
+                    if !limiter.allow(now) {
+                        out.strike(&WsError::RateLimited, now);
+                        continue;
+                    }
+                    let text = match frame {
+                        Message::Text(text) => text,
+                        Message::Binary(bytes) => {
+                            if bytes.len() > config.max_frame_bytes {
+                                out.too_large();
+                            } else {
+                                out.strike(&WsError::Binary, now);
+                            }
+                            continue;
                         }
+                        _ => continue,
+                    };
+                    if text.len() > config.max_frame_bytes {
+                        out.too_large();
                         continue;
                     }
-                    _ => continue,
-                };
-                if text.len() > config.max_frame_bytes {
-                    out.too_large();
-                    continue;
-                }
-                let result = protocol.handle(&text, now).await;
-                if protocol.legacy && !dialect.load(Ordering::Relaxed) {
-                    dialect.store(true, Ordering::Relaxed);
-                }
-                for reply in protocol.replies.drain(..) {
-                    out.reply(reply);
-                }
-                if let Err((error, id)) = result {
-                    if matches!(error.code(), signalling_protocol::ErrorCode::InternalError) {
-                        tracing::error!(error = %error, "message failed");
+                    let result = protocol.handle(&text, now).await;
+                    if protocol.legacy && !dialect.load(Ordering::Relaxed) {
+                        dialect.store(true, Ordering::Relaxed);
                     }
-                    out.error(&error, id.as_deref());
-                    match error.close() {
-                        Some(close) => out.close = Some(close),
-                        None => out.count_strike(now),
-                    }
-                }
-                deadline = protocol.deadline(login_deadline);
-                refresh_at = protocol.credentials_refresh_at();
-                let next = next_wake(next_ping, &deadline, refresh_at);
-                if next != wake_at {
-                    wake_at = next;
-                    timer.as_mut().reset(tokio::time::Instant::from_std(wake_at));
-                }
-                let now_role = protocol.role_label();
-                if now_role != role {
-                    state.metrics.connections.with_label_values(&[role]).dec();
-                    state.metrics.connections.with_label_values(&[now_role]).inc();
-                    role = now_role;
-                    out.peer = protocol.peer_label();
-                }
-            }
-            _ = &mut timer => {
-                let now = Instant::now();
-                if deadline.as_ref().is_some_and(|(at, _)| *at <= now) {
-                    if let Some((_, error)) = deadline.take() {
-                        out.error(&error, None);
-                        out.close = Some(error.close().unwrap_or((1008, "deadline")));
-                        continue;
-                    }
-                }
-                if refresh_at.is_some_and(|at| at <= now) {
-                    protocol.refresh_credentials();
                     for reply in protocol.replies.drain(..) {
                         out.reply(reply);
                     }
-                    refresh_at = protocol.credentials_refresh_at();
-                }
-                if next_ping <= now {
-                    next_ping = now + ping_every;
-                    if last_heard.elapsed() > idle_timeout {
-                        // Likely dead; should it still read, it learns why (the writer
-                        // gives up on the close within its timeout if not).
-                        tracing::debug!("dropping dead connection");
-                        out.close = Some((1008, "idle timeout"));
-                        continue;
-                    }
-                    out.send(Outbound::Ping);
-                }
-                wake_at = next_wake(next_ping, &deadline, refresh_at);
-                timer.as_mut().reset(tokio::time::Instant::from_std(wake_at));
-            }
-        }
-    }
-
-    // Out of presence and sessions first: the peers must not wait on a socket that is
-    // closing, whatever its writer is doing.
-    state.metrics.connections.with_label_values(&[role]).dec();
-    Box::pin(state.sessions.detach(&conn)).await;
-    match &protocol.peer {
-        Peer::Robot { robot_id } => tracing::info!(robot = %robot_id, "robot disconnected"),
-        Peer::Client(identity) => {
-            tracing::debug!(subject = %identity.subject, "client disconnected")
-        }
-        Peer::Unverified { .. } => {}
-    }
-    let close = out.close;
-    drop(out);
-    drop(mailbox);
-    if !writer_done {
-        match close {
-            Some(close) => {
-                let _ = close_tx.send(close);
-                if !peer_closed {
-                    // Our close: wait (bounded) for the peer's, reading what it still
-                    // sends. Dropping the socket with unread input makes the kernel answer
-                    // with a reset, which can overtake the close frame on its way.
-                    let handshake = async {
-                        while let Some(Ok(frame)) = stream.next().await {
-                            if matches!(frame, Message::Close(_)) {
-                                break;
-                            }
+                    if let Err((error, id)) = result {
+                        if matches!(error.code(), signalling_protocol::ErrorCode::InternalError) {
+                            tracing::error!(error = %error, "message failed");
                         }
-                    };
-                    let _ = tokio::time::timeout(CLOSE_HANDSHAKE, handshake).await;
+                        out.error(&error, id.as_deref());
+                        match error.close() {
+                            Some(close) => out.close = Some(close),
+                            None => out.count_strike(now),
+                        }
+                    }
+                    deadline = protocol.deadline(login_deadline).map(|(at, _)| at);
+                    refresh_at = protocol.credentials_refresh_at();
+                    let next = tokio::time::Instant::from_std(next_wake(next_ping, deadline, refresh_at));
+                    if next != timer.deadline() {
+                        timer.as_mut().reset(next);
+                    }
+                    let now_role = protocol.role_label();
+                    if now_role != role {
+                        state.metrics.connections.with_label_values(&[role]).dec();
+                        state.metrics.connections.with_label_values(&[now_role]).inc();
+                        role = now_role;
+                    }
+                }
+                _ = &mut timer => {
+                    let now = Instant::now();
+                    if deadline.is_some_and(|at| at <= now) {
+                        deadline = None;
+                        if let Some((_, error)) = protocol.deadline(login_deadline) {
+                            out.error(&error, None);
+                            out.close = Some(error.close().unwrap_or((1008, "deadline")));
+                            continue;
+                        }
+                    }
+                    if refresh_at.is_some_and(|at| at <= now) {
+                        protocol.refresh_credentials();
+                        for reply in protocol.replies.drain(..) {
+                            out.reply(reply);
+                        }
+                        refresh_at = protocol.credentials_refresh_at();
+                    }
+                    if next_ping <= now {
+                        next_ping = now + ping_every(config);
+                        if last_heard.elapsed() > idle_timeout(config) {
+                            // Likely dead; should it still read, it learns why (the writer
+                            // gives up on the close within its timeout if not).
+                            tracing::debug!("dropping dead connection");
+                            out.close = Some((1008, "idle timeout"));
+                            continue;
+                        }
+                        out.send(Outbound::Ping);
+                    }
+                    let next = next_wake(next_ping, deadline, refresh_at);
+                    timer.as_mut().reset(tokio::time::Instant::from_std(next));
                 }
             }
-            None => drop(close_tx),
         }
-        // The writer sends what is queued and the close frame within its write timeout.
-        if tokio::time::timeout(write_timeout * 2, &mut writer)
-            .await
-            .is_err()
-        {
-            writer.abort();
+
+        if out.cut_off {
+            tracing::warn!(
+                peer = %protocol.peer_label(),
+                strikes = config.max_strikes,
+                window_secs = STRIKE_WINDOW.as_secs(),
+                "closing a peer that keeps earning errors or exceeding the rate limit"
+            );
         }
+        // Out of presence and sessions first: the peers must not wait on a socket that is
+        // closing, whatever its writer is doing.
+        state.metrics.connections.with_label_values(&[role]).dec();
+        Box::pin(state.sessions.detach(&conn)).await;
+        match &protocol.peer {
+            Peer::Robot { robot_id } => tracing::info!(robot = %robot_id, "robot disconnected"),
+            Peer::Client(identity) => {
+                tracing::debug!(subject = %identity.subject, "client disconnected")
+            }
+            Peer::Unverified { .. } => {}
+        }
+        let close = out.close;
+        drop(out);
+        drop(mailbox);
+        if !writer_done {
+            match close {
+                Some(close) => {
+                    let _ = close_tx.send(close);
+                    if !peer_closed {
+                        // Our close: wait (bounded) for the peer's, reading what it still
+                        // sends. Dropping the socket with unread input makes the kernel answer
+                        // with a reset, which can overtake the close frame on its way.
+                        let handshake = async {
+                            while let Some(Ok(frame)) = stream.next().await {
+                                if matches!(frame, Message::Close(_)) {
+                                    break;
+                                }
+                            }
+                        };
+                        let _ = tokio::time::timeout(CLOSE_HANDSHAKE, handshake).await;
+                    }
+                }
+                None => drop(close_tx),
+            }
+            // The writer sends what is queued and the close frame within its write timeout.
+            if tokio::time::timeout(write_timeout(config) * 2, &mut writer)
+                .await
+                .is_err()
+            {
+                writer.abort();
+            }
+        }
+        drop(guard);
+        // The socket's place is free once everything above is done.
+        drop(permit);
     }
 }
 
@@ -307,8 +329,8 @@ struct Outbox<'a> {
     strikes: Strikes,
     /// Set once the socket is to close, with the close frame to send.
     close: Option<CloseRequest>,
-    /// Who the peer is, for the log line that cuts it off.
-    peer: String,
+    /// Closing for too many strikes (logged with who the peer is once the loop ends).
+    cut_off: bool,
 }
 
 impl Outbox<'_> {
@@ -350,12 +372,7 @@ impl Outbox<'_> {
     fn count_strike(&mut self, now: Instant) {
         if self.strikes.strike(now) {
             let error = WsError::Flooding;
-            tracing::warn!(
-                peer = %self.peer,
-                strikes = self.state.config.max_strikes,
-                window_secs = STRIKE_WINDOW.as_secs(),
-                "closing a peer that keeps earning errors or exceeding the rate limit"
-            );
+            self.cut_off = true;
             self.state.metrics.peers_cut_off.inc();
             self.error(&error, None);
             self.close = error.close();
@@ -396,63 +413,70 @@ impl Writer {
 
 /// Sends queued frames, a batch per wake-up with one flush, until the queue closes, the
 /// reader asks for a close, or a write makes no progress for the writer's timeout.
-async fn write_loop(
+///
+/// A block, not an `async fn` (see `serve`), and each batch with its timer goes on the heap
+/// for as long as it is written: an idle socket's writer holds only what waits for work.
+// Not an `async fn` on purpose: see the comment above.
+#[allow(clippy::manual_async_fn)]
+fn write_loop(
     mut sink: Sink,
     mut queue: QueueReceiver,
     mut close: oneshot::Receiver<CloseRequest>,
     writer: Writer,
-) {
-    let timeout = writer.timeout;
-    let queue_len = writer.queue_len;
-    let message = |frame| writer.message(frame);
-    loop {
-        tokio::select! {
-            biased;
-            request = &mut close => {
-                if let Ok((code, reason)) = request {
-                    // What was queued before the close goes out first, bounded in count
-                    // and time: peers may keep queueing, the close must not wait on them.
-                    let closing = async {
-                        for _ in 0..queue_len {
+) -> impl Future<Output = ()> + Send {
+    async move {
+        loop {
+            tokio::select! {
+                biased;
+                request = &mut close => {
+                    if let Ok((code, reason)) = request {
+                        // What was queued before the close goes out first, bounded in count
+                        // and time: peers may keep queueing, the close must not wait on them.
+                        let closing = async {
+                            for _ in 0..writer.queue_len {
+                                let Some(frame) = queue.try_recv() else { break };
+                                if let Some(message) = writer.message(frame) {
+                                    sink.feed(message).await?;
+                                }
+                            }
+                            sink.send(Message::Close(Some(CloseFrame {
+                                code,
+                                reason: reason.into(),
+                            })))
+                            .await?;
+                            sink.close().await
+                        };
+                        let _ = Box::pin(tokio::time::timeout(writer.timeout, closing)).await;
+                    }
+                    return;
+                }
+                frame = queue.recv() => {
+                    let Some(frame) = frame else { return };
+                    let batch = async {
+                        if let Some(message) = writer.message(frame) {
+                            sink.feed(message).await?;
+                        }
+                        for _ in 1..WRITE_BATCH {
                             let Some(frame) = queue.try_recv() else { break };
-                            if let Some(message) = message(frame) {
+                            if let Some(message) = writer.message(frame) {
                                 sink.feed(message).await?;
                             }
                         }
-                        sink.send(Message::Close(Some(CloseFrame {
-                            code,
-                            reason: reason.into(),
-                        })))
-                        .await?;
-                        sink.close().await
+                        sink.flush().await
                     };
-                    let _ = tokio::time::timeout(timeout, closing).await;
-                }
-                return;
-            }
-            frame = queue.recv() => {
-                let Some(frame) = frame else { return };
-                let batch = async {
-                    if let Some(message) = message(frame) {
-                        sink.feed(message).await?;
-                    }
-                    for _ in 1..WRITE_BATCH {
-                        let Some(frame) = queue.try_recv() else { break };
-                        if let Some(message) = message(frame) {
-                            sink.feed(message).await?;
+                    match Box::pin(tokio::time::timeout(writer.timeout, batch)).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => {
+                            tracing::debug!(error = %e, "socket write failed");
+                            return;
                         }
-                    }
-                    sink.flush().await
-                };
-                match tokio::time::timeout(timeout, batch).await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => {
-                        tracing::debug!(error = %e, "socket write failed");
-                        return;
-                    }
-                    Err(_) => {
-                        tracing::info!(timeout_secs = timeout.as_secs(), "socket write timed out; closing");
-                        return;
+                        Err(_) => {
+                            tracing::info!(
+                                timeout_secs = writer.timeout.as_secs(),
+                                "socket write timed out; closing"
+                            );
+                            return;
+                        }
                     }
                 }
             }
@@ -460,14 +484,25 @@ async fn write_loop(
     }
 }
 
+fn write_timeout(config: &Config) -> Duration {
+    Duration::from_secs(config.write_timeout_secs.max(1))
+}
+
+fn ping_every(config: &Config) -> Duration {
+    Duration::from_secs(config.ping_interval_secs.max(1))
+}
+
+fn idle_timeout(config: &Config) -> Duration {
+    Duration::from_secs(config.idle_timeout_secs.max(1))
+}
+
 /// The socket's next timed duty: the next ping, the deadline or the credentials refresh,
 /// whichever comes first.
 fn next_wake(
     next_ping: Instant,
-    deadline: &Option<(Instant, WsError)>,
+    deadline: Option<Instant>,
     refresh_at: Option<Instant>,
 ) -> Instant {
-    let deadline = deadline.as_ref().map(|(at, _)| *at);
     [deadline, refresh_at]
         .into_iter()
         .flatten()

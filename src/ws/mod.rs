@@ -154,5 +154,8 @@ async fn upgrade(
     if let Some(protocol) = protocol {
         ws = ws.protocols([protocol]);
     }
-    ws.on_upgrade(move |socket| connection::run(state, socket, client, permit))
+    ws.on_upgrade(move |socket| {
+        connection::start(state, socket, client, permit);
+        std::future::ready(())
+    })
 }

@@ -219,10 +219,32 @@ impl Protocol {
         // Session messages, nearly all the traffic, in one pass; anything the view does
         // not vouch for is read by the full parser below.
         if let Some(view) = Relayed::parse(text) {
-            return self
-                .relay_received(frame, &view, received)
-                .await
-                .map_err(|e| (e, Some(view.id.to_string())));
+            let plain = match view.kind {
+                RelayedKind::Answer => Some(Relay::FromRobot),
+                RelayedKind::IceCandidate => Some(Relay::Plain),
+                _ => None,
+            };
+            // Answers and candidates are queued without awaiting anything. The rest write
+            // records first: they wait on the heap, so no view is kept in every socket's
+            // task while it is idle.
+            return match plain {
+                Some(kind) => {
+                    let forward = Forward::Received {
+                        text: frame,
+                        view: &view,
+                    };
+                    self.relay_now(forward, &view.session, received, kind)
+                        .map_err(|e| (e, Some(view.id.to_string())))
+                }
+                None => {
+                    Box::pin(async move {
+                        self.relay_received(frame, &view, received)
+                            .await
+                            .map_err(|e| (e, Some(view.id.to_string())))
+                    })
+                    .await
+                }
+            };
         }
         // Everything else (logins, pings, legacy frames, unusual forms) is rarer and waits
         // on more: its future lives on the heap while it runs, not in every socket's task.
