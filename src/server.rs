@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use hyper_util::server::conn::auto::Builder as HttpBuilder;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 
 use crate::lean_io::LeanAcceptor;
 
@@ -173,13 +173,10 @@ impl Server {
             );
         }
 
-        let listener =
-            TcpListener::bind(config.listen)
-                .await
-                .map_err(|source| StartError::Bind {
-                    addr: config.listen,
-                    source,
-                })?;
+        let listener = listen(config.listen).map_err(|source| StartError::Bind {
+            addr: config.listen,
+            source,
+        })?;
         let state = Arc::new(AppState::new(Components {
             config,
             node_id,
@@ -351,4 +348,23 @@ async fn admin_token_hash(config: &Config, store: &Store) -> Result<String, Star
         tracing::warn!(admin_token = %token, "generated the admin token; it is shown only this once");
     }
     Ok(stored)
+}
+
+/// Connections the kernel completes for us before we accept them. A fleet reconnecting
+/// after an outage arrives at once; when this queue is full the kernel drops the
+/// handshake's last step and the robot waits a second for its retransmission (tokio's
+/// default of 1024 overflowed in the registration storm). The kernel caps it at
+/// `net.core.somaxconn`.
+const LISTEN_BACKLOG: u32 = 4096;
+
+fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    // As `TcpListener::bind` does: a restarted node binds while old connections linger.
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
 }
