@@ -12,8 +12,8 @@ mod hub;
 mod sessions;
 
 pub use bus::{
-    Bus, ConnId, DeliveryError, Kick, LocalBus, Mailbox, MailboxReceiver, Outbound, QueueLimits,
-    QueueReceiver,
+    Bus, ConnId, DeliveryError, Kick, KickReceiver, LocalBus, Mailbox, MailboxReceiver, Outbound,
+    QueueLimits, QueueReceiver,
 };
 pub use hub::{EndedSession, Hub, HubLimits, OpenSession, RelayError, Route, SessionOpened};
 pub use sessions::{EndReason, SessionError, Sessions};

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::extract::ws::{CloseFrame, Message, WebSocket};
+use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
 use futures_util::stream::SplitSink;
 use futures_util::{SinkExt, StreamExt};
 use tokio::sync::oneshot;
@@ -23,7 +23,7 @@ use crate::auth::ClientIdentity;
 use crate::config::Config;
 use crate::messages;
 use crate::rate_limit::{RateLimiter, Strikes};
-use crate::relay::{ConnId, DeliveryError, Kick, Mailbox, Outbound, QueueReceiver};
+use crate::relay::{ConnId, DeliveryError, Kick, KickReceiver, Mailbox, Outbound, QueueReceiver};
 use crate::state::SharedState;
 
 type Sink = SplitSink<WebSocket, Message>;
@@ -107,12 +107,15 @@ fn serve(
 
         let login_deadline = Instant::now() + Duration::from_secs(config.login_timeout_secs);
         let mut next_ping = Instant::now() + ping_every(config);
-        let mut limiter = RateLimiter::new(
-            u64::from(config.rate_limit),
-            u64::from(config.rate_burst),
-            Instant::now(),
-        );
-        let mut last_heard = Instant::now();
+        let mut reading = Reading {
+            limiter: RateLimiter::new(
+                u64::from(config.rate_limit),
+                u64::from(config.rate_burst),
+                Instant::now(),
+            ),
+            last_heard: Instant::now(),
+            peer_closed: false,
+        };
 
         for welcome in protocol.welcome_at_open() {
             out.reply(welcome);
@@ -132,7 +135,6 @@ fn serve(
         let kicked = kick.kicked();
         tokio::pin!(kicked);
         let mut writer_done = false;
-        let mut peer_closed = false;
 
         while out.close.is_none() {
             tokio::select! {
@@ -151,56 +153,11 @@ fn serve(
                 }
                 frame = stream.next() => {
                     let now = Instant::now();
-                    let Some(frame) = frame else { break };
-                    let frame = match frame {
-                        Ok(frame) => frame,
-                        Err(e) => {
-                            if is_too_large(&e) {
-                                out.too_large();
-                            } else {
-                                tracing::debug!(error = %e, "socket read failed");
-                                break;
-                            }
-                            continue;
-                        }
+                    let text = match admit(frame, now, &mut reading, &mut out, &kick) {
+                        Admitted::Text(text) => text,
+                        Admitted::Handled => continue,
+                        Admitted::Stop => break,
                     };
-                    if matches!(frame, Message::Close(_)) {
-                        peer_closed = true;
-                        out.close = Some((1000, "closed"));
-                        continue;
-                    }
-                    last_heard = now;
-                    // Refusals made on other nodes count as strikes too, as they would here.
-                    for _ in 0..kick.take_remote_strikes().min(config.max_strikes + 1) {
-                        out.count_strike(now);
-                        if out.close.is_some() {
-                            break;
-                        }
-                    }
-                    if out.close.is_some() {
-                        continue;
-                    }
-                    // Every frame counts against the rate limit: binary and control frames too.
-                    if !limiter.allow(now) {
-                        out.strike(&WsError::RateLimited, now);
-                        continue;
-                    }
-                    let text = match frame {
-                        Message::Text(text) => text,
-                        Message::Binary(bytes) => {
-                            if bytes.len() > config.max_frame_bytes {
-                                out.too_large();
-                            } else {
-                                out.strike(&WsError::Binary, now);
-                            }
-                            continue;
-                        }
-                        _ => continue,
-                    };
-                    if text.len() > config.max_frame_bytes {
-                        out.too_large();
-                        continue;
-                    }
                     let result = protocol.handle(&text, now).await;
                     if protocol.legacy && !dialect.load(Ordering::Relaxed) {
                         dialect.store(true, Ordering::Relaxed);
@@ -250,7 +207,7 @@ fn serve(
                     }
                     if next_ping <= now {
                         next_ping = now + ping_every(config);
-                        if last_heard.elapsed() > idle_timeout(config) {
+                        if reading.last_heard.elapsed() > idle_timeout(config) {
                             // Likely dead; should it still read, it learns why (the writer
                             // gives up on the close within its timeout if not).
                             tracing::debug!("dropping dead connection");
@@ -291,7 +248,7 @@ fn serve(
             match close {
                 Some(close) => {
                     let _ = close_tx.send(close);
-                    if !peer_closed {
+                    if !reading.peer_closed {
                         // Our close: wait (bounded) for the peer's, reading what it still
                         // sends. Dropping the socket with unread input makes the kernel answer
                         // with a reset, which can overtake the close frame on its way.
@@ -319,6 +276,86 @@ fn serve(
         // The socket's place is free once everything above is done.
         drop(permit);
     }
+}
+
+/// What the reader knows of the frames it read.
+struct Reading {
+    limiter: RateLimiter,
+    last_heard: Instant,
+    /// The peer sent its close frame.
+    peer_closed: bool,
+}
+
+/// What the reader makes of a frame before the protocol reads it.
+enum Admitted {
+    /// A text frame within every limit, for the protocol.
+    Text(Utf8Bytes),
+    /// Dealt with here (refused, counted as a strike, or a close asked for).
+    Handled,
+    /// Nothing more can be read.
+    Stop,
+}
+
+/// The per-frame checks: close frames, strikes from other nodes, the rate limit, the frame
+/// kind and size. A plain function, not part of the socket task: a frame's locals would
+/// otherwise take room in every socket's future.
+fn admit(
+    frame: Option<Result<Message, axum::Error>>,
+    now: Instant,
+    reading: &mut Reading,
+    out: &mut Outbox<'_>,
+    kick: &KickReceiver,
+) -> Admitted {
+    let config = &out.state.config;
+    let Some(frame) = frame else {
+        return Admitted::Stop;
+    };
+    let frame = match frame {
+        Ok(frame) => frame,
+        Err(e) if is_too_large(&e) => {
+            out.too_large();
+            return Admitted::Handled;
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "socket read failed");
+            return Admitted::Stop;
+        }
+    };
+    if matches!(frame, Message::Close(_)) {
+        reading.peer_closed = true;
+        out.close = Some((1000, "closed"));
+        return Admitted::Handled;
+    }
+    reading.last_heard = now;
+    // Refusals made on other nodes count as strikes too, as they would here.
+    for _ in 0..kick.take_remote_strikes().min(config.max_strikes + 1) {
+        out.count_strike(now);
+        if out.close.is_some() {
+            return Admitted::Handled;
+        }
+    }
+    // Every frame counts against the rate limit: binary and control frames too.
+    if !reading.limiter.allow(now) {
+        out.strike(&WsError::RateLimited, now);
+        return Admitted::Handled;
+    }
+    let text = match frame {
+        Message::Text(text) => text,
+        Message::Binary(bytes) => {
+            if bytes.len() > config.max_frame_bytes {
+                out.too_large();
+            } else {
+                out.strike(&WsError::Binary, now);
+            }
+            return Admitted::Handled;
+        }
+        _ => return Admitted::Handled,
+    };
+    if text.len() > config.max_frame_bytes {
+        out.too_large();
+        return Admitted::Handled;
+    }
+    Admitted::Text(text)
 }
 
 /// What the reader sends: replies and errors go through the socket's own queue, in order
