@@ -20,7 +20,7 @@ use std::borrow::Cow;
 use std::fmt;
 use std::ops::Range;
 
-use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use time::format_description::well_known::Rfc3339;
@@ -135,7 +135,11 @@ impl<'a> Relayed<'a> {
         };
         let meta = match header.meta {
             // The envelope schema wants an object; anything else is the parser's to refuse.
-            Some(raw) if raw.get().starts_with('{') => Some(span_in(text, raw.get())?),
+            // Checked as the parser reads it (numbers in range), not only for its syntax.
+            Some(raw) if raw.get().starts_with('{') => {
+                serde_json::from_str::<AnyValue>(raw.get()).ok()?;
+                Some(span_in(text, raw.get())?)
+            }
             Some(_) => return None,
             None => None,
         };
@@ -339,10 +343,54 @@ impl<'de> Deserialize<'de> for AnyObject {
                 f.write_str("an object")
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<AnyObject, A::Error> {
-                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                while map.next_entry::<AnyValue, AnyValue>()?.is_some() {}
                 Ok(AnyObject)
             }
         }
         deserializer.deserialize_map(AnyObjectVisitor)
+    }
+}
+
+/// Any JSON value, read the way `serde_json::Value` reads it and not kept. `IgnoredAny`
+/// checks the syntax only: a number out of `f64`'s range (`1e999`) passes it, while the full
+/// parser refuses the message, and the view must never accept what the parser refuses.
+struct AnyValue;
+
+impl<'de> Deserialize<'de> for AnyValue {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct AnyValueVisitor;
+        impl<'de> Visitor<'de> for AnyValueVisitor {
+            type Value = AnyValue;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a JSON value")
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<AnyValue, E> {
+                Ok(AnyValue)
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<AnyValue, E> {
+                Ok(AnyValue)
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<AnyValue, E> {
+                Ok(AnyValue)
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<AnyValue, E> {
+                Ok(AnyValue)
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<AnyValue, E> {
+                Ok(AnyValue)
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<AnyValue, E> {
+                Ok(AnyValue)
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<AnyValue, A::Error> {
+                while seq.next_element::<AnyValue>()?.is_some() {}
+                Ok(AnyValue)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<AnyValue, A::Error> {
+                while map.next_entry::<AnyValue, AnyValue>()?.is_some() {}
+                Ok(AnyValue)
+            }
+        }
+        deserializer.deserialize_any(AnyValueVisitor)
     }
 }

@@ -290,3 +290,33 @@ fn not_json_or_not_an_object_is_refused() {
         assert!(Relayed::parse(text).is_none(), "{text:?}");
     }
 }
+
+/// Found by the `relayed` fuzz target: a number out of `f64`'s range inside `details` or
+/// the sender's `meta` passed the view's syntax-only skip while the parser refuses it.
+#[test]
+fn numbers_the_parser_refuses_are_refused_everywhere() {
+    let disconnected = |details: &str, meta: &str| {
+        format!(
+            r#"{{"type":"signalling.disconnected","version":"0.5","id":"m1","timestamp":"2026-01-05T15:25:00Z","payload":{{"connectionId":"c1","reason":"timeout","details":{details}}},"meta":{meta}}}"#
+        )
+    };
+    for (details, meta) in [
+        (r#"{"meta": 555477701931e35555555}"#, r#"{"source":"web"}"#),
+        (
+            r#"{"nested": [1, {"deep": -1e999}]}"#,
+            r#"{"source":"web"}"#,
+        ),
+        (r#"{"ok": 1.5}"#, r#"{"n": 1e400}"#),
+        (r#"{"ok": 1.5}"#, r#"{"a": {"b": [2e308]}}"#),
+    ] {
+        let text = disconnected(details, meta);
+        assert!(Envelope::parse(&text).is_err(), "the parser refuses {text}");
+        assert!(
+            Relayed::parse(&text).is_none(),
+            "the view must refuse {text}"
+        );
+    }
+    // In range, the same shapes agree.
+    let text = disconnected(r#"{"n": [1, -2, 3.5e10, {"x": null}]}"#, r#"{"n": 1e300}"#);
+    assert!(check_agrees(&text).is_some(), "{text}");
+}
