@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, PubSubStream};
 use redis::{AsyncCommands, IntoConnectionInfo, Script, Value};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 pub use message::{decode, Control, MirrorSession, PeerMessage};
 
@@ -33,6 +33,10 @@ use crate::tasks::StopSignal;
 const OUTBOX: usize = 65_536;
 /// Largest pipeline the writer sends at once.
 const BATCH: usize = 512;
+/// How long a login waits for its robot's presence to reach Redis before it is answered
+/// anyway (Redis slow or away: the robot is then reachable on its own node only, as in an
+/// outage). The commands' own time limit.
+pub const PRESENCE_WAIT: Duration = Duration::from_secs(2);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
@@ -71,9 +75,20 @@ pub enum LockOutcome {
 }
 
 enum Op {
-    Publish { channel: String, payload: Vec<u8> },
-    PresenceUp { robot_id: String, conn: ConnId },
-    PresenceDown { robot_id: String, conn: ConnId },
+    Publish {
+        channel: String,
+        payload: Vec<u8>,
+    },
+    PresenceUp {
+        robot_id: String,
+        conn: ConnId,
+        /// Told once the pipeline holding the write has been answered (dropped if it failed).
+        written: Option<oneshot::Sender<()>>,
+    },
+    PresenceDown {
+        robot_id: String,
+        conn: ConnId,
+    },
 }
 
 /// Deletes a key only while it still holds the given value (a newer owner keeps it).
@@ -284,14 +299,19 @@ impl Cluster {
     }
 
     /// The robot is now verified on this node: other nodes' sockets of it are replaced.
-    pub fn presence_up(&self, robot_id: &str, conn: &ConnId) {
+    /// The answer resolves once Redis holds the presence (or the write failed); None when
+    /// Redis is known to be away, so there is nothing worth waiting for.
+    pub fn presence_up(&self, robot_id: &str, conn: &ConnId) -> Option<oneshot::Receiver<()>> {
+        let (written, answer) = oneshot::channel();
         self.enqueue(
             Op::PresenceUp {
                 robot_id: robot_id.to_string(),
                 conn: conn.clone(),
+                written: Some(written),
             },
             "presence",
         );
+        self.is_healthy().then_some(answer)
     }
 
     pub fn presence_down(&self, robot_id: &str, conn: &ConnId) {
@@ -353,7 +373,7 @@ impl Cluster {
                 Op::Publish { channel, payload } => {
                     pipe.publish(channel, payload.as_slice());
                 }
-                Op::PresenceUp { robot_id, conn } => {
+                Op::PresenceUp { robot_id, conn, .. } => {
                     pipe.cmd("SET")
                         .arg(self.key(&["robot:", robot_id]))
                         .arg(self.presence_value(conn))
@@ -373,9 +393,14 @@ impl Cluster {
         match result {
             Ok(values) => {
                 self.record(true);
-                for (op, value) in batch.iter().zip(values) {
-                    if let (Op::PresenceUp { conn, .. }, Value::BulkString(old)) = (op, value) {
-                        self.replace_elsewhere(conn, &old);
+                for (op, value) in batch.iter_mut().zip(values) {
+                    if let Op::PresenceUp { conn, written, .. } = op {
+                        if let Value::BulkString(old) = value {
+                            self.replace_elsewhere(conn, &old);
+                        }
+                        if let Some(written) = written.take() {
+                            let _ = written.send(());
+                        }
                     }
                 }
             }

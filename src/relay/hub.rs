@@ -242,8 +242,14 @@ impl Hub {
     }
 
     /// Marks the socket as the verified connection of `robot_id`; an older connection of the
-    /// same robot is closed.
-    pub fn robot_verified(&self, conn: &ConnId, robot_id: &str, credentials: Vec<String>) {
+    /// same robot is closed. In a cluster, the answer resolves once every node can find the
+    /// robot (see [`Cluster::presence_up`]).
+    pub fn robot_verified(
+        &self,
+        conn: &ConnId,
+        robot_id: &str,
+        credentials: Vec<String>,
+    ) -> Option<tokio::sync::oneshot::Receiver<()>> {
         let replaced = {
             let mut state = self.state();
             if let Some(entry) = state.conns.get_mut(conn) {
@@ -259,9 +265,9 @@ impl Hub {
             Some(_) => {}
             None => self.metrics.robots_online.inc(),
         }
-        if let Some(cluster) = &self.cluster {
-            cluster.presence_up(robot_id, conn);
-        }
+        self.cluster
+            .as_ref()
+            .and_then(|cluster| cluster.presence_up(robot_id, conn))
     }
 
     /// The robots connected to this node and their sockets.

@@ -11,6 +11,7 @@ use signalling_protocol::{
 use super::error::WsError;
 use super::legacy;
 use crate::auth::ClientIdentity;
+use crate::cluster::PRESENCE_WAIT;
 use crate::identity::Challenge;
 use crate::messages;
 use crate::relay::{ConnId, DeliveryError, EndReason, OpenSession, Outbound, RelayError, Route};
@@ -460,13 +461,24 @@ impl Protocol {
             .pki_results
             .with_label_values(&["verified"])
             .inc();
-        self.state
-            .hub
-            .robot_verified(&self.conn, &verified.robot_id, verified.credentials.clone());
-        self.state
+        let presence = self.state.hub.robot_verified(
+            &self.conn,
+            &verified.robot_id,
+            verified.credentials.clone(),
+        );
+        // A robot told it is verified can be offered a session from any node at once: its
+        // presence is in Redis before the answer goes out (bounded: a slow Redis delays
+        // the login, it does not block it).
+        let presence_written = async {
+            if let Some(written) = presence {
+                let _ = tokio::time::timeout(PRESENCE_WAIT, written).await;
+            }
+        };
+        let touched = self
+            .state
             .store
-            .touch_robot(&verified.robot_id, &self.state.node_id)
-            .await?;
+            .touch_robot(&verified.robot_id, &self.state.node_id);
+        tokio::join!(presence_written, touched).1?;
         tracing::info!(robot = %verified.robot_id, credential = verified.credential_kind, "robot verified");
         self.replies
             .push(messages::pki_verified(&verified.robot_id, &envelope.id));

@@ -770,12 +770,78 @@ fn big_candidate(session: &str, size: usize) -> Value {
     )
 }
 
-/// Counts `relay_throttled` errors on `socket`, each naming one of the messages in `sent`:
-/// first up to the pong of a ping sent now (its node has then routed every message sent
-/// before), then until there are `want`. Anything else fails; each read is bounded.
+/// One command to Redis in its wire protocol; the reply's first line and, for a bulk
+/// string, its value (`$-1` is nil). The test's own connection, apart from the nodes'.
+async fn redis_command(port: u16, args: &[&str]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut request = format!("*{}\r\n", args.len());
+    for arg in args {
+        request.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
+    }
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect to redis");
+    stream.write_all(request.as_bytes()).await.expect("send");
+    let mut reply = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = tokio::time::timeout(WAIT, stream.read(&mut chunk))
+            .await
+            .expect("redis replies in time")
+            .expect("read");
+        assert!(n > 0, "redis closed before replying");
+        reply.extend_from_slice(&chunk[..n]);
+        let text = String::from_utf8_lossy(&reply).to_string();
+        let Some((head, rest)) = text.split_once("\r\n") else {
+            continue;
+        };
+        match head.strip_prefix('$').map(str::parse::<usize>) {
+            // A bulk string: wait for its value.
+            Some(Ok(len)) if rest.len() < len + 2 => continue,
+            Some(Ok(len)) => return rest[..len].to_string(),
+            _ => return head.to_string(),
+        }
+    }
+}
+
+/// A robot that is told it is verified can be offered a session from any node at once:
+/// its presence is in Redis before the answer. Redis holds writes back for a while
+/// (CLIENT PAUSE … WRITE) as the robot logs in, so a login answered before its presence
+/// is written shows as a missing key right after `pki_verified` (reads are not held).
+#[tokio::test]
+async fn a_robot_is_reachable_from_every_node_once_verified() {
+    if !enabled() {
+        eprintln!("skipped: set SIGNALLING_CLUSTER_TEST=1 and a postgres DATABASE_URL (tests/cluster/run.sh)");
+        return;
+    }
+    let (redis, prefix, nodes, api) = two_ready_nodes("10").await;
+    let n1 = nodes[0].base();
+    let key = api.enroll(&n1, "rv").await;
+    api.grant(&n1, "rv", "alice", "operator").await;
+    let (alice_token, _) = api.token(&n1, "alice").await;
+    let mut alice = WsClient::connect_with_token(&nodes[1].ws(), &alice_token).await;
+    let session = alice.connection_id.clone();
+
+    let mut robot = WsClient::connect(&nodes[0].ws()).await;
+    let paused = redis_command(redis.port, &["CLIENT", "PAUSE", "1000", "WRITE"]).await;
+    assert_eq!(paused, "+OK");
+    robot.prove("rv", &key).await;
+    let presence = redis_command(redis.port, &["GET", &format!("{prefix}robot:rv")]).await;
+    assert!(
+        presence.starts_with(&format!("{}\n", nodes[0].id)),
+        "presence of rv once verified: {presence:?}"
+    );
+    // And so an offer made on the other node right away reaches it.
+    alice.send(&offer("rv", &session)).await;
+    let offered = robot.recv_type("signalling.offer").await;
+    assert_eq!(offered["payload"]["connectionId"], session.as_str());
+    stop_without_panics(nodes);
+}
+
 /// Two nodes on a fresh database and a Redis of their own, both ready, with no message rate
-/// limit and `max_strikes` strikes allowed. The Redis runs as long as its handle lives.
-async fn two_ready_nodes(max_strikes: &str) -> (Redis, Vec<Node>, Api) {
+/// limit and `max_strikes` strikes allowed. The Redis runs as long as its handle lives;
+/// the string is the nodes' key prefix in it.
+async fn two_ready_nodes(max_strikes: &str) -> (Redis, String, Vec<Node>, Api) {
     let run = &uuid::Uuid::new_v4().simple().to_string()[..8];
     let prefix = format!("test-{run}:");
     let (database, _) = test_database().await;
@@ -808,7 +874,7 @@ async fn two_ready_nodes(max_strikes: &str) -> (Redis, Vec<Node>, Api) {
         })
         .await;
     }
-    (redis, nodes, api)
+    (redis, prefix, nodes, api)
 }
 
 /// Stops the nodes; none of them may have panicked.
@@ -821,6 +887,9 @@ fn stop_without_panics(nodes: Vec<Node>) {
     }
 }
 
+/// Counts `relay_throttled` errors on `socket`, each naming one of the messages in `sent`:
+/// first up to the pong of a ping sent now (its node has then routed every message sent
+/// before), then until there are `want`. Anything else fails; each read is bounded.
 async fn count_throttled(socket: &mut WsClient, sent: &[String], want: usize) -> usize {
     let ping = envelope("signalling.ping", None);
     socket.send(&ping).await;
@@ -877,7 +946,7 @@ async fn a_flood_from_another_node_is_throttled() {
         return;
     }
     // Only the relay's fairness is under test, not the per-socket message limit.
-    let (_redis, nodes, api) = two_ready_nodes("1000000").await;
+    let (_redis, _, nodes, api) = two_ready_nodes("1000000").await;
     let (n1, n2) = (nodes[0].base(), nodes[1].base());
     let key = api.enroll(&n1, "rf").await;
     let mut robot = robot_on(&nodes[0].ws(), "rf", &key).await;
@@ -950,7 +1019,7 @@ async fn a_flooder_refused_on_another_node_earns_strikes_and_is_cut_off() {
         eprintln!("skipped: set SIGNALLING_CLUSTER_TEST=1 and a postgres DATABASE_URL (tests/cluster/run.sh)");
         return;
     }
-    let (_redis, nodes, api) = two_ready_nodes("5").await;
+    let (_redis, _, nodes, api) = two_ready_nodes("5").await;
     let (n1, n2) = (nodes[0].base(), nodes[1].base());
     let key = api.enroll(&n1, "rs").await;
     let mut robot = robot_on(&nodes[0].ws(), "rs", &key).await;

@@ -100,10 +100,13 @@ pub async fn connect(url: &str) -> anyhow::Result<Socket> {
     Ok(socket)
 }
 
-/// The next text frame as JSON (pings are answered by tungstenite itself).
+/// The next text frame as JSON (pings are answered by tungstenite itself). The time limit
+/// is for the text frame: the server's pings do not extend it, so a message that never
+/// comes fails the run instead of holding it forever.
 pub async fn next_json(socket: &mut Socket) -> anyhow::Result<Value> {
+    let deadline = tokio::time::Instant::now() + REPLY_TIMEOUT;
     loop {
-        let frame = tokio::time::timeout(REPLY_TIMEOUT, socket.next())
+        let frame = tokio::time::timeout_at(deadline, socket.next())
             .await
             .context("no reply in time")?
             .context("socket closed")??;

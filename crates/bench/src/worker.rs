@@ -485,8 +485,10 @@ async fn setup(spec: &Spec, sessions: usize, sdp_size: usize, secs: f64) -> anyh
                 let begun = Instant::now();
                 let offer = target::offer_message(&route, &session, sdp_size)?;
                 a_sink.send(Message::Text(offer.into())).await?;
+                // For the answer, whatever pings come meanwhile.
+                let answer_by = tokio::time::Instant::now() + Duration::from_secs(30);
                 loop {
-                    let frame = tokio::time::timeout(Duration::from_secs(30), a_stream.next())
+                    let frame = tokio::time::timeout_at(answer_by, a_stream.next())
                         .await
                         .context("no answer in time")?;
                     match frame {
