@@ -264,6 +264,7 @@ async fn relay(
     let stop_at = clock + Duration::from_secs_f64(secs);
     let received = Arc::new(AtomicU64::new(0));
     let sent = Arc::new(AtomicU64::new(0));
+    let refused = Arc::new(AtomicU64::new(0));
     let dir = if b_to_a { Dir::BtoA } else { Dir::AtoB };
     let mut senders = Vec::new();
     let mut receivers = Vec::new();
@@ -276,8 +277,8 @@ async fn relay(
         } else {
             (a_sink, b_stream, b_sink, a_stream)
         };
-        drain(idle_stream);
         let permits = Arc::new(Semaphore::new(window.max(1)));
+        watch_refusals(idle_stream, permits.clone(), refused.clone());
         senders.push(tokio::spawn(send_loop(
             sink,
             route,
@@ -315,12 +316,33 @@ async fn relay(
     emit(json!({
         "event": "result",
         "sent": sent.load(Ordering::Relaxed),
+        "refused": refused.load(Ordering::Relaxed),
         "received": received,
         "secs": elapsed,
         "throughput": received as f64 / elapsed,
         "latency": summarize(&histogram),
     }));
     Ok(())
+}
+
+/// Reads the sender's own socket: a message the target refused (an error, e.g.
+/// `relay_throttled`) never reaches the receiver, so its window slot is given back here and
+/// the refusal counted, instead of the window shrinking unseen.
+fn watch_refusals(
+    mut stream: SplitStream<Socket>,
+    permits: Arc<Semaphore>,
+    refused: Arc<AtomicU64>,
+) {
+    tokio::spawn(async move {
+        while let Some(Ok(frame)) = stream.next().await {
+            if let Message::Text(text) = frame {
+                if text.contains("signalling.error") {
+                    refused.fetch_add(1, Ordering::Relaxed);
+                    permits.add_permits(1);
+                }
+            }
+        }
+    });
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -173,6 +173,10 @@ async fn relay_runs(opts: &Options, running: &Running, rows: &mut Vec<Row>) -> a
             };
             let (result, latency) =
                 run_worker(opts, running, scenario, &format!("rel{r}{size}-")).await?;
+            let refused = result["refused"].as_u64().unwrap_or(0);
+            if refused > 0 {
+                eprintln!("[bench] {name}, {label}: {refused} messages refused (throttled)");
+            }
             throughputs.push(result["throughput"].as_f64().unwrap_or(0.0));
             p99s.push(latency.p99_us);
             merged.add(deserialize(&latency)?)?;
