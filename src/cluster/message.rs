@@ -4,6 +4,10 @@
 //! framing (`F`, sender and receiver ids, then the frame's text as it was): no JSON escaping
 //! of a JSON text on the hot path. Everything else is rarer and travels as JSON (`J`).
 
+use std::io::Write;
+
+use axum::extract::ws::Utf8Bytes;
+use redis::{RedisWrite, ToRedisArgs, ToSingleRedisArg};
 use serde::{Deserialize, Serialize};
 
 use crate::relay::{ConnId, Kick};
@@ -104,17 +108,55 @@ pub enum PeerMessage {
 #[error("malformed bus message: {0}")]
 pub struct DecodeError(&'static str);
 
-pub fn encode_frame(from: Option<&ConnId>, to: &ConnId, text: &str) -> Vec<u8> {
-    let from = from.map(|f| &**f).unwrap_or("");
-    let mut out = Vec::with_capacity(3 + from.len() + to.len() + text.len());
-    out.push(b'F');
-    out.extend_from_slice(from.as_bytes());
-    out.push(b'\n');
-    out.extend_from_slice(to.as_bytes());
-    out.push(b'\n');
-    out.extend_from_slice(text.as_bytes());
-    out
+/// A relayed frame on its way to another node: `F{from}\n{to}\n{frame as received}`. It
+/// holds the received bytes (shared, not copied) and is written straight into the Redis
+/// pipeline as the PUBLISH payload: no buffer of its own per frame.
+#[derive(Debug, Clone)]
+pub struct FrameOut {
+    pub from: Option<ConnId>,
+    pub to: ConnId,
+    pub text: Utf8Bytes,
 }
+
+impl FrameOut {
+    fn write_to(&self, out: &mut impl Write) -> std::io::Result<()> {
+        let from = self.from.as_deref().unwrap_or("");
+        out.write_all(b"F")?;
+        out.write_all(from.as_bytes())?;
+        out.write_all(b"\n")?;
+        out.write_all(self.to.as_bytes())?;
+        out.write_all(b"\n")?;
+        out.write_all(self.text.as_bytes())
+    }
+}
+
+impl ToRedisArgs for FrameOut {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        // Writing into the command's own buffer cannot fail.
+        let _ = self.write_to(&mut out.writer_for_next_arg());
+    }
+}
+
+impl ToSingleRedisArg for FrameOut {}
+
+/// A node's channel, `{prefix}node:{id}`, written into the pipeline without a string of its
+/// own per frame.
+pub struct NodeChannel<'a> {
+    pub prefix: &'a str,
+    pub node: &'a str,
+}
+
+impl ToRedisArgs for NodeChannel<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        let mut arg = out.writer_for_next_arg();
+        let _ = arg
+            .write_all(self.prefix.as_bytes())
+            .and_then(|()| arg.write_all(b"node:"))
+            .and_then(|()| arg.write_all(self.node.as_bytes()));
+    }
+}
+
+impl ToSingleRedisArg for NodeChannel<'_> {}
 
 pub fn encode_control(origin: &str, control: &Control) -> Vec<u8> {
     let wrapped = Wrapped {
@@ -193,12 +235,36 @@ pub fn kick_from_name(name: &str) -> Option<Kick> {
 mod tests {
     use super::*;
 
+    /// A frame as the pipeline carries it: one PUBLISH argument.
+    fn encoded(from: Option<&ConnId>, to: &ConnId, text: &str) -> Vec<u8> {
+        let frame = FrameOut {
+            from: from.cloned(),
+            to: to.clone(),
+            text: Utf8Bytes::from(text),
+        };
+        let mut args = frame.to_redis_args();
+        assert_eq!(args.len(), 1, "one argument");
+        args.remove(0)
+    }
+
+    #[test]
+    fn a_node_channel_is_written_as_one_argument() {
+        let channel = NodeChannel {
+            prefix: "signalling:",
+            node: "n1",
+        };
+        assert_eq!(
+            channel.to_redis_args(),
+            vec![b"signalling:node:n1".to_vec()]
+        );
+    }
+
     #[test]
     fn frames_and_controls_round_trip() {
         let from = ConnId::from("c1");
         let to = ConnId::from("r1");
         let text = "{\"type\":\"signalling.answer\",\n\"x\":1}";
-        let decoded = decode(&encode_frame(Some(&from), &to, text)).unwrap();
+        let decoded = decode(&encoded(Some(&from), &to, text)).unwrap();
         assert_eq!(
             decoded,
             PeerMessage::Frame {
@@ -208,7 +274,7 @@ mod tests {
             }
         );
         assert!(matches!(
-            decode(&encode_frame(None, &to, "x")).unwrap(),
+            decode(&encoded(None, &to, "x")).unwrap(),
             PeerMessage::Frame { from: None, .. }
         ));
         let control = Control::EndSessionsOf {

@@ -22,7 +22,8 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig, PubSubStream};
 use redis::{AsyncCommands, IntoConnectionInfo, Script, Value};
 use tokio::sync::{mpsc, oneshot};
 
-pub use message::{decode, Control, MirrorSession, PeerMessage};
+use message::NodeChannel;
+pub use message::{decode, Control, FrameOut, MirrorSession, PeerMessage};
 
 use crate::metrics::Metrics;
 use crate::relay::{ConnId, Kick};
@@ -78,6 +79,11 @@ enum Op {
     Publish {
         channel: String,
         payload: Vec<u8>,
+    },
+    /// A relayed frame for a socket on `node`.
+    Frame {
+        node: Arc<str>,
+        frame: FrameOut,
     },
     PresenceUp {
         robot_id: String,
@@ -252,16 +258,9 @@ impl Cluster {
         }
     }
 
-    /// Queues a relayed frame for a socket on `node`.
-    pub fn send_frame(&self, node: &str, from: Option<&ConnId>, to: &ConnId, text: &str) {
-        let payload = message::encode_frame(from, to, text);
-        self.enqueue(
-            Op::Publish {
-                channel: self.node_channel(node),
-                payload,
-            },
-            "frame",
-        );
+    /// Queues a relayed frame for a socket on `node`: the received bytes, shared.
+    pub fn send_frame(&self, node: Arc<str>, frame: FrameOut) {
+        self.enqueue(Op::Frame { node, frame }, "frame");
     }
 
     /// Queues a control message for one node.
@@ -372,6 +371,13 @@ impl Cluster {
             match op {
                 Op::Publish { channel, payload } => {
                     pipe.publish(channel, payload.as_slice());
+                }
+                Op::Frame { node, frame } => {
+                    let channel = NodeChannel {
+                        prefix: &self.config.prefix,
+                        node,
+                    };
+                    pipe.publish(channel, frame);
                 }
                 Op::PresenceUp { robot_id, conn, .. } => {
                     pipe.cmd("SET")
@@ -705,6 +711,12 @@ impl Cluster {
         let stream = self.timed(work).await?;
         self.set_subscribed(true);
         Ok(stream)
+    }
+
+    /// Something this node should have heard may be lost: at its next heartbeat it writes
+    /// its state again and checks its sockets against the database.
+    pub fn mark_lapsed(&self) {
+        self.dirty.store(true, Ordering::Relaxed);
     }
 
     pub fn set_subscribed(&self, up: bool) {

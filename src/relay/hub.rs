@@ -3,7 +3,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::bus::{Bus, ConnId, DeliveryError, Kick, Mailbox, Outbound};
-use crate::cluster::{Cluster, Control, MirrorSession, RemoteRobot};
+use crate::cluster::{Cluster, Control, FrameOut, MirrorSession, RemoteRobot};
 use crate::messages;
 use crate::metrics::Metrics;
 use crate::store::Role;
@@ -66,6 +66,16 @@ enum ConnKind {
     Client {
         token_id: Option<String>,
     },
+}
+
+/// How a socket proved who it is, for checking it again (see [`Hub::local_logins`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LoggedInWith {
+    Robot {
+        robot_id: String,
+        credentials: Vec<String>,
+    },
+    Token(String),
 }
 
 struct ConnEntry {
@@ -268,6 +278,31 @@ impl Hub {
         self.cluster
             .as_ref()
             .and_then(|cluster| cluster.presence_up(robot_id, conn))
+    }
+
+    /// What each verified socket here logged in with: robots with the revocation entries
+    /// of their credential, clients with their opaque token (JWT clients have none to check).
+    pub fn local_logins(&self) -> Vec<(ConnId, LoggedInWith)> {
+        self.state()
+            .conns
+            .iter()
+            .filter_map(|(conn, entry)| {
+                let login = match &entry.kind {
+                    ConnKind::Robot {
+                        robot_id,
+                        credentials,
+                    } => LoggedInWith::Robot {
+                        robot_id: robot_id.clone(),
+                        credentials: credentials.clone(),
+                    },
+                    ConnKind::Client {
+                        token_id: Some(token_id),
+                    } => LoggedInWith::Token(token_id.clone()),
+                    _ => return None,
+                };
+                Some((conn.clone(), login))
+            })
+            .collect()
     }
 
     /// The robots connected to this node and their sockets.
@@ -727,8 +762,13 @@ impl Hub {
         if let (Some(node), Some(cluster)) = (self.remote_node(to), &self.cluster) {
             // The receiving node applies the receiver's queue limits; a sender over its
             // share there is told `relay_throttled` through its node (Control::Throttled).
-            if let Outbound::Text(text) = &message {
-                cluster.send_frame(&node, from, to, text.as_str());
+            if let Outbound::Text(text) = message {
+                let frame = FrameOut {
+                    from: from.cloned(),
+                    to: to.clone(),
+                    text,
+                };
+                cluster.send_frame(node, frame);
             }
             return Ok(());
         }

@@ -15,5 +15,7 @@ pub use bus::{
     Bus, ConnId, DeliveryError, Kick, KickReceiver, LocalBus, Mailbox, MailboxReceiver, Outbound,
     QueueLimits, QueueReceiver,
 };
-pub use hub::{EndedSession, Hub, HubLimits, OpenSession, RelayError, Route, SessionOpened};
+pub use hub::{
+    EndedSession, Hub, HubLimits, LoggedInWith, OpenSession, RelayError, Route, SessionOpened,
+};
 pub use sessions::{EndReason, SessionError, Sessions};

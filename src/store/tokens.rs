@@ -56,6 +56,16 @@ impl Store {
         .await?)
     }
 
+    /// Whether the token is revoked or gone (a socket that logged in with it must close).
+    pub async fn client_token_withdrawn(&self, token_id: &str) -> Result<bool, StoreError> {
+        let row: Option<(Option<i64>,)> =
+            sqlx::query_as("SELECT revoked_at FROM client_tokens WHERE token_id = $1")
+                .bind(token_id)
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(!matches!(row, Some((None,))))
+    }
+
     /// `false` if no such token exists.
     pub async fn revoke_client_token(&self, token_id: &str) -> Result<bool, StoreError> {
         let result = sqlx::query(

@@ -8,12 +8,13 @@ use std::time::Duration;
 
 use axum::extract::ws::Utf8Bytes;
 use futures_util::StreamExt;
+use tokio::task::JoinHandle;
 
 use super::StopSignal;
 use crate::cluster::message::{frame_id, kick_from_name};
 use crate::cluster::{decode, Cluster, Control, PeerMessage};
 use crate::messages;
-use crate::relay::{ConnId, DeliveryError, EndReason, Outbound};
+use crate::relay::{ConnId, DeliveryError, EndReason, Kick, LoggedInWith, Outbound};
 use crate::state::SharedState;
 use crate::ws::WsError;
 
@@ -155,6 +156,50 @@ async fn handle(state: &SharedState, cluster: &Cluster, message: PeerMessage) {
     }
 }
 
+/// After the bus was away (Redis down or restarted, or this node's subscription lost: Redis
+/// closes a subscriber that falls too far behind), the cuts other nodes broadcast meanwhile
+/// (revocations, deletions, token revocations) never arrived. The database has them: every
+/// robot and token socket here is checked again, and those no longer valid are closed as
+/// the lost cut would have closed them. A check that fails is tried again at the next beat.
+async fn recheck_logins(state: SharedState, cluster: Arc<Cluster>) {
+    let mut closed = 0;
+    for (conn, login) in state.hub.local_logins() {
+        let withdrawn = match &login {
+            LoggedInWith::Robot {
+                robot_id,
+                credentials,
+            } => state
+                .store
+                .credential_still_valid(robot_id, credentials)
+                .await
+                .map(|valid| valid != Some(true)),
+            LoggedInWith::Token(token_id) => state.store.client_token_withdrawn(token_id).await,
+        };
+        match withdrawn {
+            Ok(false) => {}
+            Ok(true) => {
+                let reason = match login {
+                    LoggedInWith::Robot { .. } => Kick::Revoked,
+                    LoggedInWith::Token(_) => Kick::TokenRevoked,
+                };
+                state.hub.kick(&conn, reason);
+                closed += 1;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot check a login after a bus lapse; retrying");
+                cluster.mark_lapsed();
+                return;
+            }
+        }
+    }
+    if closed > 0 {
+        tracing::warn!(
+            closed,
+            "closed sockets whose credential was withdrawn while the bus was away"
+        );
+    }
+}
+
 /// Every third of the lease: renew the lease (writing presence again after a lapse),
 /// renew control locks, probe the bus lag, and end what dead nodes left behind.
 pub async fn heartbeat(state: SharedState, cluster: Arc<Cluster>, mut stop: StopSignal) {
@@ -163,6 +208,8 @@ pub async fn heartbeat(state: SharedState, cluster: Arc<Cluster>, mut stop: Stop
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Dead nodes already handled here, until they come back.
     let mut handled: HashSet<String> = HashSet::new();
+    // The check of this node's sockets after a lapse, while it runs.
+    let mut recheck = None;
     loop {
         tokio::select! {
             _ = stop.stopped() => return,
@@ -171,7 +218,7 @@ pub async fn heartbeat(state: SharedState, cluster: Arc<Cluster>, mut stop: Stop
         if state.is_shutting_down() {
             continue;
         }
-        if let Err(e) = beat(&state, &cluster, &mut handled).await {
+        if let Err(e) = beat(&state, &cluster, &mut handled, &mut recheck).await {
             tracing::debug!(error = %e, "cluster heartbeat failed");
         }
         state.hub.sweep_remote();
@@ -180,8 +227,9 @@ pub async fn heartbeat(state: SharedState, cluster: Arc<Cluster>, mut stop: Stop
 
 async fn beat(
     state: &SharedState,
-    cluster: &Cluster,
+    cluster: &Arc<Cluster>,
     handled: &mut HashSet<String>,
+    recheck: &mut Option<JoinHandle<()>>,
 ) -> Result<(), crate::cluster::ClusterError> {
     let lapsed = cluster.heartbeat().await?;
     if lapsed {
@@ -191,6 +239,12 @@ async fn beat(
             robots = robots.len(),
             "registered this node's presence in redis"
         );
+        if recheck.as_ref().is_none_or(|task| task.is_finished()) {
+            *recheck = Some(tokio::spawn(recheck_logins(state.clone(), cluster.clone())));
+        } else {
+            // Still checking after an earlier lapse: check again once that one is done.
+            cluster.mark_lapsed();
+        }
     }
     let held = state.sessions.held_locks();
     for robot in cluster.renew_locks(&held, lapsed).await? {

@@ -22,6 +22,11 @@ use crate::target::TargetInfo;
 
 const NODES: usize = 3;
 
+/// As deploy/docker-compose.yml sets it: Redis's default (32 MB, or 8 MB for 60 s) closes a
+/// node's subscription when a burst of relayed frames outruns it, and what it held is lost
+/// (docs/deployment.md, "Redis").
+const REDIS_PUBSUB_LIMIT: [&str; 2] = ["--client-output-buffer-limit", "pubsub 512mb 256mb 60"];
+
 /// Starts one node of the cluster; returns its port and process.
 async fn start_node(
     opts: &Options,
@@ -72,6 +77,7 @@ pub async fn cluster(
     let mut redis = Command::new("redis-server")
         .args(["--port", &redis_port.to_string(), "--bind", "127.0.0.1"])
         .args(["--save", "", "--appendonly", "no"])
+        .args(REDIS_PUBSUB_LIMIT)
         .stdout(Stdio::null())
         .kill_on_drop(true)
         .spawn()
