@@ -31,6 +31,17 @@ fn enabled() -> bool {
         && std::env::var("DATABASE_URL").is_ok_and(|u| u.starts_with("postgres"))
 }
 
+/// True (and says so) when the cluster suite is not asked for.
+fn skipped() -> bool {
+    if enabled() {
+        return false;
+    }
+    eprintln!(
+        "skipped: set SIGNALLING_CLUSTER_TEST=1 and a postgres DATABASE_URL (tests/cluster/run.sh)"
+    );
+    true
+}
+
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -365,8 +376,7 @@ fn start_node_with(database: &str, redis: &str, prefix: &str, id: &str, extra: &
 
 #[tokio::test]
 async fn three_nodes_behind_haproxy() {
-    if !enabled() {
-        eprintln!("skipped: set SIGNALLING_CLUSTER_TEST=1 and a postgres DATABASE_URL (tests/cluster/run.sh)");
+    if skipped() {
         return;
     }
     let run = &uuid::Uuid::new_v4().simple().to_string()[..8];
@@ -813,8 +823,7 @@ async fn redis_command(port: u16, args: &[&str]) -> String {
 /// is written shows as a missing key right after `pki_verified` (reads are not held).
 #[tokio::test]
 async fn a_robot_is_reachable_from_every_node_once_verified() {
-    if !enabled() {
-        eprintln!("skipped: set SIGNALLING_CLUSTER_TEST=1 and a postgres DATABASE_URL (tests/cluster/run.sh)");
+    if skipped() {
         return;
     }
     let (redis, prefix, nodes, api) = two_ready_nodes("10").await;
@@ -895,8 +904,7 @@ fn stop_without_panics(nodes: Vec<Node>) {
 /// whose bus lapsed checks its sockets against the database.
 #[tokio::test]
 async fn cuts_a_node_missed_are_applied_once_its_bus_returns() {
-    if !enabled() {
-        eprintln!("skipped: set SIGNALLING_CLUSTER_TEST=1 and a postgres DATABASE_URL (tests/cluster/run.sh)");
+    if skipped() {
         return;
     }
     let (mut redis, _, nodes, api) = two_ready_nodes("10").await;
@@ -1000,8 +1008,7 @@ async fn drain_flood(socket: &mut WsClient) {
 /// on node 2 flooding a robot on node 1, and a robot on node 1 flooding a client on node 2.
 #[tokio::test]
 async fn a_flood_from_another_node_is_throttled() {
-    if !enabled() {
-        eprintln!("skipped: set SIGNALLING_CLUSTER_TEST=1 and a postgres DATABASE_URL (tests/cluster/run.sh)");
+    if skipped() {
         return;
     }
     // Only the relay's fairness is under test, not the per-socket message limit.
@@ -1074,8 +1081,7 @@ async fn a_flood_from_another_node_is_throttled() {
 /// node, and is cut off past `--max-strikes`.
 #[tokio::test]
 async fn a_flooder_refused_on_another_node_earns_strikes_and_is_cut_off() {
-    if !enabled() {
-        eprintln!("skipped: set SIGNALLING_CLUSTER_TEST=1 and a postgres DATABASE_URL (tests/cluster/run.sh)");
+    if skipped() {
         return;
     }
     let (_redis, _, nodes, api) = two_ready_nodes("5").await;
