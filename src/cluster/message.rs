@@ -2,7 +2,9 @@
 //!
 //! Relayed frames are by far the most frequent message, so they have their own compact
 //! framing (`F`, sender and receiver ids, then the frame's text as it was): no JSON escaping
-//! of a JSON text on the hot path. Everything else is rarer and travels as JSON (`J`).
+//! of a JSON text on the hot path. The frames a node's writer has for one node at a time
+//! travel together in one PUBLISH (`B`, each frame length-prefixed): Redis, and both nodes'
+//! clients, pay per message, not per byte. Everything else is rarer and travels as JSON (`J`).
 
 use std::io::Write;
 
@@ -90,14 +92,19 @@ struct Wrapped {
     control: Control,
 }
 
+/// A relayed frame as the receiving node reads it.
+#[derive(Debug, PartialEq, Eq)]
+pub struct RelayedFrame {
+    pub from: Option<ConnId>,
+    pub to: ConnId,
+    pub text: String,
+}
+
 /// A message received from the bus.
 #[derive(Debug, PartialEq, Eq)]
 pub enum PeerMessage {
-    Frame {
-        from: Option<ConnId>,
-        to: ConnId,
-        text: String,
-    },
+    /// One or more relayed frames, in the order they were sent.
+    Frames(Vec<RelayedFrame>),
     Control {
         origin: String,
         control: Control,
@@ -119,6 +126,12 @@ pub struct FrameOut {
 }
 
 impl FrameOut {
+    /// The length of its encoding (what [`FrameOut::write_to`] writes).
+    pub fn encoded_len(&self) -> usize {
+        let from = self.from.as_deref().map_or(0, str::len);
+        3 + from + self.to.len() + self.text.len()
+    }
+
     fn write_to(&self, out: &mut impl Write) -> std::io::Result<()> {
         let from = self.from.as_deref().unwrap_or("");
         out.write_all(b"F")?;
@@ -138,6 +151,33 @@ impl ToRedisArgs for FrameOut {
 }
 
 impl ToSingleRedisArg for FrameOut {}
+
+/// Frames for one node, in order, as one PUBLISH payload: `B`, then for each frame its
+/// encoding's length (4 bytes, big-endian) and its encoding. Written straight into the
+/// pipeline, like a single frame.
+pub struct FrameBatch<'a>(pub &'a [&'a FrameOut]);
+
+impl FrameBatch<'_> {
+    pub fn encoded_len(&self) -> usize {
+        1 + self.0.iter().map(|f| 4 + f.encoded_len()).sum::<usize>()
+    }
+}
+
+impl ToRedisArgs for FrameBatch<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        let mut arg = out.writer_for_next_arg();
+        let _ = arg.write_all(b"B");
+        for frame in self.0 {
+            // A frame is bounded by the socket's message limit, far below 4 GiB.
+            let len = u32::try_from(frame.encoded_len()).unwrap_or(u32::MAX);
+            let _ = arg
+                .write_all(&len.to_be_bytes())
+                .and_then(|()| frame.write_to(&mut arg));
+        }
+    }
+}
+
+impl ToSingleRedisArg for FrameBatch<'_> {}
 
 /// A node's channel, `{prefix}node:{id}`, written into the pipeline without a string of its
 /// own per frame.
@@ -171,22 +211,30 @@ pub fn encode_control(origin: &str, control: &Control) -> Vec<u8> {
 
 pub fn decode(bytes: &[u8]) -> Result<PeerMessage, DecodeError> {
     match bytes.split_first() {
-        Some((b'F', rest)) => {
-            let text = std::str::from_utf8(rest).map_err(|_| DecodeError("not UTF-8"))?;
-            let mut parts = text.splitn(3, '\n');
-            let (Some(from), Some(to), Some(text)) = (parts.next(), parts.next(), parts.next())
-            else {
-                return Err(DecodeError("frame header"));
-            };
-            if to.is_empty() {
-                return Err(DecodeError("frame without receiver"));
+        Some((b'B', mut rest)) => {
+            let mut frames = Vec::new();
+            while !rest.is_empty() {
+                let (len, after) = rest
+                    .split_first_chunk::<4>()
+                    .ok_or(DecodeError("batch length"))?;
+                let len = u32::from_be_bytes(*len) as usize;
+                if after.len() < len {
+                    return Err(DecodeError("batch truncated"));
+                }
+                let (frame, after) = after.split_at(len);
+                match frame.split_first() {
+                    Some((b'F', frame)) => frames.push(decode_frame(frame)?),
+                    _ => return Err(DecodeError("batch item")),
+                }
+                rest = after;
             }
-            Ok(PeerMessage::Frame {
-                from: (!from.is_empty()).then(|| ConnId::from(from)),
-                to: ConnId::from(to),
-                text: text.to_string(),
-            })
+            if frames.is_empty() {
+                return Err(DecodeError("empty batch"));
+            }
+            Ok(PeerMessage::Frames(frames))
         }
+        // A single frame: what nodes of the previous version send (a rolling upgrade).
+        Some((b'F', rest)) => Ok(PeerMessage::Frames(vec![decode_frame(rest)?])),
         Some((b'J', rest)) => {
             let wrapped: Wrapped =
                 serde_json::from_slice(rest).map_err(|_| DecodeError("control JSON"))?;
@@ -197,6 +245,23 @@ pub fn decode(bytes: &[u8]) -> Result<PeerMessage, DecodeError> {
         }
         _ => Err(DecodeError("unknown tag")),
     }
+}
+
+/// `{from}\n{to}\n{text}`: a frame's encoding after its `F`.
+fn decode_frame(bytes: &[u8]) -> Result<RelayedFrame, DecodeError> {
+    let text = std::str::from_utf8(bytes).map_err(|_| DecodeError("not UTF-8"))?;
+    let mut parts = text.splitn(3, '\n');
+    let (Some(from), Some(to), Some(text)) = (parts.next(), parts.next(), parts.next()) else {
+        return Err(DecodeError("frame header"));
+    };
+    if to.is_empty() {
+        return Err(DecodeError("frame without receiver"));
+    }
+    Ok(RelayedFrame {
+        from: (!from.is_empty()).then(|| ConnId::from(from)),
+        to: ConnId::from(to),
+        text: text.to_string(),
+    })
 }
 
 /// The `id` of a relayed frame (for the error that names it), read only when the frame was
@@ -260,6 +325,63 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_carries_its_frames_in_order() {
+        let frames: Vec<FrameOut> = [
+            (Some("c1"), "r1", "{\"a\":\"line\\nbreak\"}\n"),
+            (None, "r2", ""),
+            (Some("c3"), "r1", "{\"type\":\"x\"}"),
+        ]
+        .into_iter()
+        .map(|(from, to, text)| FrameOut {
+            from: from.map(ConnId::from),
+            to: ConnId::from(to),
+            text: Utf8Bytes::from(text),
+        })
+        .collect();
+        let refs: Vec<&FrameOut> = frames.iter().collect();
+        let batch = FrameBatch(&refs);
+        let mut args = batch.to_redis_args();
+        assert_eq!(args.len(), 1, "one argument");
+        let bytes = args.remove(0);
+        assert_eq!(bytes.len(), batch.encoded_len());
+        let PeerMessage::Frames(decoded) = decode(&bytes).unwrap() else {
+            panic!("frames");
+        };
+        let expected: Vec<RelayedFrame> = frames
+            .iter()
+            .map(|f| RelayedFrame {
+                from: f.from.clone(),
+                to: f.to.clone(),
+                text: f.text.as_str().into(),
+            })
+            .collect();
+        assert_eq!(decoded, expected);
+
+        // Damaged batches are refused whole, never read past their end.
+        for cut in 1..bytes.len() {
+            let damaged = decode(&bytes[..cut]);
+            let at_boundary = [1 + 4 + frames[0].encoded_len()]
+                .into_iter()
+                .chain([1 + 8 + frames[0].encoded_len() + frames[1].encoded_len()])
+                .any(|end| end == cut);
+            assert_eq!(damaged.is_ok(), at_boundary, "cut at {cut}");
+        }
+        assert!(decode(b"B").is_err(), "an empty batch");
+        assert!(
+            decode(b"B\xff\xff\xff\xffFa\nb\nc").is_err(),
+            "a length past the end"
+        );
+        assert!(
+            decode(b"B\0\0\0\x01J").is_err(),
+            "an item that is not a frame"
+        );
+        assert!(
+            decode(b"B\0\0\0\x04F\n\nx").is_err(),
+            "a frame without a receiver"
+        );
+    }
+
+    #[test]
     fn frames_and_controls_round_trip() {
         let from = ConnId::from("c1");
         let to = ConnId::from("r1");
@@ -267,15 +389,15 @@ mod tests {
         let decoded = decode(&encoded(Some(&from), &to, text)).unwrap();
         assert_eq!(
             decoded,
-            PeerMessage::Frame {
+            PeerMessage::Frames(vec![RelayedFrame {
                 from: Some(from),
                 to: to.clone(),
                 text: text.into()
-            }
+            }])
         );
         assert!(matches!(
             decode(&encoded(None, &to, "x")).unwrap(),
-            PeerMessage::Frame { from: None, .. }
+            PeerMessage::Frames(frames) if frames[0].from.is_none()
         ));
         let control = Control::EndSessionsOf {
             robot_id: "r".into(),

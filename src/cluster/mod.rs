@@ -22,8 +22,8 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig, PubSubStream};
 use redis::{AsyncCommands, IntoConnectionInfo, Script, Value};
 use tokio::sync::{mpsc, oneshot};
 
-use message::NodeChannel;
-pub use message::{decode, Control, FrameOut, MirrorSession, PeerMessage};
+pub use message::{decode, Control, FrameOut, MirrorSession, PeerMessage, RelayedFrame};
+use message::{FrameBatch, NodeChannel};
 
 use crate::metrics::Metrics;
 use crate::relay::{ConnId, Kick};
@@ -34,6 +34,9 @@ use crate::tasks::StopSignal;
 const OUTBOX: usize = 65_536;
 /// Largest pipeline the writer sends at once.
 const BATCH: usize = 512;
+/// Largest PUBLISH payload of frames batched for one node: well under Redis's pub/sub
+/// output limits, and one frame of the largest size still fits.
+const BATCH_BYTES: usize = 256 * 1024;
 /// How long a login waits for its robot's presence to reach Redis before it is answered
 /// anyway (Redis slow or away: the robot is then reachable on its own node only, as in an
 /// outage). The commands' own time limit.
@@ -367,18 +370,36 @@ impl Cluster {
             return;
         }
         let mut pipe = redis::pipe();
+        // Frames queued one after another go out one PUBLISH per node; any other operation
+        // ends the run first, so whatever a node receives keeps the order it was queued in.
+        let mut run: Vec<(&str, Vec<&FrameOut>, usize)> = Vec::new();
         for op in batch.iter() {
+            if let Op::Frame { node, frame } = op {
+                let at = match run.iter().position(|(to, ..)| *to == &**node) {
+                    Some(at) => at,
+                    None => {
+                        run.push((&**node, Vec::new(), 1));
+                        run.len() - 1
+                    }
+                };
+                let (_, frames, bytes) = &mut run[at];
+                if *bytes + 4 + frame.encoded_len() > BATCH_BYTES && !frames.is_empty() {
+                    self.publish_frames(&mut pipe, node, frames);
+                    frames.clear();
+                    *bytes = 1;
+                }
+                frames.push(frame);
+                *bytes += 4 + frame.encoded_len();
+                continue;
+            }
+            for (node, frames, _) in run.drain(..) {
+                self.publish_frames(&mut pipe, node, &frames);
+            }
             match op {
                 Op::Publish { channel, payload } => {
-                    pipe.publish(channel, payload.as_slice());
+                    pipe.publish(channel, payload.as_slice()).ignore();
                 }
-                Op::Frame { node, frame } => {
-                    let channel = NodeChannel {
-                        prefix: &self.config.prefix,
-                        node,
-                    };
-                    pipe.publish(channel, frame);
-                }
+                Op::Frame { .. } => {}
                 Op::PresenceUp { robot_id, conn, .. } => {
                     pipe.cmd("SET")
                         .arg(self.key(&["robot:", robot_id]))
@@ -390,23 +411,31 @@ impl Cluster {
                         .arg(DELETE_IF)
                         .arg(1)
                         .arg(self.key(&["robot:", robot_id]))
-                        .arg(self.presence_value(conn));
+                        .arg(self.presence_value(conn))
+                        .ignore();
                 }
             }
         }
+        for (node, frames, _) in run.drain(..) {
+            self.publish_frames(&mut pipe, node, &frames);
+        }
+        drop(run);
         let mut conn = self.conn.clone();
+        // Only the presence writes answer (every other command is ignored), in order.
         let result: Result<Vec<Value>, _> = pipe.query_async(&mut conn).await;
         match result {
             Ok(values) => {
                 self.record(true);
-                for (op, value) in batch.iter_mut().zip(values) {
-                    if let Op::PresenceUp { conn, written, .. } = op {
-                        if let Value::BulkString(old) = value {
-                            self.replace_elsewhere(conn, &old);
-                        }
-                        if let Some(written) = written.take() {
-                            let _ = written.send(());
-                        }
+                let presence_writes = batch.iter_mut().filter_map(|op| match op {
+                    Op::PresenceUp { conn, written, .. } => Some((conn, written)),
+                    _ => None,
+                });
+                for ((conn, written), value) in presence_writes.zip(values) {
+                    if let Value::BulkString(old) = value {
+                        self.replace_elsewhere(conn, &old);
+                    }
+                    if let Some(written) = written.take() {
+                        let _ = written.send(());
                     }
                 }
             }
@@ -417,6 +446,15 @@ impl Cluster {
             }
         }
         batch.clear();
+    }
+
+    /// One PUBLISH to `node`'s channel carrying `frames`, in order.
+    fn publish_frames(&self, pipe: &mut redis::Pipeline, node: &str, frames: &[&FrameOut]) {
+        let channel = NodeChannel {
+            prefix: &self.config.prefix,
+            node,
+        };
+        pipe.publish(channel, FrameBatch(frames)).ignore();
     }
 
     /// A robot verified here was connected elsewhere: that socket is replaced (4001).

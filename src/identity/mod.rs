@@ -446,6 +446,35 @@ impl Identity {
         })
     }
 
+    /// Whether an earlier robot login still stands: the robot exists, its credential is not
+    /// revoked, nothing it proved (`proved`: the revocation entries of its login) is on the
+    /// revocation list, and it was not re-enrolled since (a new credential supersedes the
+    /// key it proved). For checking sockets again when the broadcast of a cut may have been
+    /// lost. A stored credential that no longer parses fails closed.
+    pub async fn login_still_stands(
+        &self,
+        robot_id: &str,
+        proved: &[String],
+    ) -> Result<bool, StoreError> {
+        let Some(record) = self.store.robot(robot_id).await? else {
+            return Ok(false);
+        };
+        let Some(credential) = record
+            .credential
+            .as_ref()
+            .filter(|_| !record.credential_revoked)
+        else {
+            return Ok(false);
+        };
+        let Ok(enrolled) = self.enrolled_key(credential) else {
+            return Ok(false);
+        };
+        if !proved.contains(&key_revocation_entry(&enrolled)) {
+            return Ok(false);
+        }
+        Ok(!self.store.is_revoked(proved).await?)
+    }
+
     /// After recording: is the robot's credential now the key this challenge proves?
     async fn presented_chain_is_the_credential(
         &self,

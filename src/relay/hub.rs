@@ -305,6 +305,23 @@ impl Hub {
             .collect()
     }
 
+    /// Each (robot, subject) with sessions this node owns (mirrors excluded: their owner
+    /// checks them), and the highest role among them: what a grant check must allow.
+    pub fn owned_session_roles(&self) -> Vec<(String, Arc<str>, Role)> {
+        let mut highest: HashMap<(&str, &Arc<str>), Role> = HashMap::new();
+        let state = self.state();
+        for session in state.sessions.values().filter(|s| !s.mirror) {
+            let role = highest
+                .entry((session.robot_id.as_str(), &session.subject))
+                .or_insert(session.role);
+            *role = (*role).max(session.role);
+        }
+        highest
+            .into_iter()
+            .map(|((robot_id, subject), role)| (robot_id.to_string(), subject.clone(), role))
+            .collect()
+    }
+
     /// The robots connected to this node and their sockets.
     pub fn local_robots(&self) -> Vec<(String, ConnId)> {
         self.state()

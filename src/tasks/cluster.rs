@@ -12,10 +12,11 @@ use tokio::task::JoinHandle;
 
 use super::StopSignal;
 use crate::cluster::message::{frame_id, kick_from_name};
-use crate::cluster::{decode, Cluster, Control, PeerMessage};
+use crate::cluster::{decode, Cluster, Control, PeerMessage, RelayedFrame};
 use crate::messages;
 use crate::relay::{ConnId, DeliveryError, EndReason, Kick, LoggedInWith, Outbound};
 use crate::state::SharedState;
+use crate::store::StoreError;
 use crate::ws::WsError;
 
 /// Longest wait between two attempts to subscribe again while Redis is away.
@@ -62,25 +63,9 @@ pub async fn listen(state: SharedState, cluster: Arc<Cluster>, mut stop: StopSig
 
 async fn handle(state: &SharedState, cluster: &Cluster, message: PeerMessage) {
     let (origin, control) = match message {
-        PeerMessage::Frame { from, to, text } => {
-            cluster.count_received("frame");
-            // Shared bytes: the copy kept for a refusal is a reference count.
-            let text = Utf8Bytes::from(text);
-            let delivered =
-                state
-                    .hub
-                    .deliver_local(from.as_ref(), &to, Outbound::Text(text.clone()));
-            if let (Err(DeliveryError::SenderThrottled), Some(from)) = (delivered, from) {
-                // Over its share here, like a local sender: its own node tells it.
-                if let Some(node) = state.hub.remote_node(&from) {
-                    cluster.send(
-                        &node,
-                        &Control::Throttled {
-                            conn: from.to_string(),
-                            id: frame_id(text.as_str()),
-                        },
-                    );
-                }
+        PeerMessage::Frames(frames) => {
+            for frame in frames {
+                deliver_frame(state, cluster, frame);
             }
             return;
         }
@@ -156,40 +141,69 @@ async fn handle(state: &SharedState, cluster: &Cluster, message: PeerMessage) {
     }
 }
 
+/// Delivers a frame relayed from another node to its socket here, with every rule of a
+/// local delivery; a sender over its share is told by its own node.
+fn deliver_frame(state: &SharedState, cluster: &Cluster, frame: RelayedFrame) {
+    cluster.count_received("frame");
+    let RelayedFrame { from, to, text } = frame;
+    // Shared bytes: the copy kept for a refusal is a reference count.
+    let text = Utf8Bytes::from(text);
+    let delivered = state
+        .hub
+        .deliver_local(from.as_ref(), &to, Outbound::Text(text.clone()));
+    if let (Err(DeliveryError::SenderThrottled), Some(from)) = (delivered, from) {
+        if let Some(node) = state.hub.remote_node(&from) {
+            cluster.send(
+                &node,
+                &Control::Throttled {
+                    conn: from.to_string(),
+                    id: frame_id(text.as_str()),
+                },
+            );
+        }
+    }
+}
+
 /// After the bus was away (Redis down or restarted, or this node's subscription lost: Redis
 /// closes a subscriber that falls too far behind), the cuts other nodes broadcast meanwhile
-/// (revocations, deletions, token revocations) never arrived. The database has them: every
-/// robot and token socket here is checked again, and those no longer valid are closed as
-/// the lost cut would have closed them. A check that fails is tried again at the next beat.
-async fn recheck_logins(state: SharedState, cluster: Arc<Cluster>) {
+/// never arrived. The database has them: every robot and token socket here is checked
+/// again (revoked, deleted, re-enrolled), then every session this node owns against its
+/// grant (withdrawn, lowered), and what no longer stands is closed or ended as the lost
+/// cut would have done. A check that fails is tried again at the next beat.
+async fn recheck_after_lapse(state: SharedState, cluster: Arc<Cluster>) {
+    if let Err(e) = recheck_logins(&state).await {
+        tracing::warn!(error = %e, "cannot check the logins after a bus lapse; retrying");
+        cluster.mark_lapsed();
+        return;
+    }
+    if let Err(e) = recheck_grants(&state).await {
+        tracing::warn!(error = %e, "cannot check the grants after a bus lapse; retrying");
+        cluster.mark_lapsed();
+    }
+}
+
+async fn recheck_logins(state: &SharedState) -> Result<(), StoreError> {
     let mut closed = 0;
     for (conn, login) in state.hub.local_logins() {
-        let withdrawn = match &login {
+        let (stands, reason) = match &login {
             LoggedInWith::Robot {
                 robot_id,
                 credentials,
-            } => state
-                .store
-                .credential_still_valid(robot_id, credentials)
-                .await
-                .map(|valid| valid != Some(true)),
-            LoggedInWith::Token(token_id) => state.store.client_token_withdrawn(token_id).await,
+            } => (
+                state
+                    .identity
+                    .login_still_stands(robot_id, credentials)
+                    .await?,
+                Kick::Revoked,
+            ),
+            LoggedInWith::Token(token_id) => (
+                !state.store.client_token_withdrawn(token_id).await?,
+                Kick::TokenRevoked,
+            ),
         };
-        match withdrawn {
-            Ok(false) => {}
-            Ok(true) => {
-                let reason = match login {
-                    LoggedInWith::Robot { .. } => Kick::Revoked,
-                    LoggedInWith::Token(_) => Kick::TokenRevoked,
-                };
-                state.hub.kick(&conn, reason);
-                closed += 1;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot check a login after a bus lapse; retrying");
-                cluster.mark_lapsed();
-                return;
-            }
+        if !stands {
+            state.hub.kick(&conn, reason);
+            closed += 1;
         }
     }
     if closed > 0 {
@@ -198,6 +212,29 @@ async fn recheck_logins(state: SharedState, cluster: Arc<Cluster>) {
             "closed sockets whose credential was withdrawn while the bus was away"
         );
     }
+    Ok(())
+}
+
+async fn recheck_grants(state: &SharedState) -> Result<(), StoreError> {
+    let mut ended = 0;
+    for (robot_id, subject, role) in state.hub.owned_session_roles() {
+        let (allowed, reason) = match state.store.grant(&robot_id, &subject).await? {
+            Some(granted) if granted >= role => continue,
+            Some(granted) => (Some(granted), EndReason::GrantChanged),
+            None => (None, EndReason::GrantRevoked),
+        };
+        ended += state
+            .sessions
+            .end_for_subject_here(&robot_id, &subject, allowed, reason)
+            .await?;
+    }
+    if ended > 0 {
+        tracing::warn!(
+            ended,
+            "ended sessions whose grant was withdrawn or lowered while the bus was away"
+        );
+    }
+    Ok(())
 }
 
 /// Every third of the lease: renew the lease (writing presence again after a lapse),
@@ -240,7 +277,10 @@ async fn beat(
             "registered this node's presence in redis"
         );
         if recheck.as_ref().is_none_or(|task| task.is_finished()) {
-            *recheck = Some(tokio::spawn(recheck_logins(state.clone(), cluster.clone())));
+            *recheck = Some(tokio::spawn(recheck_after_lapse(
+                state.clone(),
+                cluster.clone(),
+            )));
         } else {
             // Still checking after an earlier lapse: check again once that one is done.
             cluster.mark_lapsed();

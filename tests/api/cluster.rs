@@ -850,6 +850,65 @@ async fn a_robot_is_reachable_from_every_node_once_verified() {
     stop_without_panics(nodes);
 }
 
+/// Candidates per burst, and how many may be in flight: well inside a sender's share of the
+/// receiver's queue (a quarter of 512 frames) and its relay byte rate (256 KiB/s), so the
+/// relay's fairness rules never refuse one, and enough for several frames per PUBLISH.
+const BURST: usize = 300;
+const IN_FLIGHT: usize = 32;
+
+/// `from` sends BURST candidates, then `last` if given, as fast as `to` reads (at most
+/// IN_FLIGHT ahead); `to` gets each, in order, and `last` after them.
+async fn burst(from: &mut WsClient, to: &mut WsClient, session: &str, last: Option<Value>) {
+    let mut sent: Vec<Value> = (0..BURST).map(|_| ice(session)).collect();
+    sent.extend(last);
+    let mut received = 0;
+    for (n, message) in sent.iter().enumerate() {
+        from.send(message).await;
+        while n + 1 - received >= IN_FLIGHT || (n + 1 == sent.len() && received < sent.len()) {
+            let got = to.recv().await;
+            let want = &sent[received];
+            assert_eq!(got["type"], want["type"], "message {received}: {got}");
+            if got["type"] == "signalling.ice_candidate" {
+                assert_eq!(got["id"], want["id"], "message {received} of the burst");
+            }
+            received += 1;
+        }
+    }
+}
+
+/// Frames crossing nodes travel batched (one PUBLISH per node per round trip to Redis): a
+/// burst arrives whole and in order both ways, and a session's end, which travels as a
+/// control message, still comes after every frame sent before it.
+#[tokio::test]
+async fn a_burst_across_nodes_arrives_whole_and_in_order() {
+    if skipped() {
+        return;
+    }
+    let (_redis, _, nodes, api) = two_ready_nodes("10").await;
+    let n1 = nodes[0].base();
+    let key = api.enroll(&n1, "rb").await;
+    let mut robot = robot_on(&nodes[0].ws(), "rb", &key).await;
+    api.grant(&n1, "rb", "alice", "operator").await;
+    let (alice_token, _) = api.token(&n1, "alice").await;
+    let mut alice = WsClient::connect_with_token(&nodes[1].ws(), &alice_token).await;
+    let session = alice.connection_id.clone();
+    alice.send(&offer("rb", &session)).await;
+    robot.recv_type("signalling.offer").await;
+
+    burst(&mut alice, &mut robot, &session, None).await;
+    burst(&mut robot, &mut alice, &session, None).await;
+    burst(
+        &mut alice,
+        &mut robot,
+        &session,
+        Some(disconnected(&session)),
+    )
+    .await;
+    robot.expect_nothing_pending().await;
+    alice.expect_nothing_pending().await;
+    stop_without_panics(nodes);
+}
+
 /// Two nodes on a fresh database and a Redis of their own, both ready, with no message rate
 /// limit and `max_strikes` strikes allowed. The Redis runs as long as its handle lives;
 /// the string is the nodes' key prefix in it.
@@ -899,9 +958,10 @@ fn stop_without_panics(nodes: Vec<Node>) {
     }
 }
 
-/// A cut whose broadcast was lost is not lost for good: a robot and a token revoked while
-/// node 2 could not hear the bus are closed on node 2 once Redis is back, because a node
-/// whose bus lapsed checks its sockets against the database.
+/// A cut whose broadcast was lost is not lost for good: a robot and a token revoked, a robot
+/// re-enrolled, a grant withdrawn and a grant lowered while the nodes could not hear the
+/// bus all take effect once Redis is back, because a node whose bus lapsed checks its
+/// sockets and the sessions it owns against the database.
 #[tokio::test]
 async fn cuts_a_node_missed_are_applied_once_its_bus_returns() {
     if skipped() {
@@ -915,6 +975,29 @@ async fn cuts_a_node_missed_are_applied_once_its_bus_returns() {
     let mut erin = WsClient::connect_with_token(&nodes[1].ws(), &token).await;
     let (kept_token, _) = api.token(&n1, "frank").await;
     let mut frank = WsClient::connect_with_token(&nodes[1].ws(), &kept_token).await;
+    // A robot to be re-enrolled (a second robot's key stands for its new one).
+    let key = api.enroll(&n1, "rk").await;
+    let mut reenrolled = robot_on(&nodes[1].ws(), "rk", &key).await;
+    api.enroll(&n1, "rk-new-key").await;
+    // Sessions on a robot of node 1: gina's (owned by node 2) to be lowered from operator,
+    // hal's (owned by node 1) to be withdrawn, frank's (node 2) to stay.
+    let key = api.enroll(&n1, "rs").await;
+    let mut rs = robot_on(&nodes[0].ws(), "rs", &key).await;
+    let (gina_token, _) = api.token(&n1, "gina").await;
+    let mut gina = WsClient::connect_with_token(&nodes[1].ws(), &gina_token).await;
+    let (hal_token, _) = api.token(&n1, "hal").await;
+    let mut hal = WsClient::connect_with_token(&nodes[0].ws(), &hal_token).await;
+    for (client, subject, role) in [
+        (&mut gina, "gina", "operator"),
+        (&mut hal, "hal", "viewer"),
+        (&mut frank, "frank", "viewer"),
+    ] {
+        api.grant(&n1, "rs", subject, role).await;
+        client
+            .send(&offer("rs", &client.connection_id.clone()))
+            .await;
+        rs.recv_type("signalling.offer").await;
+    }
 
     // What a revocation of the robot and of erin's token leaves behind when its broadcast
     // is lost: the database changed, no node told. (Made here in the database itself: an API
@@ -933,8 +1016,24 @@ async fn cuts_a_node_missed_are_applied_once_its_bus_returns() {
         .execute(&database)
         .await
         .expect("revoke erin's token");
-    robot.expect_nothing_pending().await;
-    erin.expect_nothing_pending().await;
+    sqlx::query(
+        "UPDATE robots SET public_key = \
+         (SELECT public_key FROM robots WHERE robot_id = 'rk-new-key') WHERE robot_id = 'rk'",
+    )
+    .execute(&database)
+    .await
+    .expect("re-enroll rk");
+    sqlx::query("UPDATE grants SET role = 'viewer' WHERE robot_id = 'rs' AND subject = 'gina'")
+        .execute(&database)
+        .await
+        .expect("lower gina's grant");
+    sqlx::query("DELETE FROM grants WHERE robot_id = 'rs' AND subject = 'hal'")
+        .execute(&database)
+        .await
+        .expect("withdraw hal's grant");
+    for socket in [&mut robot, &mut erin, &mut reenrolled, &mut gina, &mut hal] {
+        socket.expect_nothing_pending().await;
+    }
 
     // The bus goes away and comes back: node 2 lapsed, so it checks its sockets.
     redis.kill();
@@ -949,8 +1048,41 @@ async fn cuts_a_node_missed_are_applied_once_its_bus_returns() {
     robot.expect_close_with(4003).await;
     erin.wait = Duration::from_secs(20);
     erin.expect_close_with(4003).await;
-    // A valid token's socket stays.
+    reenrolled.wait = Duration::from_secs(20);
+    let error = reenrolled.expect_error("UNAUTHORIZED").await;
+    assert_eq!(error["payload"]["details"]["reason"], "revoked", "{error}");
+    reenrolled.expect_close_with(4003).await;
+    for (client, reason) in [(&mut gina, "grant_changed"), (&mut hal, "grant_revoked")] {
+        client.wait = Duration::from_secs(20);
+        let notice = client.recv_type("signalling.disconnected").await;
+        assert_eq!(notice["payload"]["details"]["reason"], reason, "{notice}");
+    }
+    let mut ended: Vec<String> = Vec::new();
+    for _ in 0..2 {
+        let notice = rs.recv_type("signalling.disconnected").await;
+        ended.push(
+            notice["payload"]["connectionId"]
+                .as_str()
+                .unwrap_or_default()
+                .into(),
+        );
+    }
+    ended.sort();
+    let mut expected = vec![gina.connection_id.clone(), hal.connection_id.clone()];
+    expected.sort();
+    assert_eq!(ended, expected);
+    let records = api.sessions(&n1, "?robotId=rs").await;
+    for (subject, reason) in [("gina", "grant_changed"), ("hal", "grant_revoked")] {
+        let record = records.iter().find(|r| r["subject"] == subject);
+        assert_eq!(
+            record.map(|r| &r["endReason"]),
+            Some(&json!(reason)),
+            "{records:?}"
+        );
+    }
+    // A valid token's socket, and its session under an unchanged grant, stay.
     frank.expect_nothing_pending().await;
+    rs.expect_nothing_pending().await;
     stop_without_panics(nodes);
 }
 
