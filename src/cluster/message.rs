@@ -165,6 +165,8 @@ impl FrameBatch<'_> {
 
 impl ToRedisArgs for FrameBatch<'_> {
     fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        // Sized once: growing the command's buffer frame by frame copied it over and over.
+        out.reserve_space_for_args([self.encoded_len()]);
         let mut arg = out.writer_for_next_arg();
         let _ = arg.write_all(b"B");
         for frame in self.0 {
