@@ -448,13 +448,17 @@ impl Cluster {
         batch.clear();
     }
 
-    /// One PUBLISH to `node`'s channel carrying `frames`, in order.
+    /// One PUBLISH to `node`'s channel carrying `frames`, in order. A lone frame goes as
+    /// itself (`F`), which nodes of the previous version read too.
     fn publish_frames(&self, pipe: &mut redis::Pipeline, node: &str, frames: &[&FrameOut]) {
         let channel = NodeChannel {
             prefix: &self.config.prefix,
             node,
         };
-        pipe.publish(channel, FrameBatch(frames)).ignore();
+        match frames {
+            [frame] => pipe.publish(channel, *frame).ignore(),
+            _ => pipe.publish(channel, FrameBatch(frames)).ignore(),
+        };
     }
 
     /// A robot verified here was connected elsewhere: that socket is replaced (4001).
