@@ -283,8 +283,14 @@ async function checkVideo(viewer, label, minFrames) {
 
 async function checkRelay(viewer, label) {
   await h.check(`${label}: the selected candidate pair is a relay pair`, async () => {
-    const p = await waitFor(`${label}: a selected pair`, () => viewer.pair());
-    assert(p.local === 'relay' || p.remote === 'relay', `selected ${JSON.stringify(p)}`);
+    // A remote candidate first learned from an incoming check (the robot's relay reaching
+    // the browser before its trickled candidate did) shows as prflx; Chrome gives it its
+    // type once the candidate arrives. So wait, bounded, for the pair to show a relay end.
+    let last = null;
+    const p = await waitFor(`${label}: a selected relay pair`, async () => {
+      last = await viewer.pair();
+      return last && (last.local === 'relay' || last.remote === 'relay') ? last : undefined;
+    }, 5000).catch(() => assert(false, `selected ${JSON.stringify(last)}`));
     figures.push(`${label}: selected pair ${p.local} -> ${p.remote} (${p.relayProtocol ?? 'no'} relay on the browser's side)`);
   });
 }
