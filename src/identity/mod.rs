@@ -120,15 +120,17 @@ pub struct Challenge {
     credential_kind: &'static str,
     /// Revocation-list entries to re-check when the proof arrives.
     revocation_keys: Vec<String>,
+    /// The robot's credential as stored when the challenge was made (or as it will be
+    /// recorded): the login stands only if the robot still holds exactly this.
+    credential: Credential,
     expires_at: Instant,
-    /// A presented chain to record as the robot's credential once the proof succeeds
-    /// (auto-registration, or a record that had no credential yet).
+    /// The presented chain (`credential`) is to be recorded as the robot's credential once
+    /// the proof succeeds (auto-registration, or a record that had no credential yet).
     record_chain: Option<RecordChain>,
 }
 
 #[derive(Debug)]
 struct RecordChain {
-    credential: Credential,
     /// No record existed: create one (only with `--auto-register`).
     create: bool,
 }
@@ -259,53 +261,55 @@ impl Identity {
             return Err(IdentityError::Revoked);
         }
 
-        let (key, kind, revocation_keys, record_chain) = match (presented, &record) {
+        let (key, kind, revocation_keys, credential, record_chain) = match (presented, record) {
             (None, None) => return Err(IdentityError::UnknownRobot),
             (None, Some(record)) => {
-                let (key, kind, entries) = self.stored_credential(record).await?;
-                (key, kind, entries, None)
+                let (key, kind, entries) = self.stored_credential(&record).await?;
+                let credential = record.credential.ok_or(IdentityError::NotEnrolled)?;
+                (key, kind, entries, credential, None)
             }
             (Some(chain_pem), None) => {
                 if !self.auto_register {
                     return Err(IdentityError::UnknownRobot);
                 }
                 let verified = self.verify_certificate(chain_pem, robot_id).await?;
-                let record = RecordChain {
-                    credential: Credential::Certificate {
-                        chain_pem: chain_pem.to_string(),
-                        serial: verified.serial_hex.clone(),
-                    },
-                    create: true,
+                let credential = Credential::Certificate {
+                    chain_pem: chain_pem.to_string(),
+                    serial: verified.serial_hex.clone(),
                 };
                 let entries = chain_entries(&verified);
-                (verified.leaf_key, "x509", entries, Some(record))
+                let record = RecordChain { create: true };
+                (verified.leaf_key, "x509", entries, credential, Some(record))
             }
             (Some(chain_pem), Some(record)) => {
                 // Compared before any signature work: a superseded certificate costs us
                 // one parse.
                 let (leaf_key, _) = leaf_key_of_chain(chain_pem)?;
-                let record_it = match &record.credential {
-                    None => true,
-                    Some(credential) => {
-                        if self.enrolled_key(credential)? != leaf_key {
-                            return Err(IdentityError::CredentialMismatch);
-                        }
-                        false
+                if let Some(credential) = &record.credential {
+                    if self.enrolled_key(credential)? != leaf_key {
+                        return Err(IdentityError::CredentialMismatch);
                     }
-                };
+                }
                 let verified = self.verify_certificate(chain_pem, robot_id).await?;
-                let record = record_it.then(|| RecordChain {
-                    credential: Credential::Certificate {
-                        chain_pem: chain_pem.to_string(),
-                        serial: verified.serial_hex.clone(),
-                    },
-                    create: false,
-                });
                 let entries = chain_entries(&verified);
-                (verified.leaf_key, "x509", entries, record)
+                let (credential, record) = match record.credential {
+                    Some(stored) => (stored, None),
+                    None => (
+                        Credential::Certificate {
+                            chain_pem: chain_pem.to_string(),
+                            serial: verified.serial_hex.clone(),
+                        },
+                        Some(RecordChain { create: false }),
+                    ),
+                };
+                (verified.leaf_key, "x509", entries, credential, record)
             }
         };
-        if self.store.is_revoked(&revocation_keys).await? {
+        // A certificate's entries are refused before the robot signs (its chain was just
+        // verified, so one more read is a small share). A bare key's entry is checked once,
+        // with the login's record after the signature (`verify`): a revoked key costs the
+        // robot a signature, and a login one read less.
+        if kind == "x509" && self.store.is_revoked(&revocation_keys).await? {
             return Err(IdentityError::Revoked);
         }
 
@@ -321,6 +325,7 @@ impl Identity {
             key,
             credential_kind: kind,
             revocation_keys,
+            credential,
             expires_at: Instant::now() + self.challenge_ttl,
             record_chain,
         })
@@ -397,12 +402,14 @@ impl Identity {
         }
     }
 
-    /// Checks the signed challenge. The challenge is consumed whatever the outcome.
+    /// Checks the signed challenge, then records the login (on `node`) if what it proved
+    /// still stands. The challenge is consumed whatever the outcome.
     pub async fn verify(
         &self,
         challenge: Challenge,
         correlation_id: Option<&str>,
         signature_b64: &str,
+        node: &str,
     ) -> Result<VerifiedRobot, IdentityError> {
         if Instant::now() >= challenge.expires_at {
             return Err(IdentityError::ChallengeExpired);
@@ -417,27 +424,28 @@ impl Identity {
             .map_err(|_| IdentityError::BadSignature)?;
         if let Some(record) = &challenge.record_chain {
             // Record the chain so a later enrollment or revoke supersedes it. If another
-            // login or an enrollment got there first, the re-check below decides.
+            // login or an enrollment got there first, the check below refuses this one.
             self.store
                 .record_presented_certificate(
                     &challenge.robot_id,
-                    &record.credential,
+                    &challenge.credential,
                     record.create,
                 )
                 .await?;
-            if !self.presented_chain_is_the_credential(&challenge).await? {
-                return Err(IdentityError::CredentialMismatch);
-            }
         }
-        // Revocation may have happened while the robot was signing.
-        match self
+        // A revocation, re-enrollment or deletion may have happened while the robot was
+        // signing: the login is recorded only if none did, in one statement.
+        let recorded = self
             .store
-            .credential_still_valid(&challenge.robot_id, &challenge.revocation_keys)
-            .await?
-        {
-            None => return Err(IdentityError::UnknownRobot),
-            Some(false) => return Err(IdentityError::Revoked),
-            Some(true) => {}
+            .record_login(
+                &challenge.robot_id,
+                node,
+                &challenge.credential,
+                &challenge.revocation_keys,
+            )
+            .await?;
+        if !recorded {
+            return Err(self.why_refused(&challenge).await?);
         }
         Ok(VerifiedRobot {
             robot_id: challenge.robot_id,
@@ -475,18 +483,15 @@ impl Identity {
         Ok(!self.store.is_revoked(proved).await?)
     }
 
-    /// After recording: is the robot's credential now the key this challenge proves?
-    async fn presented_chain_is_the_credential(
-        &self,
-        challenge: &Challenge,
-    ) -> Result<bool, IdentityError> {
+    /// Why a login whose proof was good no longer stands (a read, on refusals only).
+    async fn why_refused(&self, challenge: &Challenge) -> Result<IdentityError, StoreError> {
         let Some(record) = self.store.robot(&challenge.robot_id).await? else {
-            return Ok(false);
+            return Ok(IdentityError::UnknownRobot);
         };
-        match &record.credential {
-            Some(credential) => Ok(self.enrolled_key(credential)? == challenge.key),
-            None => Ok(false),
+        if record.credential_revoked || self.store.is_revoked(&challenge.revocation_keys).await? {
+            return Ok(IdentityError::Revoked);
         }
+        Ok(IdentityError::CredentialMismatch)
     }
 
     /// `POST /v1/enroll`: checks the single-use token, then stores a key or signs a CSR.

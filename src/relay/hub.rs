@@ -121,6 +121,19 @@ struct State {
     /// Sessions that ended within the grace period, and their end times in order.
     ended: HashMap<String, Ended>,
     ended_order: VecDeque<(Instant, String)>,
+    /// Counts cuts of robot logins (revocation, re-enrollment, deletion, a lapse re-check),
+    /// so a login can tell whether one came between its database check and its
+    /// registration here (see [`Hub::robot_verified`]).
+    robot_cuts: u64,
+}
+
+/// A robot registered by [`Hub::robot_verified`].
+#[derive(Debug)]
+pub struct RobotVerified {
+    /// Resolves once the robot's presence is in the cluster's directory (with a cluster).
+    pub presence: Option<tokio::sync::oneshot::Receiver<()>>,
+    /// A cut of robot logins happened since the login read [`Hub::robot_cuts`].
+    pub cut_since: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -254,30 +267,56 @@ impl Hub {
     /// Marks the socket as the verified connection of `robot_id`; an older connection of the
     /// same robot is closed. In a cluster, the answer resolves once every node can find the
     /// robot (see [`Cluster::presence_up`]).
+    /// How many robot cuts this node has seen; a login reads it before its database check
+    /// and hands it to [`Hub::robot_verified`].
+    pub fn robot_cuts(&self) -> u64 {
+        self.state().robot_cuts
+    }
+
+    /// A cut of robot logins is on its way that does not come through the kicks here (the
+    /// re-check after a bus lapse): logins checked before it must check again.
+    pub fn note_robot_cut(&self) {
+        self.state().robot_cuts += 1;
+    }
+
+    /// Registers a verified robot. A cut either finds it registered, or happened after the
+    /// login read `cuts_seen` and the answer's `cut_since` says so: the login must then
+    /// check again whether it still stands (its check may have run before the cut's
+    /// database write). Counting and registering under one lock leaves no gap.
     pub fn robot_verified(
         &self,
         conn: &ConnId,
         robot_id: &str,
         credentials: Vec<String>,
-    ) -> Option<tokio::sync::oneshot::Receiver<()>> {
-        let replaced = {
+        cuts_seen: u64,
+    ) -> RobotVerified {
+        let (replaced, cut_since) = {
             let mut state = self.state();
+            let cut_since = state.robot_cuts != cuts_seen;
             if let Some(entry) = state.conns.get_mut(conn) {
                 entry.kind = ConnKind::Robot {
                     robot_id: robot_id.to_string(),
                     credentials,
                 };
             }
-            state.robots.insert(robot_id.to_string(), conn.clone())
+            (
+                state.robots.insert(robot_id.to_string(), conn.clone()),
+                cut_since,
+            )
         };
         match replaced {
             Some(old) if &old != conn => self.bus.kick(&old, Kick::Replaced),
             Some(_) => {}
             None => self.metrics.robots_online.inc(),
         }
-        self.cluster
+        let presence = self
+            .cluster
             .as_ref()
-            .and_then(|cluster| cluster.presence_up(robot_id, conn))
+            .and_then(|cluster| cluster.presence_up(robot_id, conn));
+        RobotVerified {
+            presence,
+            cut_since,
+        }
     }
 
     /// What each verified socket here logged in with: robots with the revocation entries
@@ -828,7 +867,11 @@ impl Hub {
 
     /// Closes the robot's connection if it is on this node.
     pub fn kick_robot_here(&self, robot_id: &str, reason: Kick) -> bool {
-        let conn = self.state().robots.get(robot_id).cloned();
+        let conn = {
+            let mut state = self.state();
+            state.robot_cuts += 1;
+            state.robots.get(robot_id).cloned()
+        };
         match conn {
             Some(conn) => {
                 self.bus.kick(&conn, reason);
@@ -851,8 +894,9 @@ impl Hub {
     }
 
     pub fn kick_credentials_here(&self, revoked: &[String], reason: Kick) -> usize {
-        let conns: Vec<ConnId> = self
-            .state()
+        let mut state = self.state();
+        state.robot_cuts += 1;
+        let conns: Vec<ConnId> = state
             .conns
             .iter()
             .filter(|(_, entry)| {
@@ -861,6 +905,7 @@ impl Hub {
             })
             .map(|(conn, _)| conn.clone())
             .collect();
+        drop(state);
         for conn in &conns {
             self.bus.kick(conn, reason);
         }
@@ -1048,10 +1093,36 @@ mod tests {
     }
 
     #[test]
+    fn a_cut_between_a_logins_check_and_its_registration_is_reported() {
+        let hub = hub();
+        let (robot, _robot_rx) = connect(&hub, "robot");
+        let (other, _other_rx) = connect(&hub, "other");
+        // Nothing happened since the login read the count.
+        let seen = hub.robot_cuts();
+        assert!(!hub.robot_verified(&other, "r2", vec![], seen).cut_since);
+        // Each kind of cut, made while this login was between its database check and its
+        // registration (it finds no socket to close), is reported to the login.
+        let cuts: [&dyn Fn(&Hub); 3] = [
+            &|hub| {
+                hub.kick_robot_here("r1", Kick::Revoked);
+            },
+            &|hub| {
+                hub.kick_credentials_here(&["key:abc".to_string()], Kick::Revoked);
+            },
+            &|hub| hub.note_robot_cut(),
+        ];
+        for cut in cuts {
+            let seen = hub.robot_cuts();
+            cut(&hub);
+            assert!(hub.robot_verified(&robot, "r1", vec![], seen).cut_since);
+        }
+    }
+
+    #[test]
     fn a_leaving_socket_frees_exactly_its_own_claims() {
         let hub = hub();
         let (robot, _robot_rx) = connect(&hub, "robot");
-        hub.robot_verified(&robot, "r1", vec![]);
+        hub.robot_verified(&robot, "r1", vec![], hub.robot_cuts());
         let (alice, _alice_rx) = connect(&hub, "alice");
         let (carol, _carol_rx) = connect(&hub, "carol");
         assert!(hub.open_session(&alice, open("s1", Role::Viewer)).is_ok());
@@ -1084,7 +1155,7 @@ mod tests {
                 .unwrap_err(),
             RelayError::RobotOffline("r1".into())
         );
-        hub.robot_verified(&robot, "r1", vec!["serial:01".into()]);
+        hub.robot_verified(&robot, "r1", vec!["serial:01".into()], hub.robot_cuts());
         assert!(matches!(
             hub.open_session(&alice, open("s1", Role::Operator)),
             Ok(SessionOpened::New { .. })
@@ -1144,7 +1215,7 @@ mod tests {
     fn a_session_from_another_node_routes_the_robot_end_only() {
         let hub = hub();
         let (robot, _robot_rx) = connect(&hub, "robot");
-        hub.robot_verified(&robot, "r1", Vec::new());
+        hub.robot_verified(&robot, "r1", Vec::new(), hub.robot_cuts());
         let mirror = MirrorSession {
             session_id: "s1".into(),
             record_id: "rec".into(),
@@ -1182,8 +1253,8 @@ mod tests {
         let hub = hub();
         let (old, old_rx) = connect(&hub, "old");
         let (new, _new_rx) = connect(&hub, "new");
-        hub.robot_verified(&old, "r1", Vec::new());
-        hub.robot_verified(&new, "r1", Vec::new());
+        hub.robot_verified(&old, "r1", Vec::new(), hub.robot_cuts());
+        hub.robot_verified(&new, "r1", Vec::new(), hub.robot_cuts());
         assert_eq!(old_rx.kick.get(), Some(Kick::Replaced));
         // The old socket leaving must not take the new one offline.
         hub.detach(&old);

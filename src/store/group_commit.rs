@@ -14,10 +14,19 @@ use super::StoreError;
 /// One queued write. Times are taken when the write is asked for, not when it commits.
 #[derive(Debug)]
 pub(super) enum Write {
-    Touch {
+    /// A robot's login, recorded only if what it proved still stands (see
+    /// [`super::Store::record_login`]).
+    Login {
         robot_id: String,
         node: String,
         at: i64,
+        /// The credential the login proved, as stored: (kind column, its value column,
+        /// the value). The row must still hold exactly this.
+        kind: String,
+        column: &'static str,
+        value: String,
+        /// Revocation entries the login proved; none may be on the list.
+        entries: Vec<String>,
     },
     StartSession {
         id: String,
@@ -40,13 +49,45 @@ pub(super) enum Write {
 }
 
 impl Write {
-    async fn execute(&self, conn: &mut AnyConnection) -> Result<(), sqlx::Error> {
+    /// Runs the write; returns the rows it changed.
+    async fn execute(&self, conn: &mut AnyConnection) -> Result<u64, sqlx::Error> {
+        let login_sql;
         let query = match self {
-            Write::Touch { robot_id, node, at } => {
-                sqlx::query("UPDATE robots SET last_seen_at = $2, node = $3 WHERE robot_id = $1")
+            Write::Login {
+                robot_id,
+                node,
+                at,
+                kind,
+                column,
+                value,
+                entries,
+            } => {
+                let not_revoked = if entries.is_empty() {
+                    String::new()
+                } else {
+                    let placeholders: Vec<String> =
+                        (0..entries.len()).map(|i| format!("${}", i + 6)).collect();
+                    format!(
+                        " AND NOT EXISTS (SELECT 1 FROM revoked_credentials \
+                         WHERE fingerprint IN ({}))",
+                        placeholders.join(", ")
+                    )
+                };
+                login_sql = format!(
+                    "UPDATE robots SET last_seen_at = $2, node = $3 WHERE robot_id = $1 \
+                     AND credential_revoked = 0 AND credential_kind = $4 AND {column} = $5\
+                     {not_revoked}"
+                );
+                let mut query = sqlx::query(&login_sql)
                     .bind(robot_id)
                     .bind(*at)
                     .bind(node)
+                    .bind(kind)
+                    .bind(value);
+                for entry in entries {
+                    query = query.bind(entry);
+                }
+                query
             }
             Write::StartSession {
                 id,
@@ -81,15 +122,14 @@ impl Write {
             .bind(*at)
             .bind(reason),
         };
-        query.execute(conn).await?;
-        Ok(())
+        Ok(query.execute(conn).await?.rows_affected())
     }
 }
 
 /// A write and the caller waiting for its outcome.
 pub(super) struct Pending {
     write: Write,
-    done: oneshot::Sender<Result<(), StoreError>>,
+    done: oneshot::Sender<Result<u64, StoreError>>,
 }
 
 /// Most writes one transaction takes.
@@ -114,13 +154,12 @@ impl Writes {
         Writes::Grouped(queue)
     }
 
-    /// Returns once the write is committed.
-    pub(super) async fn write(&self, write: Write) -> Result<(), StoreError> {
+    /// Returns once the write is committed, with the rows it changed.
+    pub(super) async fn write(&self, write: Write) -> Result<u64, StoreError> {
         match self {
             Writes::Direct(pool) => {
                 let mut conn = pool.acquire().await?;
-                write.execute(&mut conn).await?;
-                Ok(())
+                Ok(write.execute(&mut conn).await?)
             }
             Writes::Grouped(queue) => {
                 let (done, committed) = oneshot::channel();
@@ -142,9 +181,9 @@ async fn run(writer: AnyPool, mut queue: mpsc::Receiver<Pending>) {
     while queue.recv_many(&mut batch, BATCH).await > 0 {
         let result = commit(&writer, batch.iter().map(|p| &p.write)).await;
         match result {
-            Ok(()) => {
-                for pending in batch.drain(..) {
-                    let _ = pending.done.send(Ok(()));
+            Ok(changed) => {
+                for (pending, rows) in batch.drain(..).zip(changed) {
+                    let _ = pending.done.send(Ok(rows));
                 }
             }
             Err(e) if batch.len() == 1 => {
@@ -156,20 +195,24 @@ async fn run(writer: AnyPool, mut queue: mpsc::Receiver<Pending>) {
                 tracing::debug!(error = %e, writes = batch.len(), "batch failed; writing one by one");
                 for pending in batch.drain(..) {
                     let result = commit(&writer, std::iter::once(&pending.write)).await;
-                    let _ = pending.done.send(result.map_err(StoreError::from));
+                    let rows = result.map(|changed| changed.first().copied().unwrap_or(0));
+                    let _ = pending.done.send(rows.map_err(StoreError::from));
                 }
             }
         }
     }
 }
 
+/// Commits the writes in one transaction; the rows each changed, in order.
 async fn commit<'a>(
     writer: &AnyPool,
     writes: impl Iterator<Item = &'a Write>,
-) -> Result<(), sqlx::Error> {
+) -> Result<Vec<u64>, sqlx::Error> {
     let mut tx = writer.begin().await?;
+    let mut changed = Vec::new();
     for write in writes {
-        write.execute(&mut tx).await?;
+        changed.push(write.execute(&mut tx).await?);
     }
-    tx.commit().await
+    tx.commit().await?;
+    Ok(changed)
 }

@@ -258,41 +258,37 @@ impl Store {
         Ok(result.rows_affected() == 1)
     }
 
-    /// Records that the robot logged in now, on `node`. Logins arriving together share one
+    /// Records a robot's login on `node`, if what it proved still stands: the robot exists,
+    /// is not marked revoked, still holds exactly `credential` (not re-enrolled since the
+    /// challenge read it), and none of `entries` is on the revocation list. The check and
+    /// the write are one statement, so nothing can come between them; `false` when the login
+    /// no longer stands (nothing is written then). Logins arriving together share one
     /// transaction (group commit); this returns once the update is committed.
-    pub async fn touch_robot(&self, robot_id: &str, node: &str) -> Result<(), StoreError> {
-        self.writes
-            .write(Write::Touch {
+    pub async fn record_login(
+        &self,
+        robot_id: &str,
+        node: &str,
+        credential: &Credential,
+        entries: &[String],
+    ) -> Result<bool, StoreError> {
+        let (kind, column, value) = match credential {
+            Credential::PublicKey { kind, stored } => (kind.clone(), "public_key", stored.clone()),
+            Credential::Certificate { chain_pem, .. } => {
+                ("x509".to_string(), "certificate_pem", chain_pem.clone())
+            }
+        };
+        let changed = self
+            .writes
+            .write(Write::Login {
                 robot_id: robot_id.to_string(),
                 node: node.to_string(),
                 at: now_ms(),
+                kind,
+                column,
+                value,
+                entries: entries.to_vec(),
             })
-            .await
-    }
-
-    /// Whether the robot still exists with its credential unrevoked, and none of `entries`
-    /// is on the revocation list: one query, for the re-check after a signature.
-    pub async fn credential_still_valid(
-        &self,
-        robot_id: &str,
-        entries: &[String],
-    ) -> Result<Option<bool>, StoreError> {
-        let placeholders: Vec<String> = (0..entries.len()).map(|i| format!("${}", i + 2)).collect();
-        let revoked_count = if entries.is_empty() {
-            "0".to_string()
-        } else {
-            format!(
-                "(SELECT COUNT(*) FROM revoked_credentials WHERE fingerprint IN ({}))",
-                placeholders.join(", ")
-            )
-        };
-        let sql =
-            format!("SELECT credential_revoked, {revoked_count} FROM robots WHERE robot_id = $1");
-        let mut query = sqlx::query_as::<_, (i64, i64)>(&sql).bind(robot_id);
-        for entry in entries {
-            query = query.bind(entry);
-        }
-        let row = query.fetch_optional(&self.pool).await?;
-        Ok(row.map(|(flag, revoked)| flag == 0 && revoked == 0))
+            .await?;
+        Ok(changed == 1)
     }
 }

@@ -48,7 +48,8 @@ impl Store {
                 node: node.to_string(),
                 at: now_ms(),
             })
-            .await
+            .await?;
+        Ok(())
     }
 
     /// Records the first `connected` of a session; later ones keep the first time.
@@ -58,7 +59,8 @@ impl Store {
                 id: id.to_string(),
                 at: now_ms(),
             })
-            .await
+            .await?;
+        Ok(())
     }
 
     pub async fn end_session(&self, id: &str, reason: &str) -> Result<(), StoreError> {
@@ -68,7 +70,8 @@ impl Store {
                 reason: reason.to_string(),
                 at: now_ms(),
             })
-            .await
+            .await?;
+        Ok(())
     }
 
     /// Ends every open session of this node: at shutdown, and at start for records a crash

@@ -12,7 +12,7 @@ use super::error::WsError;
 use super::legacy;
 use crate::auth::ClientIdentity;
 use crate::cluster::PRESENCE_WAIT;
-use crate::identity::Challenge;
+use crate::identity::{Challenge, IdentityError};
 use crate::messages;
 use crate::relay::{ConnId, DeliveryError, EndReason, OpenSession, Outbound, RelayError, Route};
 use crate::state::SharedState;
@@ -199,7 +199,7 @@ impl Protocol {
             Peer::Unverified { challenge: Some(c) } => Some((
                 c.expires_at().min(login_deadline),
                 if c.expires_at() <= login_deadline {
-                    WsError::Identity(crate::identity::IdentityError::ChallengeExpired)
+                    WsError::Identity(IdentityError::ChallengeExpired)
                 } else {
                     WsError::LoginTimeout
                 },
@@ -432,20 +432,42 @@ impl Protocol {
             Peer::Unverified { challenge } => challenge.take().map(|c| *c),
             _ => None,
         };
-        let result = match challenge {
-            Some(challenge) => {
-                self.state
+        let state = &self.state;
+        let conn = &self.conn;
+        let result = async {
+            let challenge = challenge.ok_or(IdentityError::NoChallenge)?;
+            // Read before the login's database check: see `Hub::robot_verified`.
+            let cuts_seen = state.hub.robot_cuts();
+            let verified = state
+                .identity
+                .verify(
+                    challenge,
+                    envelope.correlation_id.as_deref(),
+                    &payload.signature,
+                    &state.node_id,
+                )
+                .await?;
+            let registered = state.hub.robot_verified(
+                conn,
+                &verified.robot_id,
+                verified.credentials.clone(),
+                cuts_seen,
+            );
+            // A cut came between the check and the registration, and may have missed
+            // this socket: check again (rare; a read). Refused, the socket closes and
+            // leaves the hub like any other.
+            if registered.cut_since
+                && !state
                     .identity
-                    .verify(
-                        challenge,
-                        envelope.correlation_id.as_deref(),
-                        &payload.signature,
-                    )
-                    .await
+                    .login_still_stands(&verified.robot_id, &verified.credentials)
+                    .await?
+            {
+                return Err(IdentityError::Revoked);
             }
-            None => Err(crate::identity::IdentityError::NoChallenge),
-        };
-        let verified = match result {
+            Ok((verified, registered.presence))
+        }
+        .await;
+        let (verified, presence) = match result {
             Ok(verified) => verified,
             Err(e) => {
                 self.state
@@ -461,24 +483,12 @@ impl Protocol {
             .pki_results
             .with_label_values(&["verified"])
             .inc();
-        let presence = self.state.hub.robot_verified(
-            &self.conn,
-            &verified.robot_id,
-            verified.credentials.clone(),
-        );
         // A robot told it is verified can be offered a session from any node at once: its
         // presence is in Redis before the answer goes out (bounded: a slow Redis delays
         // the login, it does not block it).
-        let presence_written = async {
-            if let Some(written) = presence {
-                let _ = tokio::time::timeout(PRESENCE_WAIT, written).await;
-            }
-        };
-        let touched = self
-            .state
-            .store
-            .touch_robot(&verified.robot_id, &self.state.node_id);
-        tokio::join!(presence_written, touched).1?;
+        if let Some(written) = presence {
+            let _ = tokio::time::timeout(PRESENCE_WAIT, written).await;
+        }
         tracing::info!(robot = %verified.robot_id, credential = verified.credential_kind, "robot verified");
         self.replies
             .push(messages::pki_verified(&verified.robot_id, &envelope.id));

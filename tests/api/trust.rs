@@ -240,6 +240,72 @@ async fn revoking_a_key_closes_every_socket_that_proved_it() {
 // Item 3: re-enrollment closes the old-key socket at once
 
 #[tokio::test]
+async fn a_robot_re_enrolled_while_it_signs_cannot_log_in_with_the_old_key() {
+    let server = TestServer::start().await;
+    let old_key = server.enrolled_robot("robot-1").await;
+    let mut robot = WsClient::connect(&server.ws_url()).await;
+    let challenge = robot.register("robot-1").await;
+    // Re-enrolled between the challenge and its answer: no socket proved the old key yet,
+    // so only the login's own check can refuse it.
+    let token = new_token(&server, "robot-1").await;
+    let new_key = new_ed25519();
+    use ring::signature::KeyPair as _;
+    let raw = STANDARD.encode(new_key.public_key().as_ref());
+    assert_eq!(enroll_key(&server, "robot-1", &token, &raw).await, 201);
+    robot.send(&signed_response(&challenge, &old_key)).await;
+    assert_refused(&robot.recv().await, "credential_mismatch");
+    robot.expect_close_with(1008).await;
+    let (_, reply) = server.robot_attempt("robot-1", &new_key).await;
+    assert_verified(&reply);
+}
+
+#[tokio::test]
+async fn a_robot_revoked_or_deleted_while_it_signs_is_refused() {
+    let server = TestServer::start().await;
+    for (robot_id, cut, reason) in [
+        ("robot-1", "/revoke", "revoked"),
+        ("robot-2", "", "unknown_robot"),
+    ] {
+        let key = server.enrolled_robot(robot_id).await;
+        let mut robot = WsClient::connect(&server.ws_url()).await;
+        let challenge = robot.register(robot_id).await;
+        let method = if cut.is_empty() {
+            reqwest::Method::DELETE
+        } else {
+            reqwest::Method::POST
+        };
+        let (status, body) = server
+            .admin(method, &format!("/v1/robots/{robot_id}{cut}"), None)
+            .await;
+        assert!(status == 200 || status == 204, "{status} {body}");
+        robot.send(&signed_response(&challenge, &key)).await;
+        assert_refused(&robot.recv().await, reason);
+        robot.expect_close_with(1008).await;
+    }
+}
+
+#[tokio::test]
+async fn a_bare_key_revoked_for_another_robot_does_not_log_in() {
+    let server = TestServer::start().await;
+    let key = KeyPair::generate().unwrap();
+    for robot_id in ["robot-1", "robot-2"] {
+        let token = server.create_robot(robot_id).await;
+        assert_eq!(
+            enroll_key(&server, robot_id, &token, &spki_pem(&key)).await,
+            201
+        );
+    }
+    let (status, _) = server
+        .admin(reqwest::Method::POST, "/v1/robots/robot-1/revoke", None)
+        .await;
+    assert_eq!(status, 200);
+    // robot-2 is not marked revoked, but the key it would prove is on the list.
+    let (mut robot, reply) = login(&server, "robot-2", None, &key).await;
+    assert_refused(&reply, "revoked");
+    robot.expect_close_with(1008).await;
+}
+
+#[tokio::test]
 async fn re_enrollment_closes_the_old_key_socket_at_once() {
     let server = TestServer::start().await;
     let (mut robot, _old_key) = server.online_robot("robot-1").await;
