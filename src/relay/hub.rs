@@ -121,10 +121,11 @@ struct State {
     /// Sessions that ended within the grace period, and their end times in order.
     ended: HashMap<String, Ended>,
     ended_order: VecDeque<(Instant, String)>,
-    /// Counts cuts of robot logins (revocation, re-enrollment, deletion, a lapse re-check),
-    /// so a login can tell whether one came between its database check and its
-    /// registration here (see [`Hub::robot_verified`]).
-    robot_cuts: u64,
+    /// Counts cuts of logins (a robot's revocation, re-enrollment or deletion, a token's
+    /// revocation, a lapse re-check), so a login can tell whether one came between its
+    /// database check and its registration here (see [`Hub::robot_verified`] and
+    /// [`Hub::set_client`]).
+    login_cuts: u64,
 }
 
 /// A robot registered by [`Hub::robot_verified`].
@@ -132,7 +133,7 @@ struct State {
 pub struct RobotVerified {
     /// Resolves once the robot's presence is in the cluster's directory (with a cluster).
     pub presence: Option<tokio::sync::oneshot::Receiver<()>>,
-    /// A cut of robot logins happened since the login read [`Hub::robot_cuts`].
+    /// A cut of logins happened since the login read [`Hub::login_cuts`].
     pub cut_since: bool,
 }
 
@@ -258,31 +259,38 @@ impl Hub {
         );
     }
 
-    pub fn set_client(&self, conn: &ConnId, token_id: Option<String>) {
-        if let Some(entry) = self.state().conns.get_mut(conn) {
+    /// Marks the socket as a client's, logged in with `token_id` (an opaque token) or a JWT.
+    /// True if a cut of logins happened since the login read `cuts_seen` (before its token
+    /// check): the token must then be checked again, as in [`Hub::robot_verified`].
+    pub fn set_client(&self, conn: &ConnId, token_id: Option<String>, cuts_seen: u64) -> bool {
+        let mut state = self.state();
+        let cut_since = state.login_cuts != cuts_seen;
+        if let Some(entry) = state.conns.get_mut(conn) {
             entry.kind = ConnKind::Client { token_id };
         }
+        cut_since
+    }
+
+    /// How many login cuts this node has seen; a login reads it before its database check
+    /// and hands it to [`Hub::robot_verified`] or [`Hub::set_client`].
+    pub fn login_cuts(&self) -> u64 {
+        self.state().login_cuts
+    }
+
+    /// A cut of logins is on its way that does not come through the kicks here (the
+    /// re-check after a bus lapse): logins checked before it must check again.
+    pub fn note_login_cut(&self) {
+        self.state().login_cuts += 1;
     }
 
     /// Marks the socket as the verified connection of `robot_id`; an older connection of the
-    /// same robot is closed. In a cluster, the answer resolves once every node can find the
-    /// robot (see [`Cluster::presence_up`]).
-    /// How many robot cuts this node has seen; a login reads it before its database check
-    /// and hands it to [`Hub::robot_verified`].
-    pub fn robot_cuts(&self) -> u64 {
-        self.state().robot_cuts
-    }
-
-    /// A cut of robot logins is on its way that does not come through the kicks here (the
-    /// re-check after a bus lapse): logins checked before it must check again.
-    pub fn note_robot_cut(&self) {
-        self.state().robot_cuts += 1;
-    }
-
-    /// Registers a verified robot. A cut either finds it registered, or happened after the
-    /// login read `cuts_seen` and the answer's `cut_since` says so: the login must then
-    /// check again whether it still stands (its check may have run before the cut's
-    /// database write). Counting and registering under one lock leaves no gap.
+    /// same robot is closed. In a cluster, the answer's `presence` resolves once every node
+    /// can find the robot (see [`Cluster::presence_up`]).
+    ///
+    /// A cut either finds the robot registered, or happened after the login read
+    /// `cuts_seen` and the answer's `cut_since` says so: the login must then check again
+    /// whether it still stands (its check may have run before the cut's database write).
+    /// Counting and registering under one lock leaves no gap.
     pub fn robot_verified(
         &self,
         conn: &ConnId,
@@ -292,7 +300,7 @@ impl Hub {
     ) -> RobotVerified {
         let (replaced, cut_since) = {
             let mut state = self.state();
-            let cut_since = state.robot_cuts != cuts_seen;
+            let cut_since = state.login_cuts != cuts_seen;
             if let Some(entry) = state.conns.get_mut(conn) {
                 entry.kind = ConnKind::Robot {
                     robot_id: robot_id.to_string(),
@@ -869,7 +877,7 @@ impl Hub {
     pub fn kick_robot_here(&self, robot_id: &str, reason: Kick) -> bool {
         let conn = {
             let mut state = self.state();
-            state.robot_cuts += 1;
+            state.login_cuts += 1;
             state.robots.get(robot_id).cloned()
         };
         match conn {
@@ -895,7 +903,7 @@ impl Hub {
 
     pub fn kick_credentials_here(&self, revoked: &[String], reason: Kick) -> usize {
         let mut state = self.state();
-        state.robot_cuts += 1;
+        state.login_cuts += 1;
         let conns: Vec<ConnId> = state
             .conns
             .iter()
@@ -924,8 +932,9 @@ impl Hub {
     }
 
     pub fn kick_token_here(&self, token_id: &str) -> usize {
-        let conns: Vec<ConnId> = self
-            .state()
+        let mut state = self.state();
+        state.login_cuts += 1;
+        let conns: Vec<ConnId> = state
             .conns
             .iter()
             .filter(|(_, entry)| {
@@ -933,6 +942,7 @@ impl Hub {
             })
             .map(|(conn, _)| conn.clone())
             .collect();
+        drop(state);
         for conn in &conns {
             self.bus.kick(conn, Kick::TokenRevoked);
         }
@@ -1097,32 +1107,40 @@ mod tests {
         let hub = hub();
         let (robot, _robot_rx) = connect(&hub, "robot");
         let (other, _other_rx) = connect(&hub, "other");
+        let (client, _client_rx) = connect(&hub, "client");
         // Nothing happened since the login read the count.
-        let seen = hub.robot_cuts();
+        let seen = hub.login_cuts();
         assert!(!hub.robot_verified(&other, "r2", vec![], seen).cut_since);
         // Each kind of cut, made while this login was between its database check and its
         // registration (it finds no socket to close), is reported to the login.
-        let cuts: [&dyn Fn(&Hub); 3] = [
+        let cuts: [&dyn Fn(&Hub); 4] = [
             &|hub| {
                 hub.kick_robot_here("r1", Kick::Revoked);
             },
             &|hub| {
                 hub.kick_credentials_here(&["key:abc".to_string()], Kick::Revoked);
             },
-            &|hub| hub.note_robot_cut(),
+            &|hub| {
+                hub.kick_token_here("t1");
+            },
+            &|hub| hub.note_login_cut(),
         ];
         for cut in cuts {
-            let seen = hub.robot_cuts();
+            let seen = hub.login_cuts();
             cut(&hub);
             assert!(hub.robot_verified(&robot, "r1", vec![], seen).cut_since);
+            let seen = hub.login_cuts();
+            cut(&hub);
+            assert!(hub.set_client(&client, Some("t1".into()), seen));
         }
+        assert!(!hub.set_client(&client, Some("t1".into()), hub.login_cuts()));
     }
 
     #[test]
     fn a_leaving_socket_frees_exactly_its_own_claims() {
         let hub = hub();
         let (robot, _robot_rx) = connect(&hub, "robot");
-        hub.robot_verified(&robot, "r1", vec![], hub.robot_cuts());
+        hub.robot_verified(&robot, "r1", vec![], hub.login_cuts());
         let (alice, _alice_rx) = connect(&hub, "alice");
         let (carol, _carol_rx) = connect(&hub, "carol");
         assert!(hub.open_session(&alice, open("s1", Role::Viewer)).is_ok());
@@ -1155,7 +1173,7 @@ mod tests {
                 .unwrap_err(),
             RelayError::RobotOffline("r1".into())
         );
-        hub.robot_verified(&robot, "r1", vec!["serial:01".into()], hub.robot_cuts());
+        hub.robot_verified(&robot, "r1", vec!["serial:01".into()], hub.login_cuts());
         assert!(matches!(
             hub.open_session(&alice, open("s1", Role::Operator)),
             Ok(SessionOpened::New { .. })
@@ -1215,7 +1233,7 @@ mod tests {
     fn a_session_from_another_node_routes_the_robot_end_only() {
         let hub = hub();
         let (robot, _robot_rx) = connect(&hub, "robot");
-        hub.robot_verified(&robot, "r1", Vec::new(), hub.robot_cuts());
+        hub.robot_verified(&robot, "r1", Vec::new(), hub.login_cuts());
         let mirror = MirrorSession {
             session_id: "s1".into(),
             record_id: "rec".into(),
@@ -1253,8 +1271,8 @@ mod tests {
         let hub = hub();
         let (old, old_rx) = connect(&hub, "old");
         let (new, _new_rx) = connect(&hub, "new");
-        hub.robot_verified(&old, "r1", Vec::new(), hub.robot_cuts());
-        hub.robot_verified(&new, "r1", Vec::new(), hub.robot_cuts());
+        hub.robot_verified(&old, "r1", Vec::new(), hub.login_cuts());
+        hub.robot_verified(&new, "r1", Vec::new(), hub.login_cuts());
         assert_eq!(old_rx.kick.get(), Some(Kick::Replaced));
         // The old socket leaving must not take the new one offline.
         hub.detach(&old);

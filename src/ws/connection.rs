@@ -47,13 +47,35 @@ pub fn start(
     state: SharedState,
     socket: WebSocket,
     client: Option<ClientIdentity>,
+    cuts_seen: u64,
     permit: Permit,
 ) {
     let conn: ConnId = Arc::from(uuid::Uuid::new_v4().to_string());
     // Every line logged for this socket, here and below, carries its id.
     let span = tracing::info_span!("ws", conn = %conn);
-    let task = span.in_scope(|| serve(state, socket, client, conn, permit));
+    let task = span.in_scope(|| serve(state, socket, client, cuts_seen, conn, permit));
     tokio::spawn(task.instrument(span));
+}
+
+/// A token revocation came between this client's token check and its registration, and may
+/// have missed the socket: check the token again (on its own task, so the socket's stays
+/// small) and close the socket if it was withdrawn. Fails closed.
+fn recheck_token(state: &SharedState, conn: &ConnId, token_id: String) {
+    let state = state.clone();
+    let conn = conn.clone();
+    tokio::spawn(async move {
+        let withdrawn = state
+            .store
+            .client_token_withdrawn(&token_id)
+            .await
+            .unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "cannot check the token again; closing the socket");
+                true
+            });
+        if withdrawn {
+            state.hub.kick(&conn, Kick::TokenRevoked);
+        }
+    });
 }
 
 /// The socket task. Its setup runs before the future exists, and the future is a block
@@ -63,6 +85,7 @@ fn serve(
     state: SharedState,
     socket: WebSocket,
     client: Option<ClientIdentity>,
+    cuts_seen: u64,
     conn: ConnId,
     permit: Permit,
 ) -> impl Future<Output = ()> + Send {
@@ -71,7 +94,12 @@ fn serve(
     let (mailbox, inbox) = Mailbox::new(config.queue_limits());
     state.hub.attach(conn.clone(), mailbox.clone());
     if let Some(identity) = &client {
-        state.hub.set_client(&conn, identity.token_id.clone());
+        let cut_since = state
+            .hub
+            .set_client(&conn, identity.token_id.clone(), cuts_seen);
+        if let (true, Some(token_id)) = (cut_since, identity.token_id.clone()) {
+            recheck_token(&state, &conn, token_id);
+        }
         tracing::debug!(subject = %identity.subject, "client connected");
     }
     let mut protocol = Protocol::new(state.clone(), conn.clone(), client);

@@ -123,6 +123,8 @@ async fn upgrade(
         }
     };
     let (token, protocol) = find_token(&query, &headers);
+    // Read before the token check: see `Hub::set_client`.
+    let cuts_seen = state.hub.login_cuts();
     let client = match token {
         Some(token) => match state
             .clients
@@ -155,7 +157,7 @@ async fn upgrade(
         ws = ws.protocols([protocol]);
     }
     ws.on_upgrade(move |socket| {
-        connection::start(state, socket, client, permit);
+        connection::start(state, socket, client, cuts_seen, permit);
         std::future::ready(())
     })
 }

@@ -437,7 +437,7 @@ impl Protocol {
         let result = async {
             let challenge = challenge.ok_or(IdentityError::NoChallenge)?;
             // Read before the login's database check: see `Hub::robot_verified`.
-            let cuts_seen = state.hub.robot_cuts();
+            let cuts_seen = state.hub.login_cuts();
             let verified = state
                 .identity
                 .verify(
