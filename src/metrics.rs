@@ -42,6 +42,10 @@ pub struct Metrics {
     pub late_messages: IntCounterVec,
     /// Sockets closed for earning too many errors or exceeding the rate limit.
     pub peers_cut_off: IntCounter,
+    /// Logins and offers checked again because a cut of access overlapped their check
+    /// (see `Hub::access_cuts`), by what was checked (robot, client, offer) and outcome
+    /// (stands, cut).
+    pub access_rechecks: IntCounterVec,
     /// Loaded CRLs past their nextUpdate (still enforced; the issuer owes a newer one).
     pub crl_stale: IntGauge,
     /// 1 while this node's Redis link (commands and its subscription) works (multi-node).
@@ -121,6 +125,14 @@ impl Metrics {
             "Sockets closed for too many errors or messages over the rate limit",
         )
         .expect("valid metric");
+        let access_rechecks = IntCounterVec::new(
+            Opts::new(
+                "signalling_access_rechecks_total",
+                "Logins and offers checked again because a revocation or grant change overlapped their check",
+            ),
+            &["kind", "outcome"],
+        )
+        .expect("valid metric");
         let crl_stale = IntGauge::new("signalling_crl_stale", "Loaded CRLs past their nextUpdate")
             .expect("valid metric");
         let cluster_up = IntGauge::new(
@@ -173,6 +185,7 @@ impl Metrics {
             Box::new(errors.clone()),
             Box::new(late_messages.clone()),
             Box::new(peers_cut_off.clone()),
+            Box::new(access_rechecks.clone()),
         ] {
             registry.register(collector).expect("unique metric names");
         }
@@ -195,6 +208,7 @@ impl Metrics {
             errors,
             late_messages,
             peers_cut_off,
+            access_rechecks,
             crl_stale,
             cluster_up,
             cluster_messages,
@@ -202,6 +216,14 @@ impl Metrics {
             cluster_bus_lag,
             cluster_nodes_lost,
         }
+    }
+
+    /// Counts a re-check of `kind` (robot, client, offer) and whether the access stood.
+    pub fn access_rechecked(&self, kind: &str, stands: bool) {
+        let outcome = if stands { "stands" } else { "cut" };
+        self.access_rechecks
+            .with_label_values(&[kind, outcome])
+            .inc();
     }
 
     /// Counters of a relayed message type (`None` for types that are never relayed).

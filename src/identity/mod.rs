@@ -124,6 +124,9 @@ pub struct Challenge {
     /// recorded): the login stands only if the robot still holds exactly this.
     credential: Credential,
     expires_at: Instant,
+    /// The node's count of access cuts when the challenge was made (see
+    /// `Hub::access_cuts`): any time before the login's database check will do.
+    pub access_cuts_seen: u64,
     /// The presented chain (`credential`) is to be recorded as the robot's credential once
     /// the proof succeeds (auto-registration, or a record that had no credential yet).
     record_chain: Option<RecordChain>,
@@ -326,6 +329,7 @@ impl Identity {
             credential_kind: kind,
             revocation_keys,
             credential,
+            access_cuts_seen: 0,
             expires_at: Instant::now() + self.challenge_ttl,
             record_chain,
         })

@@ -121,11 +121,11 @@ struct State {
     /// Sessions that ended within the grace period, and their end times in order.
     ended: HashMap<String, Ended>,
     ended_order: VecDeque<(Instant, String)>,
-    /// Counts cuts of logins (a robot's revocation, re-enrollment or deletion, a token's
-    /// revocation, a lapse re-check), so a login can tell whether one came between its
-    /// database check and its registration here (see [`Hub::robot_verified`] and
-    /// [`Hub::set_client`]).
-    login_cuts: u64,
+    /// Counts cuts of access (a robot's revocation, re-enrollment or deletion, a token's
+    /// revocation, a grant withdrawn or lowered, a lapse re-check), so a login or an offer
+    /// can tell whether one came between its database check and its registration here
+    /// (see [`Hub::access_cuts`]).
+    access_cuts: u64,
 }
 
 /// A robot registered by [`Hub::robot_verified`].
@@ -133,7 +133,7 @@ struct State {
 pub struct RobotVerified {
     /// Resolves once the robot's presence is in the cluster's directory (with a cluster).
     pub presence: Option<tokio::sync::oneshot::Receiver<()>>,
-    /// A cut of logins happened since the login read [`Hub::login_cuts`].
+    /// A cut of access happened since the login read [`Hub::access_cuts`].
     pub cut_since: bool,
 }
 
@@ -260,27 +260,30 @@ impl Hub {
     }
 
     /// Marks the socket as a client's, logged in with `token_id` (an opaque token) or a JWT.
-    /// True if a cut of logins happened since the login read `cuts_seen` (before its token
+    /// True if a cut of access happened since the login read `cuts_seen` (before its token
     /// check): the token must then be checked again, as in [`Hub::robot_verified`].
     pub fn set_client(&self, conn: &ConnId, token_id: Option<String>, cuts_seen: u64) -> bool {
         let mut state = self.state();
-        let cut_since = state.login_cuts != cuts_seen;
+        let cut_since = state.access_cuts != cuts_seen;
         if let Some(entry) = state.conns.get_mut(conn) {
             entry.kind = ConnKind::Client { token_id };
         }
         cut_since
     }
 
-    /// How many login cuts this node has seen; a login reads it before its database check
-    /// and hands it to [`Hub::robot_verified`] or [`Hub::set_client`].
-    pub fn login_cuts(&self) -> u64 {
-        self.state().login_cuts
+    /// How many cuts of access this node has seen. A cut closes the sockets or ends the
+    /// sessions it finds; one that lands after a login's or an offer's database check but
+    /// before its socket or session is registered finds nothing. So the login or offer
+    /// reads this count before its check, and if it changed by the time it is registered,
+    /// checks again ([`Hub::robot_verified`], [`Hub::set_client`], the offer).
+    pub fn access_cuts(&self) -> u64 {
+        self.state().access_cuts
     }
 
-    /// A cut of logins is on its way that does not come through the kicks here (the
-    /// re-check after a bus lapse): logins checked before it must check again.
-    pub fn note_login_cut(&self) {
-        self.state().login_cuts += 1;
+    /// A cut is on its way that does not come through the kicks here (the re-check after a
+    /// bus lapse): logins and offers checked before it must check again.
+    pub fn note_access_cut(&self) {
+        self.state().access_cuts += 1;
     }
 
     /// Marks the socket as the verified connection of `robot_id`; an older connection of the
@@ -300,7 +303,7 @@ impl Hub {
     ) -> RobotVerified {
         let (replaced, cut_since) = {
             let mut state = self.state();
-            let cut_since = state.login_cuts != cuts_seen;
+            let cut_since = state.access_cuts != cuts_seen;
             if let Some(entry) = state.conns.get_mut(conn) {
                 entry.kind = ConnKind::Robot {
                     robot_id: robot_id.to_string(),
@@ -877,7 +880,7 @@ impl Hub {
     pub fn kick_robot_here(&self, robot_id: &str, reason: Kick) -> bool {
         let conn = {
             let mut state = self.state();
-            state.login_cuts += 1;
+            state.access_cuts += 1;
             state.robots.get(robot_id).cloned()
         };
         match conn {
@@ -903,7 +906,7 @@ impl Hub {
 
     pub fn kick_credentials_here(&self, revoked: &[String], reason: Kick) -> usize {
         let mut state = self.state();
-        state.login_cuts += 1;
+        state.access_cuts += 1;
         let conns: Vec<ConnId> = state
             .conns
             .iter()
@@ -933,7 +936,7 @@ impl Hub {
 
     pub fn kick_token_here(&self, token_id: &str) -> usize {
         let mut state = self.state();
-        state.login_cuts += 1;
+        state.access_cuts += 1;
         let conns: Vec<ConnId> = state
             .conns
             .iter()
@@ -961,6 +964,7 @@ impl Hub {
     ) -> Vec<EndedSession> {
         let ended = {
             let mut state = self.state();
+            state.access_cuts += 1;
             // Mirrors are ended by the node that owns them (it hears of the change too).
             let ids: Vec<String> = state
                 .sessions
@@ -1109,11 +1113,11 @@ mod tests {
         let (other, _other_rx) = connect(&hub, "other");
         let (client, _client_rx) = connect(&hub, "client");
         // Nothing happened since the login read the count.
-        let seen = hub.login_cuts();
+        let seen = hub.access_cuts();
         assert!(!hub.robot_verified(&other, "r2", vec![], seen).cut_since);
         // Each kind of cut, made while this login was between its database check and its
         // registration (it finds no socket to close), is reported to the login.
-        let cuts: [&dyn Fn(&Hub); 4] = [
+        let cuts: [&dyn Fn(&Hub); 5] = [
             &|hub| {
                 hub.kick_robot_here("r1", Kick::Revoked);
             },
@@ -1123,24 +1127,27 @@ mod tests {
             &|hub| {
                 hub.kick_token_here("t1");
             },
-            &|hub| hub.note_login_cut(),
+            &|hub| {
+                hub.end_sessions_of("r9", "nobody", None, "grant_revoked");
+            },
+            &|hub| hub.note_access_cut(),
         ];
         for cut in cuts {
-            let seen = hub.login_cuts();
+            let seen = hub.access_cuts();
             cut(&hub);
             assert!(hub.robot_verified(&robot, "r1", vec![], seen).cut_since);
-            let seen = hub.login_cuts();
+            let seen = hub.access_cuts();
             cut(&hub);
             assert!(hub.set_client(&client, Some("t1".into()), seen));
         }
-        assert!(!hub.set_client(&client, Some("t1".into()), hub.login_cuts()));
+        assert!(!hub.set_client(&client, Some("t1".into()), hub.access_cuts()));
     }
 
     #[test]
     fn a_leaving_socket_frees_exactly_its_own_claims() {
         let hub = hub();
         let (robot, _robot_rx) = connect(&hub, "robot");
-        hub.robot_verified(&robot, "r1", vec![], hub.login_cuts());
+        hub.robot_verified(&robot, "r1", vec![], hub.access_cuts());
         let (alice, _alice_rx) = connect(&hub, "alice");
         let (carol, _carol_rx) = connect(&hub, "carol");
         assert!(hub.open_session(&alice, open("s1", Role::Viewer)).is_ok());
@@ -1173,7 +1180,7 @@ mod tests {
                 .unwrap_err(),
             RelayError::RobotOffline("r1".into())
         );
-        hub.robot_verified(&robot, "r1", vec!["serial:01".into()], hub.login_cuts());
+        hub.robot_verified(&robot, "r1", vec!["serial:01".into()], hub.access_cuts());
         assert!(matches!(
             hub.open_session(&alice, open("s1", Role::Operator)),
             Ok(SessionOpened::New { .. })
@@ -1233,7 +1240,7 @@ mod tests {
     fn a_session_from_another_node_routes_the_robot_end_only() {
         let hub = hub();
         let (robot, _robot_rx) = connect(&hub, "robot");
-        hub.robot_verified(&robot, "r1", Vec::new(), hub.login_cuts());
+        hub.robot_verified(&robot, "r1", Vec::new(), hub.access_cuts());
         let mirror = MirrorSession {
             session_id: "s1".into(),
             record_id: "rec".into(),
@@ -1271,8 +1278,8 @@ mod tests {
         let hub = hub();
         let (old, old_rx) = connect(&hub, "old");
         let (new, _new_rx) = connect(&hub, "new");
-        hub.robot_verified(&old, "r1", Vec::new(), hub.login_cuts());
-        hub.robot_verified(&new, "r1", Vec::new(), hub.login_cuts());
+        hub.robot_verified(&old, "r1", Vec::new(), hub.access_cuts());
+        hub.robot_verified(&new, "r1", Vec::new(), hub.access_cuts());
         assert_eq!(old_rx.kick.get(), Some(Kick::Replaced));
         // The old socket leaving must not take the new one offline.
         hub.detach(&old);

@@ -185,7 +185,7 @@ async fn recheck_after_lapse(state: SharedState, cluster: Arc<Cluster>) {
 async fn recheck_logins(state: &SharedState) -> Result<(), StoreError> {
     // Logins checked before this re-check and registered after it listed the sockets are
     // not in the list: counting a cut makes them check again.
-    state.hub.note_login_cut();
+    state.hub.note_access_cut();
     let mut closed = 0;
     for (conn, login) in state.hub.local_logins() {
         let (stands, reason) = match &login {

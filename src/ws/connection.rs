@@ -72,6 +72,7 @@ fn recheck_token(state: &SharedState, conn: &ConnId, token_id: String) {
                 tracing::warn!(error = %e, "cannot check the token again; closing the socket");
                 true
             });
+        state.metrics.access_rechecked("client", !withdrawn);
         if withdrawn {
             state.hub.kick(&conn, Kick::TokenRevoked);
         }

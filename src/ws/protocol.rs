@@ -415,6 +415,9 @@ impl Protocol {
         };
         let message = messages::pki_challenge(challenge.encoded.clone());
         challenge.set_message_id(&message.id);
+        // Read before the login's database check (in `pki_response`), early enough that a
+        // cut while the robot signs counts too: see `Hub::robot_verified`.
+        challenge.access_cuts_seen = self.state.hub.access_cuts();
         self.replies.push(message.to_json());
         self.peer = Peer::Unverified {
             challenge: Some(Box::new(challenge)),
@@ -436,8 +439,7 @@ impl Protocol {
         let conn = &self.conn;
         let result = async {
             let challenge = challenge.ok_or(IdentityError::NoChallenge)?;
-            // Read before the login's database check: see `Hub::robot_verified`.
-            let cuts_seen = state.hub.login_cuts();
+            let cuts_seen = challenge.access_cuts_seen;
             let verified = state
                 .identity
                 .verify(
@@ -456,13 +458,15 @@ impl Protocol {
             // A cut came between the check and the registration, and may have missed
             // this socket: check again (rare; a read). Refused, the socket closes and
             // leaves the hub like any other.
-            if registered.cut_since
-                && !state
+            if registered.cut_since {
+                let stands = state
                     .identity
                     .login_still_stands(&verified.robot_id, &verified.credentials)
-                    .await?
-            {
-                return Err(IdentityError::Revoked);
+                    .await?;
+                state.metrics.access_rechecked("robot", stands);
+                if !stands {
+                    return Err(IdentityError::Revoked);
+                }
             }
             Ok((verified, registered.presence))
         }
@@ -557,6 +561,8 @@ impl Protocol {
             )
             .into());
         }
+        // Read before the grant: see `Hub::access_cuts`.
+        let cuts_seen = self.state.hub.access_cuts();
         let role = self
             .state
             .store
@@ -576,6 +582,25 @@ impl Protocol {
                 },
             )
             .await?;
+        // A grant withdrawn or lowered after the read above, before the session was in the
+        // hub, found no session to end: read it again and end the session as that change
+        // would have. Counts only grow, so comparing after the session is in suffices.
+        if self.state.hub.access_cuts() != cuts_seen {
+            let granted = self.state.store.grant(robot_id, &identity.subject).await?;
+            let stands = granted.is_some_and(|granted| granted >= role);
+            self.state.metrics.access_rechecked("offer", stands);
+            if !stands {
+                let reason = match granted {
+                    Some(_) => EndReason::GrantChanged,
+                    None => EndReason::GrantRevoked,
+                };
+                self.state
+                    .sessions
+                    .end_for_subject_here(robot_id, &identity.subject, granted, reason)
+                    .await?;
+                return Ok(());
+            }
+        }
         let metrics = self.state.metrics.relay(forward.kind());
         let text = forward.into_robot(&identity.subject, role);
         self.deliver(&robot_conn, metrics, text, received)

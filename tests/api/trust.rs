@@ -285,6 +285,37 @@ async fn a_robot_revoked_or_deleted_while_it_signs_is_refused() {
 }
 
 #[tokio::test]
+async fn a_login_that_a_cut_overlapped_checks_again_and_still_stands() {
+    let server = TestServer::start().await;
+    let key = server.enrolled_robot("robot-1").await;
+    let (mut other, _) = server.online_robot("robot-2").await;
+    let mut robot = WsClient::connect(&server.ws_url()).await;
+    let challenge = robot.register("robot-1").await;
+    // Another robot is revoked while robot-1 signs: robot-1's login cannot know the cut
+    // was not about it, so it checks again once registered, and stands.
+    let (status, _) = server
+        .admin(reqwest::Method::POST, "/v1/robots/robot-2/revoke", None)
+        .await;
+    assert_eq!(status, 200);
+    other.expect_error("UNAUTHORIZED").await;
+    robot.send(&signed_response(&challenge, &key)).await;
+    assert_verified(&robot.recv().await);
+    let metrics = server.metrics().await;
+    assert!(
+        metrics.contains("signalling_access_rechecks_total{kind=\"robot\",outcome=\"stands\"} 1"),
+        "{metrics}"
+    );
+    // Nothing overlapped this one: no re-check.
+    let again = server.robot_login("robot-1", &key).await;
+    drop(again);
+    let metrics = server.metrics().await;
+    assert!(
+        metrics.contains("signalling_access_rechecks_total{kind=\"robot\",outcome=\"stands\"} 1"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
 async fn a_bare_key_revoked_for_another_robot_does_not_log_in() {
     let server = TestServer::start().await;
     let key = KeyPair::generate().unwrap();
