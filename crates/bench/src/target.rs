@@ -89,10 +89,28 @@ impl Signer {
     }
 }
 
-pub async fn connect(url: &str) -> anyhow::Result<Socket> {
+/// How a bench socket reads. tungstenite zero-fills its read buffer up to its capacity
+/// (128 KiB by default) before every read, and a new socket's first read faults all of it
+/// in: in a login storm that made the load generator cost as much CPU per login as the
+/// server. Sockets that log in and wait (storm, capacity) read through a small buffer;
+/// relay ends keep the default, the same for every relay measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reads {
+    Relay,
+    Small,
+}
+
+/// The read buffer of `Reads::Small`: bigger than anything a waiting socket receives.
+const SMALL_READ_BUFFER: usize = 4 * 1024;
+
+pub async fn connect(url: &str, reads: Reads) -> anyhow::Result<Socket> {
+    let config = (reads == Reads::Small).then(|| {
+        tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
+            .read_buffer_size(SMALL_READ_BUFFER)
+    });
     let (socket, _) = tokio::time::timeout(
         REPLY_TIMEOUT,
-        tokio_tungstenite::connect_async_with_config(url, None, true),
+        tokio_tungstenite::connect_async_with_config(url, config, true),
     )
     .await
     .context("connect timed out")?
@@ -135,8 +153,10 @@ pub async fn robot_login(
     info: &TargetInfo,
     robot_id: &str,
     signer: &Signer,
+    reads: Reads,
 ) -> anyhow::Result<Socket> {
-    let mut socket = connect(info.robot_ws_url.as_deref().unwrap_or(&info.ws_url)).await?;
+    let url = info.robot_ws_url.as_deref().unwrap_or(&info.ws_url);
+    let mut socket = connect(url, reads).await?;
     let register = envelope(
         "signalling.register",
         &uuid::Uuid::new_v4().to_string(),
@@ -166,9 +186,9 @@ pub async fn robot_login(
 }
 
 /// A client socket on our server; returns it with its connectionId.
-pub async fn client_login(info: &TargetInfo) -> anyhow::Result<(Socket, String)> {
+pub async fn client_login(info: &TargetInfo, reads: Reads) -> anyhow::Result<(Socket, String)> {
     let token = info.client_token.as_deref().context("no client token")?;
-    let mut socket = connect(&format!("{}?token={token}", info.ws_url)).await?;
+    let mut socket = connect(&format!("{}?token={token}", info.ws_url), reads).await?;
     let welcome = expect_type(&mut socket, "signalling.welcome").await?;
     let id = welcome["payload"]["connectionId"]
         .as_str()
@@ -202,8 +222,9 @@ pub async fn open_pair(
     match info.kind {
         Kind::Ours => {
             let robot_id = format!("bench-{index}");
-            let b = robot_login(info, &robot_id, signer.context("robot key")?).await?;
-            let (a, session) = client_login(info).await?;
+            let b =
+                robot_login(info, &robot_id, signer.context("robot key")?, Reads::Relay).await?;
+            let (a, session) = client_login(info, Reads::Relay).await?;
             let mut pair = Pair {
                 a,
                 b,
@@ -219,8 +240,8 @@ pub async fn open_pair(
         }
         Kind::Relay => {
             let (a_id, b_id) = (format!("{tag}a{index}"), format!("{tag}b{index}"));
-            let mut a = connect(&format!("{}?id={a_id}", info.ws_url)).await?;
-            let mut b = connect(&format!("{}?id={b_id}", info.ws_url)).await?;
+            let mut a = connect(&format!("{}?id={a_id}", info.ws_url), Reads::Relay).await?;
+            let mut b = connect(&format!("{}?id={b_id}", info.ws_url), Reads::Relay).await?;
             for socket in [&mut a, &mut b] {
                 let ack = next_json(socket).await?;
                 if ack.get("welcome").is_none() {
@@ -235,9 +256,9 @@ pub async fn open_pair(
         }
         Kind::Matchbox => {
             let room = format!("{}/{tag}room{index}", info.ws_url.trim_end_matches('/'));
-            let mut a = connect(&room).await?;
+            let mut a = connect(&room, Reads::Relay).await?;
             let a_id = matchbox_id(&mut a).await?;
-            let mut b = connect(&room).await?;
+            let mut b = connect(&room, Reads::Relay).await?;
             let b_id = matchbox_id(&mut b).await?;
             // The earlier peer hears of the later one; wait for it so both are in the room.
             loop {

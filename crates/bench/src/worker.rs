@@ -17,7 +17,7 @@ use tokio::io::AsyncBufReadExt;
 use tokio::sync::Semaphore;
 use tokio_tungstenite::tungstenite::Message;
 
-use crate::target::{self, Dir, Kind, Pair, Route, Signer, Socket, TargetInfo};
+use crate::target::{self, Dir, Kind, Pair, Reads, Route, Signer, Socket, TargetInfo};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "scenario", rename_all = "snake_case")]
@@ -158,20 +158,24 @@ async fn open_idle(
 ) -> anyhow::Result<Socket> {
     match info.kind {
         Kind::Ours if robot => {
-            target::robot_login(info, &format!("bench-{index}"), signer.context("key")?).await
+            let signer = signer.context("key")?;
+            target::robot_login(info, &format!("bench-{index}"), signer, Reads::Small).await
         }
-        Kind::Ours => Ok(target::client_login(info).await?.0),
+        Kind::Ours => Ok(target::client_login(info, Reads::Small).await?.0),
         Kind::Relay => {
             let role = if robot { "r" } else { "c" };
-            let mut socket =
-                target::connect(&format!("{}?id={tag}{role}{index}", info.ws_url)).await?;
+            let mut socket = target::connect(
+                &format!("{}?id={tag}{role}{index}", info.ws_url),
+                Reads::Small,
+            )
+            .await?;
             target::next_json(&mut socket).await?;
             Ok(socket)
         }
         Kind::Matchbox => {
             let role = if robot { "r" } else { "c" };
             let url = format!("{}/{tag}{role}{index}", info.ws_url.trim_end_matches('/'));
-            let mut socket = target::connect(&url).await?;
+            let mut socket = target::connect(&url, Reads::Small).await?;
             target::next_json(&mut socket).await?;
             Ok(socket)
         }
@@ -440,7 +444,8 @@ async fn storm(
         tasks.push(tokio::spawn(async move {
             let _permit = gate.acquire_owned().await?;
             let begun = Instant::now();
-            let socket = target::robot_login(&info, &format!("{prefix}-{i}"), &signer).await?;
+            let socket =
+                target::robot_login(&info, &format!("{prefix}-{i}"), &signer, Reads::Small).await?;
             anyhow::Ok((begun.elapsed(), socket))
         }));
     }
