@@ -34,9 +34,11 @@ use crate::tasks::StopSignal;
 const OUTBOX: usize = 65_536;
 /// Largest pipeline the writer sends at once.
 const BATCH: usize = 512;
-/// Largest PUBLISH payload of frames batched for one node: well under Redis's pub/sub
-/// output limits, and one frame of the largest size still fits.
-const BATCH_BYTES: usize = 256 * 1024;
+/// Largest PUBLISH payload of frames batched for one node (a bigger frame goes alone): well
+/// under Redis's pub/sub output limits, and under glibc's default mmap threshold (128 KiB)
+/// for the buffers both nodes' redis clients make of it. 256 KiB measured 2-4 % slower
+/// cross-node with 6 KB frames (docs/benchmarks.md, "Several nodes").
+const BATCH_BYTES: usize = 64 * 1024;
 /// How long a login waits for its robot's presence to reach Redis before it is answered
 /// anyway (Redis slow or away: the robot is then reachable on its own node only, as in an
 /// outage). The commands' own time limit.
