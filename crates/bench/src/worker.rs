@@ -367,6 +367,7 @@ async fn send_loop(
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
         interval
     });
+    let template = target::DataTemplate::new(&route, dir, size)?;
     while Instant::now() < stop_at {
         match ticker.as_mut() {
             Some(interval) => {
@@ -383,7 +384,7 @@ async fn send_loop(
             }
         }
         let stamp = clock.elapsed().as_nanos() as u64;
-        let text = target::data_message(&route, dir, stamp.max(1), size)?;
+        let text = template.render(stamp.max(1));
         sink.send(Message::Text(text.into())).await?;
         sent.fetch_add(1, Ordering::Relaxed);
     }
