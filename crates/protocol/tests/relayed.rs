@@ -320,3 +320,54 @@ fn numbers_the_parser_refuses_are_refused_everywhere() {
     let text = disconnected(r#"{"n": [1, -2, 3.5e10, {"x": null}]}"#, r#"{"n": 1e300}"#);
     assert!(check_agrees(&text).is_some(), "{text}");
 }
+
+/// SDPs and candidates are checked as raw JSON strings, not unescaped: the check must refuse
+/// exactly the strings the full parser refuses.
+#[test]
+fn free_text_strings_are_checked_like_the_parser_checks_them() {
+    let answer = |sdp: &str| {
+        format!(
+            r#"{{"type":"signalling.answer","version":"0.5","id":"m1","timestamp":"2026-01-05T15:25:00Z","payload":{{"connectionId":"c1","sdpType":"answer","sdp":{sdp}}}}}"#
+        )
+    };
+    let candidate = |candidate: &str| {
+        format!(
+            r#"{{"type":"signalling.ice_candidate","version":"0.5","id":"m1","timestamp":"2026-01-05T15:25:00Z","payload":{{"connectionId":"c1","candidate":{candidate},"sdpMid":"0","sdpMLineIndex":0}}}}"#
+        )
+    };
+    let accepted = [
+        r#""v=0\r\no=- 1 2 IN IP4 127.0.0.1\r\n""#,
+        r#""\ud83d\ude00 \u00e9 \/ \" \\ \b\f\n\r\t""#,
+        r#""\\u not an escape, an escaped backslash""#,
+        r#""""#,
+    ];
+    let refused = [
+        r#""\ud800 lone leading surrogate""#,
+        r#""\udc00 lone trailing surrogate""#,
+        r#""\ud83d\u0041 leading surrogate, then no trailing one""#,
+        r#""\x bad escape""#,
+        r#""\u12 short""#,
+        "\"raw\ncontrol character\"",
+        r#""unterminated"#,
+        "42",
+        "null",
+        r#"["v=0"]"#,
+        r#"{"sdp":"v=0"}"#,
+        "true",
+    ];
+    for build in [&answer as &dyn Fn(&str) -> String, &candidate] {
+        for value in accepted {
+            let text = build(value);
+            assert!(check_agrees(&text).is_some(), "the view must accept {text}");
+        }
+        for value in refused {
+            let text = build(value);
+            let parsed = Envelope::parse(&text).and_then(|e| e.body().map(|_| ()));
+            assert!(parsed.is_err(), "the parser refuses {text}");
+            assert!(
+                Relayed::parse(&text).is_none(),
+                "the view must refuse {text}"
+            );
+        }
+    }
+}
