@@ -167,6 +167,24 @@ pub struct Route {
     pub role: Role,
 }
 
+/// Which sessions a grant check covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GrantScope {
+    /// The sessions this node owns. A mirror (the robot's end of a session owned by another
+    /// node) is ended by its owner, which hears of the grant change too and tells this node.
+    Owned,
+    /// Every session with an end here, mirrors too: after a bus lapse the owner's word that
+    /// it ended a session may have been lost on its way here, as the change itself was.
+    /// Ending a mirror tells its owner, which ignores the end of a session it already ended.
+    EveryEndHere,
+}
+
+impl GrantScope {
+    fn covers(self, session: &Session) -> bool {
+        self == GrantScope::EveryEndHere || !session.mirror
+    }
+}
+
 /// A session that ended: its record must be closed, then `notices` delivered with
 /// [`Hub::notify`] (in that order, so whoever hears of the end finds the record ended).
 #[derive(Debug, Clone)]
@@ -355,12 +373,12 @@ impl Hub {
             .collect()
     }
 
-    /// Each (robot, subject) with sessions this node owns (mirrors excluded: their owner
-    /// checks them), and the highest role among them: what a grant check must allow.
-    pub fn owned_session_roles(&self) -> Vec<(String, Arc<str>, Role)> {
+    /// Each (robot, subject) with sessions in `scope`, and the highest role among them:
+    /// what a grant check must allow.
+    pub fn session_roles(&self, scope: GrantScope) -> Vec<(String, Arc<str>, Role)> {
         let mut highest: HashMap<(&str, &Arc<str>), Role> = HashMap::new();
         let state = self.state();
-        for session in state.sessions.values().filter(|s| !s.mirror) {
+        for session in state.sessions.values().filter(|s| scope.covers(s)) {
             let role = highest
                 .entry((session.robot_id.as_str(), &session.subject))
                 .or_insert(session.role);
@@ -961,15 +979,15 @@ impl Hub {
         subject: &str,
         allowed: Option<Role>,
         cause: &str,
+        scope: GrantScope,
     ) -> Vec<EndedSession> {
         let ended = {
             let mut state = self.state();
             state.access_cuts += 1;
-            // Mirrors are ended by the node that owns them (it hears of the change too).
             let ids: Vec<String> = state
                 .sessions
                 .iter()
-                .filter(|(_, s)| !s.mirror)
+                .filter(|(_, s)| scope.covers(s))
                 .filter(|(_, s)| s.robot_id == robot_id && &*s.subject == subject)
                 .filter(|(_, s)| allowed.is_none_or(|role| s.role > role))
                 .map(|(id, _)| id.clone())
@@ -1128,7 +1146,7 @@ mod tests {
                 hub.kick_token_here("t1");
             },
             &|hub| {
-                hub.end_sessions_of("r9", "nobody", None, "grant_revoked");
+                hub.end_sessions_of("r9", "nobody", None, "grant_revoked", GrantScope::Owned);
             },
             &|hub| hub.note_access_cut(),
         ];
@@ -1264,10 +1282,39 @@ mod tests {
             ..mirror.clone()
         };
         assert!(hub.open_mirror(&stale).is_err());
-        // Mirrors are ended by their owner node, not by a local grant change.
+        // Mirrors are ended by their owner node, not by a local grant change...
         assert!(hub
-            .end_sessions_of("r1", "alice", None, "grant_revoked")
+            .end_sessions_of("r1", "alice", None, "grant_revoked", GrantScope::Owned)
             .is_empty());
+        assert!(hub.session_roles(GrantScope::Owned).is_empty());
+        // ...except in the check after a bus lapse, when the owner's word may be lost.
+        assert_eq!(
+            hub.session_roles(GrantScope::EveryEndHere),
+            vec![("r1".to_string(), Arc::from("alice"), Role::Operator)]
+        );
+        let ended = hub.end_sessions_of(
+            "r1",
+            "alice",
+            Some(Role::Operator),
+            "grant_changed",
+            GrantScope::EveryEndHere,
+        );
+        assert!(ended.is_empty(), "the role still stands");
+        hub.open_mirror(&MirrorSession {
+            session_id: "s3".into(),
+            ..mirror.clone()
+        })
+        .unwrap();
+        let ended = hub.end_sessions_of(
+            "r1",
+            "alice",
+            Some(Role::Viewer),
+            "grant_changed",
+            GrantScope::EveryEndHere,
+        );
+        assert_eq!(ended.len(), 2);
+        assert!(ended.iter().all(|e| e.local_end() == Some(&robot)));
+        hub.open_mirror(&mirror).unwrap();
         let ended = hub.end_session_from_peer("s1").unwrap();
         assert_eq!(ended.local_end(), Some(&robot));
         assert!(matches!(hub.route(&robot, "s1"), Err(RelayError::Ended(_))));

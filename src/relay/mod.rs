@@ -16,6 +16,7 @@ pub use bus::{
     QueueLimits, QueueReceiver,
 };
 pub use hub::{
-    EndedSession, Hub, HubLimits, LoggedInWith, OpenSession, RelayError, Route, SessionOpened,
+    EndedSession, GrantScope, Hub, HubLimits, LoggedInWith, OpenSession, RelayError, Route,
+    SessionOpened,
 };
 pub use sessions::{EndReason, SessionError, Sessions};

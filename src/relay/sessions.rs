@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use super::bus::{ConnId, Kick, Outbound};
-use super::hub::{EndedSession, Hub, OpenSession, RelayError, Route, SessionOpened};
+use super::hub::{EndedSession, GrantScope, Hub, OpenSession, RelayError, Route, SessionOpened};
 use crate::cluster::{Cluster, ClusterError, Control, LockOutcome, MirrorSession};
 use crate::store::{Role, Store, StoreError};
 
@@ -326,21 +326,22 @@ impl Sessions {
                 allowed,
             });
         }
-        self.end_for_subject_here(robot_id, subject, allowed, reason)
+        self.end_for_subject_here(robot_id, subject, allowed, reason, GrantScope::Owned)
             .await
     }
 
-    /// [`Sessions::end_for_subject`] for the sessions this node owns.
+    /// [`Sessions::end_for_subject`] for the sessions of this node in `scope`.
     pub async fn end_for_subject_here(
         &self,
         robot_id: &str,
         subject: &str,
         allowed: Option<Role>,
         reason: EndReason,
+        scope: GrantScope,
     ) -> Result<usize, StoreError> {
         let ended = self
             .hub
-            .end_sessions_of(robot_id, subject, allowed, reason.as_str());
+            .end_sessions_of(robot_id, subject, allowed, reason.as_str(), scope);
         let mut written = Ok(());
         for session in &ended {
             if let Err(e) = self

@@ -14,7 +14,7 @@ use super::StopSignal;
 use crate::cluster::message::{frame_id, kick_from_name};
 use crate::cluster::{decode, Cluster, Control, PeerMessage, RelayedFrame};
 use crate::messages;
-use crate::relay::{ConnId, DeliveryError, EndReason, Kick, LoggedInWith, Outbound};
+use crate::relay::{ConnId, DeliveryError, EndReason, GrantScope, Kick, LoggedInWith, Outbound};
 use crate::state::SharedState;
 use crate::store::StoreError;
 use crate::ws::WsError;
@@ -114,7 +114,7 @@ async fn handle(state: &SharedState, cluster: &Cluster, message: PeerMessage) {
             };
             if let Err(e) = state
                 .sessions
-                .end_for_subject_here(&robot_id, &subject, allowed, reason)
+                .end_for_subject_here(&robot_id, &subject, allowed, reason, GrantScope::Owned)
                 .await
             {
                 tracing::error!(error = %e, "cannot end sessions after a grant change");
@@ -167,9 +167,10 @@ fn deliver_frame(state: &SharedState, cluster: &Cluster, frame: RelayedFrame) {
 /// After the bus was away (Redis down or restarted, or this node's subscription lost: Redis
 /// closes a subscriber that falls too far behind), the cuts other nodes broadcast meanwhile
 /// never arrived. The database has them: every robot and token socket here is checked
-/// again (revoked, deleted, re-enrolled), then every session this node owns against its
-/// grant (withdrawn, lowered), and what no longer stands is closed or ended as the lost
-/// cut would have done. A check that fails is tried again at the next beat.
+/// again (revoked, deleted, re-enrolled), then every session with an end here against its
+/// grant (withdrawn, lowered; the robot's end too, since the owner's end notice may have
+/// been lost the same way), and what no longer stands is closed or ended as the lost cut
+/// would have done. A check that fails is tried again at the next beat.
 async fn recheck_after_lapse(state: SharedState, cluster: Arc<Cluster>) {
     if let Err(e) = recheck_logins(&state).await {
         tracing::warn!(error = %e, "cannot check the logins after a bus lapse; retrying");
@@ -220,7 +221,7 @@ async fn recheck_logins(state: &SharedState) -> Result<(), StoreError> {
 
 async fn recheck_grants(state: &SharedState) -> Result<(), StoreError> {
     let mut ended = 0;
-    for (robot_id, subject, role) in state.hub.owned_session_roles() {
+    for (robot_id, subject, role) in state.hub.session_roles(GrantScope::EveryEndHere) {
         let (allowed, reason) = match state.store.grant(&robot_id, &subject).await? {
             Some(granted) if granted >= role => continue,
             Some(granted) => (Some(granted), EndReason::GrantChanged),
@@ -228,7 +229,13 @@ async fn recheck_grants(state: &SharedState) -> Result<(), StoreError> {
         };
         ended += state
             .sessions
-            .end_for_subject_here(&robot_id, &subject, allowed, reason)
+            .end_for_subject_here(
+                &robot_id,
+                &subject,
+                allowed,
+                reason,
+                GrantScope::EveryEndHere,
+            )
             .await?;
     }
     if ended > 0 {

@@ -14,7 +14,9 @@ use crate::auth::ClientIdentity;
 use crate::cluster::PRESENCE_WAIT;
 use crate::identity::{Challenge, IdentityError};
 use crate::messages;
-use crate::relay::{ConnId, DeliveryError, EndReason, OpenSession, Outbound, RelayError, Route};
+use crate::relay::{
+    ConnId, DeliveryError, EndReason, GrantScope, OpenSession, Outbound, RelayError, Route,
+};
 use crate::state::SharedState;
 
 /// Longest text considered as a legacy `{"type":"ready"}` greeting.
@@ -596,7 +598,13 @@ impl Protocol {
                 };
                 self.state
                     .sessions
-                    .end_for_subject_here(robot_id, &identity.subject, granted, reason)
+                    .end_for_subject_here(
+                        robot_id,
+                        &identity.subject,
+                        granted,
+                        reason,
+                        GrantScope::Owned,
+                    )
                     .await?;
                 return Ok(());
             }
