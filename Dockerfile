@@ -5,6 +5,8 @@ FROM rust:1.95-slim-bookworm AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY crates ./crates
+# Patched dependencies ([patch.crates-io] in Cargo.toml).
+COPY vendor ./vendor
 COPY src ./src
 COPY migrations ./migrations
 # The browser SDK the server embeds (built and committed in clients/js/dist).

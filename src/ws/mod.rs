@@ -26,12 +26,17 @@ pub use error::WsError;
 /// Bytes of frames a socket gathers before writing, within one batch of the writer.
 const WRITE_GATHER: usize = 16 * 1024;
 
-/// The WebSocket layer's own read buffer per socket (it grows for a bigger message); the
-/// bytes come from the lean stream's chunk, so a small buffer costs copies, not syscalls.
+/// The WebSocket layer's read size while no frame is under way (the rest of a frame's bytes
+/// are asked for in one read); the bytes come from the lean stream's chunk, so a small size
+/// costs copies, not syscalls, and an idle socket holds no buffer at all.
 const READ_BUFFER: usize = 512;
 
 /// The `/ws` route, merged into the app at the top.
 pub fn router() -> Router<SharedState> {
+    // Most sockets are idle robots: their WebSocket buffers are freed between bursts instead
+    // of staying at the size of the largest message read or written (vendor/tungstenite,
+    // PATCHES.md). A process-wide switch of the patched codec; nothing else here has sockets.
+    tungstenite::protocol::frame::release_idle_buffers(true);
     Router::new().route("/ws", get(upgrade))
 }
 
