@@ -1,11 +1,12 @@
 //! Accepted sockets that hold no read buffer while idle.
 //!
-//! Most of the server's sockets are idle robots. The WebSocket layer keeps a read buffer of
-//! its own per socket and fills it with one system call per read, so a big buffer costs
-//! memory on every idle socket and a small one costs system calls on busy ones. This stream
-//! sits below it: a small read is served from a chunk lent by the worker thread, filled
-//! with whatever the kernel has in one call, and the chunk goes back as soon as it is
-//! drained. Idle sockets hold nothing; busy ones make one call per burst.
+//! Most of the server's sockets are idle robots. The WebSocket layer reads through a small
+//! buffer of its own (freed while idle: vendor/tungstenite) and fills it with one read per
+//! call, so a read size big enough for a burst would cost memory and zero-filling on every
+//! socket, and a small one costs system calls on busy ones. This stream sits below it: a
+//! small read is served from a chunk lent by the worker thread, filled with whatever the
+//! kernel has in one call, and the chunk goes back as soon as it is drained. Idle sockets
+//! hold nothing; busy ones make one call per burst.
 
 use std::cell::Cell;
 use std::future::{ready, Ready};

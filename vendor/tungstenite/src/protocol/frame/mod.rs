@@ -33,6 +33,9 @@ pub fn release_idle_buffers(on: bool) {
     RELEASE_IDLE_BUFFERS.store(on, Ordering::Relaxed);
 }
 
+/// Most bytes one read asks for when the rest of a frame is read in one go (patch).
+const FRAME_READ_MAX: usize = 16 * 1024;
+
 fn releasing() -> bool {
     RELEASE_IDLE_BUFFERS.load(Ordering::Relaxed)
 }
@@ -250,11 +253,13 @@ impl FrameCodec {
     fn read_in(&mut self, stream: &mut impl Read) -> io::Result<usize> {
         let len = self.in_buffer.len();
         // Patch: the rest of a frame whose header is read is asked for in one read (its room
-        // is reserved already), not in pieces of `in_buf_max_read`.
+        // is reserved already), up to FRAME_READ_MAX, not in pieces of `in_buf_max_read`.
+        // The cap bounds what each read zero-fills when a peer trickles a large frame in.
         let wanted = match &self.header {
-            Some((_, frame_len)) => {
-                (*frame_len as usize).saturating_sub(len).max(self.in_buf_max_read)
-            }
+            Some((_, frame_len)) => (*frame_len as usize)
+                .saturating_sub(len)
+                .min(FRAME_READ_MAX)
+                .max(self.in_buf_max_read),
             None => self.in_buf_max_read,
         };
         let releasing = releasing();
