@@ -6,10 +6,7 @@
 //! travel together in one PUBLISH (`B`, each frame length-prefixed): Redis, and both nodes'
 //! clients, pay per message, not per byte. Everything else is rarer and travels as JSON (`J`).
 
-use std::io::Write;
-
 use axum::extract::ws::Utf8Bytes;
-use redis::{RedisWrite, ToRedisArgs, ToSingleRedisArg};
 use serde::{Deserialize, Serialize};
 
 use crate::relay::{ConnId, Kick};
@@ -116,8 +113,8 @@ pub enum PeerMessage {
 pub struct DecodeError(&'static str);
 
 /// A relayed frame on its way to another node: `F{from}\n{to}\n{frame as received}`. It
-/// holds the received bytes (shared, not copied) and is written straight into the Redis
-/// pipeline as the PUBLISH payload: no buffer of its own per frame.
+/// holds the received bytes (shared, not copied), which the bus writes to Redis from where
+/// they lie (`resp::Outgoing`).
 #[derive(Debug, Clone)]
 pub struct FrameOut {
     pub from: Option<ConnId>,
@@ -126,79 +123,12 @@ pub struct FrameOut {
 }
 
 impl FrameOut {
-    /// The length of its encoding (what [`FrameOut::write_to`] writes).
+    /// The length of its encoding.
     pub fn encoded_len(&self) -> usize {
         let from = self.from.as_deref().map_or(0, str::len);
         3 + from + self.to.len() + self.text.len()
     }
-
-    fn write_to(&self, out: &mut impl Write) -> std::io::Result<()> {
-        let from = self.from.as_deref().unwrap_or("");
-        out.write_all(b"F")?;
-        out.write_all(from.as_bytes())?;
-        out.write_all(b"\n")?;
-        out.write_all(self.to.as_bytes())?;
-        out.write_all(b"\n")?;
-        out.write_all(self.text.as_bytes())
-    }
 }
-
-impl ToRedisArgs for FrameOut {
-    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
-        // Writing into the command's own buffer cannot fail.
-        let _ = self.write_to(&mut out.writer_for_next_arg());
-    }
-}
-
-impl ToSingleRedisArg for FrameOut {}
-
-/// Frames for one node, in order, as one PUBLISH payload: `B`, then for each frame its
-/// encoding's length (4 bytes, big-endian) and its encoding. Written straight into the
-/// pipeline, like a single frame.
-pub struct FrameBatch<'a>(pub &'a [&'a FrameOut]);
-
-impl FrameBatch<'_> {
-    pub fn encoded_len(&self) -> usize {
-        1 + self.0.iter().map(|f| 4 + f.encoded_len()).sum::<usize>()
-    }
-}
-
-impl ToRedisArgs for FrameBatch<'_> {
-    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
-        // Sized once: growing the command's buffer frame by frame copied it over and over.
-        out.reserve_space_for_args([self.encoded_len()]);
-        let mut arg = out.writer_for_next_arg();
-        let _ = arg.write_all(b"B");
-        for frame in self.0 {
-            // A frame is bounded by the socket's message limit, far below 4 GiB.
-            let len = u32::try_from(frame.encoded_len()).unwrap_or(u32::MAX);
-            let _ = arg
-                .write_all(&len.to_be_bytes())
-                .and_then(|()| frame.write_to(&mut arg));
-        }
-    }
-}
-
-impl ToSingleRedisArg for FrameBatch<'_> {}
-
-/// A node's channel, `{prefix}node:{id}`, written into the pipeline without a string of its
-/// own per frame.
-pub struct NodeChannel<'a> {
-    pub prefix: &'a str,
-    pub node: &'a str,
-}
-
-impl ToRedisArgs for NodeChannel<'_> {
-    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
-        let mut arg = out.writer_for_next_arg();
-        let _ = arg
-            .write_all(self.prefix.as_bytes())
-            .and_then(|()| arg.write_all(b"node:"))
-            .and_then(|()| arg.write_all(self.node.as_bytes()));
-    }
-}
-
-impl ToSingleRedisArg for NodeChannel<'_> {}
 
 pub fn encode_control(origin: &str, control: &Control) -> Vec<u8> {
     let wrapped = Wrapped {
@@ -301,29 +231,29 @@ pub fn kick_from_name(name: &str) -> Option<Kick> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cluster::resp::{parse, Outgoing, Reply};
 
-    /// A frame as the pipeline carries it: one PUBLISH argument.
+    /// The PUBLISH payload the bus writes for these frames.
+    fn payload(frames: &[&FrameOut]) -> Vec<u8> {
+        let mut out = Outgoing::new(Vec::new());
+        out.publish_frames(&[b"p:node:n1"], frames);
+        let written: Vec<u8> = out.io_slices().iter().flat_map(|s| s.to_vec()).collect();
+        let Some((Reply::Array(items), _)) = parse(&written).unwrap() else {
+            panic!("a command");
+        };
+        match items.as_slice() {
+            [_, _, Reply::Bulk(Some(payload))] => payload.to_vec(),
+            other => panic!("PUBLISH channel payload, not {other:?}"),
+        }
+    }
+
     fn encoded(from: Option<&ConnId>, to: &ConnId, text: &str) -> Vec<u8> {
         let frame = FrameOut {
             from: from.cloned(),
             to: to.clone(),
-            text: Utf8Bytes::from(text),
+            text: Utf8Bytes::from(text.to_string()),
         };
-        let mut args = frame.to_redis_args();
-        assert_eq!(args.len(), 1, "one argument");
-        args.remove(0)
-    }
-
-    #[test]
-    fn a_node_channel_is_written_as_one_argument() {
-        let channel = NodeChannel {
-            prefix: "signalling:",
-            node: "n1",
-        };
-        assert_eq!(
-            channel.to_redis_args(),
-            vec![b"signalling:node:n1".to_vec()]
-        );
+        payload(&[&frame])
     }
 
     #[test]
@@ -341,11 +271,11 @@ mod tests {
         })
         .collect();
         let refs: Vec<&FrameOut> = frames.iter().collect();
-        let batch = FrameBatch(&refs);
-        let mut args = batch.to_redis_args();
-        assert_eq!(args.len(), 1, "one argument");
-        let bytes = args.remove(0);
-        assert_eq!(bytes.len(), batch.encoded_len());
+        let bytes = payload(&refs);
+        assert_eq!(
+            bytes.len(),
+            1 + frames.iter().map(|f| 4 + f.encoded_len()).sum::<usize>()
+        );
         let PeerMessage::Frames(decoded) = decode(&bytes).unwrap() else {
             panic!("frames");
         };

@@ -11,19 +11,23 @@
 //! Commands from synchronous code (the hub) go through a bounded queue to one writer task,
 //! which sends whatever has piled up as one pipeline: one round trip for many frames.
 
+mod link;
 pub mod message;
+pub mod resp;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig, PubSubStream};
-use redis::{AsyncCommands, IntoConnectionInfo, Script, Value};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{AsyncCommands, ConnectionInfo, IntoConnectionInfo, Script, Value};
 use tokio::sync::{mpsc, oneshot};
 
+use link::Publisher;
+pub use link::Subscription;
 pub use message::{decode, Control, FrameOut, MirrorSession, PeerMessage, RelayedFrame};
-use message::{FrameBatch, NodeChannel};
+use resp::{Outgoing, RespError};
 
 use crate::metrics::Metrics;
 use crate::relay::{ConnId, Kick};
@@ -50,6 +54,16 @@ pub enum ClusterError {
     Redis(#[from] redis::RedisError),
     #[error("redis did not answer within {0:?}")]
     Timeout(Duration),
+    #[error("redis connection: {0}")]
+    Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Resp(#[from] RespError),
+    #[error("redis refused: {0}")]
+    Refused(String),
+    #[error("redis closed the connection")]
+    Closed,
+    #[error("redis address not supported: {0}")]
+    Unsupported(&'static str),
 }
 
 #[derive(Debug, Clone)]
@@ -145,7 +159,8 @@ return false";
 pub struct Cluster {
     config: ClusterConfig,
     node: Arc<str>,
-    client: redis::Client,
+    /// Where the bus's own connections go (publishing and the subscription).
+    bus: ConnectionInfo,
     conn: ConnectionManager,
     outbox: mpsc::Sender<Op>,
     outbox_rx: Mutex<Option<mpsc::Receiver<Op>>>,
@@ -174,18 +189,19 @@ impl Cluster {
         // TCP_NODELAY unset unless asked (its TcpSettings default).
         let info = config.url.as_str().into_connection_info()?;
         let tcp = info.tcp_settings().clone().set_nodelay(true);
+        let bus = info.clone();
         let client = redis::Client::open(info.set_tcp_settings(tcp))?;
         let manager_config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(Duration::from_secs(1)))
             .set_response_timeout(Some(Duration::from_secs(2)))
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_millis(500));
-        let conn = ConnectionManager::new_lazy_with_config(client.clone(), manager_config)?;
+        let conn = ConnectionManager::new_lazy_with_config(client, manager_config)?;
         let (outbox, rx) = mpsc::channel(OUTBOX);
         Ok(Arc::new(Cluster {
             node: Arc::from(config.node_id.as_str()),
             config,
-            client,
+            bus,
             conn,
             outbox,
             outbox_rx: Mutex::new(Some(rx)),
@@ -335,7 +351,7 @@ impl Cluster {
     /// Sends queued operations until stopped; what is queued at the stop is still sent
     /// (the last notices of a draining node).
     ///
-    /// One pipeline at a time: what comes while one awaits its answer goes out together
+    /// One write at a time: what comes while one awaits its answer goes out together
     /// next. Sending without waiting (up to 16 pipelines in flight) was measured and not
     /// kept: at light load it did not lower the cross-node p50 beyond the noise, and under
     /// load the smaller pipelines cost throughput (6 KB frames, 50 sessions: 0.63–0.69× same
@@ -344,6 +360,7 @@ impl Cluster {
         let Some(mut rx) = self.outbox_rx.lock().ok().and_then(|mut rx| rx.take()) else {
             return;
         };
+        let mut publisher = Publisher::new(self.bus.clone());
         let mut batch = Vec::with_capacity(BATCH);
         loop {
             tokio::select! {
@@ -356,23 +373,27 @@ impl Cluster {
                     while let Ok(op) = rx.try_recv() {
                         batch.push(op);
                         if batch.len() >= BATCH {
-                            self.flush(&mut batch).await;
+                            self.flush(&mut publisher, &mut batch).await;
                         }
                     }
-                    self.flush(&mut batch).await;
+                    self.flush(&mut publisher, &mut batch).await;
                     return;
                 }
             }
-            self.flush(&mut batch).await;
+            self.flush(&mut publisher, &mut batch).await;
         }
     }
 
-    async fn flush(&self, batch: &mut Vec<Op>) {
+    /// Publishes go out on the bus's own connection, written from the frames where they
+    /// lie; presence writes, which answer, as one pipeline of the redis crate beside it.
+    async fn flush(&self, publisher: &mut Publisher, batch: &mut Vec<Op>) {
         if batch.is_empty() {
             return;
         }
+        let mut out = publisher.outgoing();
         let mut pipe = redis::pipe();
-        // Frames queued one after another go out one PUBLISH per node; any other operation
+        let mut presence_ops = 0;
+        // Frames queued one after another go out one PUBLISH per node; any other publish
         // ends the run first, so whatever a node receives keeps the order it was queued in.
         let mut run: Vec<(&str, Vec<&FrameOut>, usize)> = Vec::new();
         for op in batch.iter() {
@@ -386,7 +407,7 @@ impl Cluster {
                 };
                 let (_, frames, bytes) = &mut run[at];
                 if *bytes + 4 + frame.encoded_len() > BATCH_BYTES && !frames.is_empty() {
-                    self.publish_frames(&mut pipe, node, frames);
+                    self.publish_frames(&mut out, node, frames);
                     frames.clear();
                     *bytes = 1;
                 }
@@ -394,21 +415,23 @@ impl Cluster {
                 *bytes += 4 + frame.encoded_len();
                 continue;
             }
-            for (node, frames, _) in run.drain(..) {
-                self.publish_frames(&mut pipe, node, &frames);
-            }
             match op {
                 Op::Publish { channel, payload } => {
-                    pipe.publish(channel, payload.as_slice()).ignore();
+                    for (node, frames, _) in run.drain(..) {
+                        self.publish_frames(&mut out, node, &frames);
+                    }
+                    out.command(&[b"PUBLISH", channel.as_bytes(), payload]);
                 }
                 Op::Frame { .. } => {}
                 Op::PresenceUp { robot_id, conn, .. } => {
+                    presence_ops += 1;
                     pipe.cmd("SET")
                         .arg(self.key(&["robot:", robot_id]))
                         .arg(self.presence_value(conn))
                         .arg("GET");
                 }
                 Op::PresenceDown { robot_id, conn } => {
+                    presence_ops += 1;
                     pipe.cmd("EVAL")
                         .arg(DELETE_IF)
                         .arg(1)
@@ -419,15 +442,39 @@ impl Cluster {
             }
         }
         for (node, frames, _) in run.drain(..) {
-            self.publish_frames(&mut pipe, node, &frames);
+            self.publish_frames(&mut out, node, &frames);
         }
         drop(run);
+        let publishes = out.commands();
         let mut conn = self.conn.clone();
-        // Only the presence writes answer (every other command is ignored), in order.
-        let result: Result<Vec<Value>, _> = pipe.query_async(&mut conn).await;
-        match result {
+        let (published, answered) = tokio::join!(
+            async {
+                match publishes {
+                    0 => Ok(0),
+                    _ => publisher.send(&out).await,
+                }
+            },
+            async {
+                match presence_ops {
+                    0 => Ok(Vec::new()),
+                    // Only the presence writes answer (the deletes are ignored), in order.
+                    _ => pipe.query_async::<Vec<Value>>(&mut conn).await,
+                }
+            }
+        );
+        publisher.give_back(out);
+        let mut ok = true;
+        match published {
+            Ok(0) => {}
+            Ok(refused) => self.metrics.cluster_dropped.inc_by(refused as u64),
+            Err(e) => {
+                tracing::debug!(error = %e, lost = publishes, "redis publish failed");
+                self.metrics.cluster_dropped.inc_by(publishes as u64);
+                ok = false;
+            }
+        }
+        match answered {
             Ok(values) => {
-                self.record(true);
                 let presence_writes = batch.iter_mut().filter_map(|op| match op {
                     Op::PresenceUp { conn, written, .. } => Some((conn, written)),
                     _ => None,
@@ -442,25 +489,21 @@ impl Cluster {
                 }
             }
             Err(e) => {
-                tracing::debug!(error = %e, lost = batch.len(), "redis pipeline failed");
-                self.metrics.cluster_dropped.inc_by(batch.len() as u64);
-                self.record(false);
+                tracing::debug!(error = %e, lost = presence_ops, "redis pipeline failed");
+                self.metrics.cluster_dropped.inc_by(presence_ops as u64);
+                ok = false;
             }
         }
+        self.record(ok);
         batch.clear();
     }
 
-    /// One PUBLISH to `node`'s channel carrying `frames`, in order. A lone frame goes as
-    /// itself (`F`), which nodes of the previous version read too.
-    fn publish_frames(&self, pipe: &mut redis::Pipeline, node: &str, frames: &[&FrameOut]) {
-        let channel = NodeChannel {
-            prefix: &self.config.prefix,
-            node,
-        };
-        match frames {
-            [frame] => pipe.publish(channel, *frame).ignore(),
-            _ => pipe.publish(channel, FrameBatch(frames)).ignore(),
-        };
+    /// One PUBLISH to `node`'s channel carrying `frames`, in order.
+    fn publish_frames<'a>(&self, out: &mut Outgoing<'a>, node: &str, frames: &[&'a FrameOut]) {
+        out.publish_frames(
+            &[self.config.prefix.as_bytes(), b"node:", node.as_bytes()],
+            frames,
+        );
     }
 
     /// A robot verified here was connected elsewhere: that socket is replaced (4001).
@@ -745,16 +788,15 @@ impl Cluster {
     }
 
     /// One subscription for the whole node: its own channel and the broadcast channel.
-    pub async fn subscribe(&self) -> Result<PubSubStream, ClusterError> {
-        let work = async {
-            let mut pubsub = self.client.get_async_pubsub().await?;
-            pubsub.subscribe(self.node_channel(&self.node)).await?;
-            pubsub.subscribe(self.broadcast_channel()).await?;
-            Ok::<_, redis::RedisError>(pubsub.into_on_message())
-        };
-        let stream = self.timed(work).await?;
+    pub async fn subscribe(&self) -> Result<Subscription, ClusterError> {
+        let own = self.node_channel(&self.node);
+        let all = self.broadcast_channel();
+        let work = async { Subscription::open(&self.bus, &[own.as_bytes(), all.as_bytes()]).await };
+        let subscription = tokio::time::timeout(PRESENCE_WAIT, work)
+            .await
+            .unwrap_or(Err(ClusterError::Timeout(PRESENCE_WAIT)))?;
         self.set_subscribed(true);
-        Ok(stream)
+        Ok(subscription)
     }
 
     /// Something this node should have heard may be lost: at its next heartbeat it writes

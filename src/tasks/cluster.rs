@@ -7,12 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::ws::Utf8Bytes;
-use futures_util::StreamExt;
 use tokio::task::JoinHandle;
 
 use super::StopSignal;
 use crate::cluster::message::{frame_id, kick_from_name};
-use crate::cluster::{decode, Cluster, Control, PeerMessage, RelayedFrame};
+use crate::cluster::{Cluster, Control, PeerMessage, RelayedFrame};
 use crate::messages;
 use crate::relay::{ConnId, DeliveryError, EndReason, GrantScope, Kick, LoggedInWith, Outbound};
 use crate::state::SharedState;
@@ -26,27 +25,27 @@ const RETRY_MAX: Duration = Duration::from_secs(2);
 pub async fn listen(state: SharedState, cluster: Arc<Cluster>, mut stop: StopSignal) {
     let mut retry = Duration::from_millis(100);
     loop {
-        let stream = tokio::select! {
+        let subscription = tokio::select! {
             _ = stop.stopped() => return,
-            stream = cluster.subscribe() => stream,
+            subscription = cluster.subscribe() => subscription,
         };
-        match stream {
-            Ok(mut stream) => {
+        match subscription {
+            Ok(mut subscription) => {
                 retry = Duration::from_millis(100);
                 tracing::info!(node = cluster.node_id(), "subscribed to the cluster bus");
-                loop {
+                let lost = loop {
                     let message = tokio::select! {
                         _ = stop.stopped() => return,
-                        message = stream.next() => message,
+                        message = subscription.next() => message,
                     };
-                    let Some(message) = message else { break };
-                    match decode(message.get_payload_bytes()) {
-                        Ok(message) => handle(&state, &cluster, message).await,
-                        Err(e) => tracing::warn!(error = %e, "ignoring a bus message"),
+                    match message {
+                        Ok(Ok(message)) => handle(&state, &cluster, message).await,
+                        Ok(Err(e)) => tracing::warn!(error = %e, "ignoring a bus message"),
+                        Err(e) => break e,
                     }
-                }
+                };
                 cluster.set_subscribed(false);
-                tracing::error!("lost the cluster bus subscription; retrying");
+                tracing::error!(error = %lost, "lost the cluster bus subscription; retrying");
             }
             Err(e) => {
                 cluster.set_subscribed(false);

@@ -72,9 +72,14 @@ struct Redis {
 
 impl Redis {
     async fn start(port: u16) -> Redis {
+        Redis::start_with(port, &[]).await
+    }
+
+    async fn start_with(port: u16, extra: &[&str]) -> Redis {
         let child = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
+            .args(extra)
             .stdout(Stdio::null())
             .spawn()
             .expect("redis-server (apt-get install redis-server)");
@@ -847,6 +852,62 @@ async fn a_robot_is_reachable_from_every_node_once_verified() {
     alice.send(&offer("rv", &session)).await;
     let offered = robot.recv_type("signalling.offer").await;
     assert_eq!(offered["payload"]["connectionId"], session.as_str());
+    stop_without_panics(nodes);
+}
+
+/// The bus's own connections (publishing, the subscription) log in as the redis crate's
+/// do: on a Redis that wants a password, nodes given it become ready and carry a session
+/// across nodes both ways; a node given a wrong one is not ready.
+#[tokio::test]
+async fn a_redis_with_a_password_carries_the_bus() {
+    if skipped() {
+        return;
+    }
+    let run = &uuid::Uuid::new_v4().simple().to_string()[..8];
+    let prefix = format!("test-{run}:");
+    let (database, _) = test_database().await;
+    let redis = Redis::start_with(free_port(), &["--requirepass", "bus-secret"]).await;
+    let url = |password: &str| format!("redis://:{password}@127.0.0.1:{}", redis.port);
+    let mut nodes: Vec<Node> = (1..=2)
+        .map(|i| {
+            start_node(
+                &database,
+                &url("bus-secret"),
+                &prefix,
+                &format!("n{i}-{run}"),
+            )
+        })
+        .collect();
+    let api = Api {
+        http: reqwest::Client::new(),
+    };
+    for node in &nodes {
+        eventually("every node is ready", WAIT, || async {
+            api.ready(&node.base()).await == 200
+        })
+        .await;
+    }
+    let n1 = nodes[0].base();
+    let key = api.enroll(&n1, "rp").await;
+    let mut robot = robot_on(&nodes[0].ws(), "rp", &key).await;
+    api.grant(&n1, "rp", "alice", "operator").await;
+    let (alice_token, _) = api.token(&n1, "alice").await;
+    let mut alice = WsClient::connect_with_token(&nodes[1].ws(), &alice_token).await;
+    let session = alice.connection_id.clone();
+    alice.send(&offer("rp", &session)).await;
+    let offered = robot.recv_type("signalling.offer").await;
+    assert_eq!(offered["payload"]["connectionId"], session.as_str());
+    robot.send(&answer(&session)).await;
+    let answered = alice.recv_type("signalling.answer").await;
+    assert_eq!(answered["payload"]["connectionId"], session.as_str());
+
+    let wrong = start_node(&database, &url("wrong"), &prefix, &format!("n3-{run}"));
+    eventually("the node with a wrong password answers", WAIT, || async {
+        api.ready(&wrong.base()).await != 0
+    })
+    .await;
+    assert_eq!(api.ready(&wrong.base()).await, 503);
+    nodes.push(wrong);
     stop_without_panics(nodes);
 }
 
