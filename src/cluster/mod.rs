@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use prometheus::IntCounter;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{AsyncCommands, ConnectionInfo, IntoConnectionInfo, Script, Value};
 use tokio::sync::{mpsc, oneshot};
@@ -171,6 +172,9 @@ pub struct Cluster {
     /// Something may have been lost while Redis was away: presence is written again.
     dirty: AtomicBool,
     metrics: Metrics,
+    /// The frame counters, looked up once: a frame is counted on each node it crosses.
+    frames_sent: IntCounter,
+    frames_received: IntCounter,
     scripts: Scripts,
 }
 
@@ -208,6 +212,12 @@ impl Cluster {
             commands_ok: AtomicBool::new(false),
             subscribed: AtomicBool::new(false),
             dirty: AtomicBool::new(true),
+            frames_sent: metrics
+                .cluster_messages
+                .with_label_values(&["sent", "frame"]),
+            frames_received: metrics
+                .cluster_messages
+                .with_label_values(&["received", "frame"]),
             metrics,
             scripts: Scripts {
                 delete_if: Script::new(DELETE_IF),
@@ -269,19 +279,28 @@ impl Cluster {
     }
 
     fn enqueue(&self, op: Op, kind: &'static str) {
-        match self.outbox.try_send(op) {
-            Ok(()) => self
-                .metrics
+        if self.outbox.try_send(op).is_ok() {
+            self.metrics
                 .cluster_messages
                 .with_label_values(&["sent", kind])
-                .inc(),
-            Err(_) => self.metrics.cluster_dropped.inc(),
+                .inc();
+        } else {
+            self.metrics.cluster_dropped.inc();
         }
     }
 
     /// Queues a relayed frame for a socket on `node`: the received bytes, shared.
     pub fn send_frame(&self, node: Arc<str>, frame: FrameOut) {
-        self.enqueue(Op::Frame { node, frame }, "frame");
+        if self.outbox.try_send(Op::Frame { node, frame }).is_ok() {
+            self.frames_sent.inc();
+        } else {
+            self.metrics.cluster_dropped.inc();
+        }
+    }
+
+    /// Counts a relayed frame received from another node.
+    pub fn count_received_frame(&self) {
+        self.frames_received.inc();
     }
 
     /// Queues a control message for one node.

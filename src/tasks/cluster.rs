@@ -143,7 +143,7 @@ async fn handle(state: &SharedState, cluster: &Cluster, message: PeerMessage) {
 /// Delivers a frame relayed from another node to its socket here, with every rule of a
 /// local delivery; a sender over its share is told by its own node.
 fn deliver_frame(state: &SharedState, cluster: &Cluster, frame: RelayedFrame) {
-    cluster.count_received("frame");
+    cluster.count_received_frame();
     let RelayedFrame { from, to, text } = frame;
     // Shared bytes: the copy kept for a refusal is a reference count.
     let text = Utf8Bytes::from(text);

@@ -967,6 +967,29 @@ async fn a_burst_across_nodes_arrives_whole_and_in_order() {
     .await;
     robot.expect_nothing_pending().await;
     alice.expect_nothing_pending().await;
+
+    // Each frame is counted where it left and where it arrived: 3 bursts, the last one's
+    // `disconnected` travelling as a frame too.
+    let frames = |node: usize, direction: &'static str| {
+        let url = format!("{}/metrics", nodes[node].base());
+        let http = api.http.clone();
+        async move {
+            let text = http.get(url).send().await.expect("metrics").text().await;
+            let text = text.expect("metrics body");
+            let wanted = format!("direction=\"{direction}\",kind=\"frame\"");
+            text.lines()
+                .find(|line| {
+                    line.starts_with("signalling_cluster_messages_total") && line.contains(&wanted)
+                })
+                .and_then(|line| line.rsplit(' ').next()?.parse::<usize>().ok())
+                .unwrap_or(0)
+        }
+    };
+    let (robot_node, alice_node) = (0, 1);
+    assert_eq!(frames(alice_node, "sent").await, 2 * BURST + 1 + 1);
+    assert_eq!(frames(robot_node, "received").await, 2 * BURST + 1 + 1);
+    assert_eq!(frames(robot_node, "sent").await, BURST);
+    assert_eq!(frames(alice_node, "received").await, BURST);
     stop_without_panics(nodes);
 }
 
