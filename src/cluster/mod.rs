@@ -279,22 +279,27 @@ impl Cluster {
     }
 
     fn enqueue(&self, op: Op, kind: &'static str) {
-        if self.outbox.try_send(op).is_ok() {
+        if self.try_enqueue(op) {
             self.metrics
                 .cluster_messages
                 .with_label_values(&["sent", kind])
                 .inc();
-        } else {
+        }
+    }
+
+    /// Queues `op` for the writer, or counts it dropped when the queue is full.
+    fn try_enqueue(&self, op: Op) -> bool {
+        let queued = self.outbox.try_send(op).is_ok();
+        if !queued {
             self.metrics.cluster_dropped.inc();
         }
+        queued
     }
 
     /// Queues a relayed frame for a socket on `node`: the received bytes, shared.
     pub fn send_frame(&self, node: Arc<str>, frame: FrameOut) {
-        if self.outbox.try_send(Op::Frame { node, frame }).is_ok() {
+        if self.try_enqueue(Op::Frame { node, frame }) {
             self.frames_sent.inc();
-        } else {
-            self.metrics.cluster_dropped.inc();
         }
     }
 

@@ -173,10 +173,7 @@ pub struct RespError(pub(super) &'static str);
 
 /// The reply at the start of `buf` and its length; None while it is incomplete.
 pub fn parse(buf: &[u8]) -> Result<Option<(Reply<'_>, usize)>, RespError> {
-    let Some((reply, used)) = parse_item(buf, 0, true)? else {
-        return Ok(None);
-    };
-    Ok(Some((reply, used)))
+    parse_item(buf, 0, true)
 }
 
 fn parse_item(buf: &[u8], at: usize, nest: bool) -> Result<Option<(Reply<'_>, usize)>, RespError> {

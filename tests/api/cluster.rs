@@ -868,25 +868,7 @@ async fn a_redis_with_a_password_carries_the_bus() {
     let (database, _) = test_database().await;
     let redis = Redis::start_with(free_port(), &["--requirepass", "bus-secret"]).await;
     let url = |password: &str| format!("redis://:{password}@127.0.0.1:{}", redis.port);
-    let mut nodes: Vec<Node> = (1..=2)
-        .map(|i| {
-            start_node(
-                &database,
-                &url("bus-secret"),
-                &prefix,
-                &format!("n{i}-{run}"),
-            )
-        })
-        .collect();
-    let api = Api {
-        http: reqwest::Client::new(),
-    };
-    for node in &nodes {
-        eventually("every node is ready", WAIT, || async {
-            api.ready(&node.base()).await == 200
-        })
-        .await;
-    }
+    let (mut nodes, api) = ready_nodes(&database, &url("bus-secret"), &prefix, run, &[]).await;
     let n1 = nodes[0].base();
     let key = api.enroll(&n1, "rp").await;
     let mut robot = robot_on(&nodes[0].ws(), "rp", &key).await;
@@ -1009,16 +991,20 @@ async fn two_ready_nodes(max_strikes: &str) -> (Redis, String, Vec<Node>, Api) {
         "--max-strikes",
         max_strikes,
     ];
+    let (nodes, api) = ready_nodes(&database, &redis.url(), &prefix, run, &flags).await;
+    (redis, prefix, nodes, api)
+}
+
+/// Nodes `n1-{run}` and `n2-{run}` on `redis_url` with `flags`, once both are ready.
+async fn ready_nodes(
+    database: &str,
+    redis_url: &str,
+    prefix: &str,
+    run: &str,
+    flags: &[&str],
+) -> (Vec<Node>, Api) {
     let nodes: Vec<Node> = (1..=2)
-        .map(|i| {
-            start_node_with(
-                &database,
-                &redis.url(),
-                &prefix,
-                &format!("n{i}-{run}"),
-                &flags,
-            )
-        })
+        .map(|i| start_node_with(database, redis_url, prefix, &format!("n{i}-{run}"), flags))
         .collect();
     let api = Api {
         http: reqwest::Client::new(),
@@ -1029,7 +1015,7 @@ async fn two_ready_nodes(max_strikes: &str) -> (Redis, String, Vec<Node>, Api) {
         })
         .await;
     }
-    (redis, prefix, nodes, api)
+    (nodes, api)
 }
 
 /// Stops the nodes; none of them may have panicked.
