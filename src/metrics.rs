@@ -58,6 +58,9 @@ pub struct Metrics {
     pub cluster_bus_lag: Histogram,
     /// Other nodes found dead (their heartbeat lease expired).
     pub cluster_nodes_lost: IntCounter,
+    /// Frames from other nodes dropped because their sender and receiver are not the two
+    /// ends of the session they name here (a session id taken over on another node).
+    pub cluster_frames_refused: IntCounter,
     relay: Arc<[RelayMetrics]>,
 }
 
@@ -169,8 +172,14 @@ impl Metrics {
             "Other nodes found dead (heartbeat lease expired)",
         )
         .expect("valid metric");
+        let cluster_frames_refused = IntCounter::new(
+            "signalling_cluster_frames_refused_total",
+            "Frames from other nodes dropped: sender and receiver are not the ends of the session they name",
+        )
+        .expect("valid metric");
         for collector in [
             Box::new(crl_stale.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(cluster_frames_refused.clone()),
             Box::new(cluster_up.clone()),
             Box::new(cluster_messages.clone()),
             Box::new(cluster_dropped.clone()),
@@ -215,6 +224,7 @@ impl Metrics {
             cluster_dropped,
             cluster_bus_lag,
             cluster_nodes_lost,
+            cluster_frames_refused,
         }
     }
 

@@ -1,7 +1,9 @@
 //! What nodes tell each other over the Redis bus, and its encoding.
 //!
 //! Relayed frames are by far the most frequent message, so they have their own compact
-//! framing (`F`, sender and receiver ids, then the frame's text as it was): no JSON escaping
+//! framing (`F`, sender and receiver ids and the session they belong to, then the frame's
+//! text as it was; the receiving node checks the three against its own session table
+//! before it delivers anything): no JSON escaping
 //! of a JSON text on the hot path. The frames a node's writer has for one node at a time
 //! travel together in one PUBLISH (`B`, each frame length-prefixed): Redis, and both nodes'
 //! clients, pay per message, not per byte. Everything else is rarer and travels as JSON (`J`).
@@ -23,6 +25,9 @@ pub struct MirrorSession {
     pub client_node: String,
     pub subject: String,
     pub role: Role,
+    /// The offer's message id, so that a refusal can name it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offer_id: Option<String>,
 }
 
 /// A control message between nodes.
@@ -36,6 +41,13 @@ pub enum Control {
     End {
         session_id: String,
         notice: Option<String>,
+    },
+    /// Directed: the robot's node refused a session the receiver opened, because its id
+    /// belongs to another session there (live or within its grace period). The receiver
+    /// ends its side and tells its client FORBIDDEN, naming the offer.
+    Refused {
+        session_id: String,
+        offer_id: Option<String>,
     },
     /// Directed: close one socket of the receiving node.
     Kick { conn: String, reason: String },
@@ -70,6 +82,7 @@ impl Control {
         match self {
             Control::Open(_) => "open",
             Control::End { .. } => "end",
+            Control::Refused { .. } => "refused",
             Control::Kick { .. } => "kick",
             Control::KickRobot { .. } => "kick_robot",
             Control::KickToken { .. } => "kick_token",
@@ -94,6 +107,8 @@ struct Wrapped {
 pub struct RelayedFrame {
     pub from: Option<ConnId>,
     pub to: ConnId,
+    /// The session the sending node routed it by (empty: none, never delivered).
+    pub session: String,
     pub text: String,
 }
 
@@ -112,13 +127,15 @@ pub enum PeerMessage {
 #[error("malformed bus message: {0}")]
 pub struct DecodeError(&'static str);
 
-/// A relayed frame on its way to another node: `F{from}\n{to}\n{frame as received}`. It
-/// holds the received bytes (shared, not copied), which the bus writes to Redis from where
-/// they lie (`resp::Outgoing`).
+/// A relayed frame on its way to another node: `F{from}\n{to}\n{session}\n{frame as
+/// received}`. It holds the received bytes (shared, not copied), which the bus writes to
+/// Redis from where they lie (`resp::Outgoing`). Session ids hold no line break (offers
+/// with one are refused), so the header reads back unambiguously.
 #[derive(Debug, Clone)]
 pub struct FrameOut {
     pub from: Option<ConnId>,
     pub to: ConnId,
+    pub session: std::sync::Arc<str>,
     pub text: Utf8Bytes,
 }
 
@@ -126,7 +143,7 @@ impl FrameOut {
     /// The length of its encoding.
     pub fn encoded_len(&self) -> usize {
         let from = self.from.as_deref().map_or(0, str::len);
-        3 + from + self.to.len() + self.text.len()
+        4 + from + self.to.len() + self.session.len() + self.text.len()
     }
 }
 
@@ -179,11 +196,13 @@ pub fn decode(bytes: &[u8]) -> Result<PeerMessage, DecodeError> {
     }
 }
 
-/// `{from}\n{to}\n{text}`: a frame's encoding after its `F`.
+/// `{from}\n{to}\n{session}\n{text}`: a frame's encoding after its `F`.
 fn decode_frame(bytes: &[u8]) -> Result<RelayedFrame, DecodeError> {
     let text = std::str::from_utf8(bytes).map_err(|_| DecodeError("not UTF-8"))?;
-    let mut parts = text.splitn(3, '\n');
-    let (Some(from), Some(to), Some(text)) = (parts.next(), parts.next(), parts.next()) else {
+    let mut parts = text.splitn(4, '\n');
+    let (Some(from), Some(to), Some(session), Some(text)) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
         return Err(DecodeError("frame header"));
     };
     if to.is_empty() {
@@ -192,6 +211,7 @@ fn decode_frame(bytes: &[u8]) -> Result<RelayedFrame, DecodeError> {
     Ok(RelayedFrame {
         from: (!from.is_empty()).then(|| ConnId::from(from)),
         to: ConnId::from(to),
+        session: session.to_string(),
         text: text.to_string(),
     })
 }
@@ -251,6 +271,7 @@ mod tests {
         let frame = FrameOut {
             from: from.cloned(),
             to: to.clone(),
+            session: "s1".into(),
             text: Utf8Bytes::from(text.to_string()),
         };
         payload(&[&frame])
@@ -267,6 +288,7 @@ mod tests {
         .map(|(from, to, text)| FrameOut {
             from: from.map(ConnId::from),
             to: ConnId::from(to),
+            session: "s\u{e9}1".into(),
             text: Utf8Bytes::from(text),
         })
         .collect();
@@ -284,6 +306,7 @@ mod tests {
             .map(|f| RelayedFrame {
                 from: f.from.clone(),
                 to: f.to.clone(),
+                session: f.session.to_string(),
                 text: f.text.as_str().into(),
             })
             .collect();
@@ -308,7 +331,7 @@ mod tests {
             "an item that is not a frame"
         );
         assert!(
-            decode(b"B\0\0\0\x04F\n\nx").is_err(),
+            decode(b"B\0\0\0\x05F\n\ns\nx").is_err(),
             "a frame without a receiver"
         );
     }
@@ -324,6 +347,7 @@ mod tests {
             PeerMessage::Frames(vec![RelayedFrame {
                 from: Some(from),
                 to: to.clone(),
+                session: "s1".into(),
                 text: text.into()
             }])
         );
@@ -362,6 +386,7 @@ mod tests {
         assert_eq!(frame_id(r#"{"type":"x"}"#), None);
         assert!(decode(b"").is_err());
         assert!(decode(b"Fonly").is_err());
+        assert!(decode(b"Fc1\nr1\nno session line").is_err());
         assert!(decode(b"J{").is_err());
         for kick in [
             Kick::Replaced,

@@ -105,6 +105,8 @@ impl<'a> Outgoing<'a> {
             self.head.push(b'\n');
             self.head.extend_from_slice(frame.to.as_bytes());
             self.head.push(b'\n');
+            self.head.extend_from_slice(frame.session.as_bytes());
+            self.head.push(b'\n');
             self.text(frame.text.as_bytes());
         }
         self.head.extend_from_slice(b"\r\n");
@@ -273,6 +275,7 @@ mod tests {
         FrameOut {
             from: from.map(ConnId::from),
             to: ConnId::from(to),
+            session: format!("s-{to}").into(),
             text: Utf8Bytes::from(text.to_string()),
         }
     }
@@ -332,13 +335,14 @@ mod tests {
                     .map(|f| RelayedFrame {
                         from: f.from.clone(),
                         to: f.to.clone(),
+                        session: f.session.to_string(),
                         text: f.text.as_str().into(),
                     })
                     .collect(),
             )
         };
         assert_eq!(decode(&sent[1][2]).unwrap(), expected(&frames));
-        // A lone frame goes as itself, as nodes of the previous version sent it.
+        // A lone frame goes as itself.
         assert_eq!(sent[2][2][0], b'F');
         assert_eq!(decode(&sent[2][2]).unwrap(), expected(&frames[2..3]));
         assert_eq!(decode(&sent[3][2]).unwrap(), expected(&frames[3..]));

@@ -86,10 +86,13 @@ struct ConnEntry {
     claimed: Vec<String>,
 }
 
-/// A session that ended within the grace period: who its ends were.
+/// A session that ended within the grace period: who its ends were, and whose it was (its
+/// id stays theirs until the grace period is over: a peer that kept the link up may still
+/// act on it).
 struct Ended {
     client_conn: ConnId,
     robot_conn: ConnId,
+    subject: Arc<str>,
     at: Instant,
 }
 
@@ -143,6 +146,8 @@ pub struct OpenSession<'a> {
     pub robot_id: &'a str,
     pub subject: &'a str,
     pub role: Role,
+    /// The offer's message id (a refusal from another node names it).
+    pub offer_id: &'a str,
 }
 
 #[derive(Debug)]
@@ -438,6 +443,13 @@ impl Hub {
             None => false,
         };
         if let Some(existing) = state.sessions.get(request.session_id) {
+            // A session whose client is on another node is not claimed here: the id is
+            // still that client's, cluster-wide.
+            if existing.client_conn != *client_conn {
+                return Err(RelayError::ConnectionIdInUse(
+                    request.session_id.to_string(),
+                ));
+            }
             if existing.robot_id != request.robot_id {
                 return Err(RelayError::SessionRobotMismatch(
                     request.session_id.to_string(),
@@ -446,6 +458,15 @@ impl Hub {
             return Ok(SessionOpened::Existing {
                 robot_conn: existing.robot_conn.clone(),
             });
+        }
+        if state
+            .ended
+            .get(request.session_id)
+            .is_some_and(|ended| *ended.subject != *request.subject)
+        {
+            return Err(RelayError::ConnectionIdInUse(
+                request.session_id.to_string(),
+            ));
         }
         let limit = self.limits.sessions_per_conn;
         if let Some(entry) = state.conns.get(client_conn) {
@@ -545,8 +566,20 @@ impl Hub {
 
     /// Ends a session without notices (both ends already know, or it never started).
     pub fn end_session(&self, session_id: &str) -> Option<EndedSession> {
+        self.end_session_where(session_id, |_| true)
+    }
+
+    /// [`Hub::end_session`] if the session passes `check`, under the same lock.
+    fn end_session_where(
+        &self,
+        session_id: &str,
+        check: impl FnOnce(&Session) -> bool,
+    ) -> Option<EndedSession> {
         let mut state = self.state();
         prune_ended(&mut state, self.limits.grace, Instant::now());
+        if !check(state.sessions.get(session_id)?) {
+            return None;
+        }
         remove_session(&mut state, session_id).map(|session| {
             self.metrics.sessions_active.dec();
             EndedSession {
@@ -573,6 +606,10 @@ impl Hub {
                 .claims
                 .get(&mirror.session_id)
                 .is_some_and(|owner| **owner != *mirror.client_conn)
+            || state
+                .ended
+                .get(&mirror.session_id)
+                .is_some_and(|ended| *ended.subject != *mirror.subject)
         {
             return Err(RelayError::ConnectionIdInUse(mirror.session_id.clone()));
         }
@@ -601,11 +638,37 @@ impl Hub {
         Ok(())
     }
 
-    /// The other node ended its side of a session: end ours without telling it back.
-    pub fn end_session_from_peer(&self, session_id: &str) -> Option<EndedSession> {
-        let mut ended = self.end_session(session_id)?;
+    /// The node `origin` ended its side of a session: end ours without telling it back.
+    /// Only the node holding the session's other end may end it: a node that merely used
+    /// the same id (a refused offer) ends nothing here.
+    pub fn end_session_from_peer(&self, session_id: &str, origin: &str) -> Option<EndedSession> {
+        let mut ended = self.end_session_where(session_id, |session| {
+            let ours = session.remote.as_deref() == Some(origin);
+            if !ours {
+                tracing::debug!(session = %session_id, node = %origin, "end from a node that holds no end of the session ignored");
+            }
+            ours
+        })?;
         ended.remote = None;
         Some(ended)
+    }
+
+    /// Whether a frame from another node may be delivered: `from` and `to` are the two ends
+    /// of `session_id` here, live or within its grace period (the last `disconnected` of a
+    /// session travels after the session's end). Every node checks what it delivers
+    /// against its own table, never only the sender's.
+    pub fn admits_frame(&self, from: &ConnId, session_id: &str, to: &ConnId) -> bool {
+        let state = self.state();
+        let ends = |client: &ConnId, robot: &ConnId| {
+            (client == from && robot == to) || (robot == from && client == to)
+        };
+        match state.sessions.get(session_id) {
+            Some(session) => ends(&session.client_conn, &session.robot_conn),
+            None => state.ended.get(session_id).is_some_and(|ended| {
+                ended.at.elapsed() < self.limits.grace
+                    && ends(&ended.client_conn, &ended.robot_conn)
+            }),
+        }
     }
 
     /// Ends the sessions whose other end was on `node` (it died): both local ends told.
@@ -728,8 +791,10 @@ impl Hub {
     }
 
     /// Removes a socket: its sessions end; the other end of each is to be told. With a
-    /// resume window, a client's own sessions wait for it instead (see `expire_orphans`).
-    pub fn detach(&self, conn: &ConnId) -> Vec<EndedSession> {
+    /// resume window, a client's own sessions wait for it instead (see `expire_orphans`),
+    /// if the socket went away by itself (`resumable`): one closed for cause (a revoked or
+    /// expired token, a flood) ends its sessions at once.
+    pub fn detach(&self, conn: &ConnId, resumable: bool) -> Vec<EndedSession> {
         self.bus.detach(conn);
         let ended = {
             let mut state = self.state();
@@ -741,7 +806,10 @@ impl Hub {
             // With a resume window, a client's own sessions wait for it; their ids stay
             // claimed (by the gone socket) until resumed or expired.
             let mut waiting = Vec::new();
-            if !self.limits.resume.is_zero() && matches!(entry.kind, ConnKind::Client { .. }) {
+            if resumable
+                && !self.limits.resume.is_zero()
+                && matches!(entry.kind, ConnKind::Client { .. })
+            {
                 for id in &entry.sessions {
                     if let Some(session) = state.sessions.get_mut(id) {
                         // Robot on this node only: a robot's node routes by the client's
@@ -835,12 +903,13 @@ impl Hub {
         }
     }
 
-    /// Queues a frame from `from` (None: the server). A receiver whose whole queue is full
+    /// Queues a frame from `from` about `session_id`. A receiver whose whole queue is full
     /// is closed instead of growing memory; a sender over its share at the receiver is
     /// refused (the error tells the caller), the receiver left alone.
     pub fn deliver(
         &self,
-        from: Option<&ConnId>,
+        from: &ConnId,
+        session_id: &str,
         to: &ConnId,
         message: Outbound,
     ) -> Result<(), DeliveryError> {
@@ -849,15 +918,16 @@ impl Hub {
             // share there is told `relay_throttled` through its node (Control::Throttled).
             if let Outbound::Text(text) = message {
                 let frame = FrameOut {
-                    from: from.cloned(),
+                    from: Some(from.clone()),
                     to: to.clone(),
+                    session: Arc::from(session_id),
                     text,
                 };
                 cluster.send_frame(node, frame);
             }
             return Ok(());
         }
-        self.deliver_local(from, to, message)
+        self.deliver_local(Some(from), to, message)
     }
 
     /// Delivery to a socket of this node only (frames that came from another node).
@@ -1083,6 +1153,7 @@ fn remove_session(state: &mut State, session_id: &str) -> Option<Session> {
         Ended {
             client_conn: session.client_conn.clone(),
             robot_conn: session.robot_conn.clone(),
+            subject: session.subject.clone(),
             at: now,
         },
     );
@@ -1121,6 +1192,7 @@ mod tests {
             robot_id: "r1",
             subject: "alice",
             role,
+            offer_id: "offer-1",
         }
     }
 
@@ -1170,7 +1242,7 @@ mod tests {
         let (carol, _carol_rx) = connect(&hub, "carol");
         assert!(hub.open_session(&alice, open("s1", Role::Viewer)).is_ok());
         assert!(hub.open_session(&carol, open("s2", Role::Viewer)).is_ok());
-        hub.detach(&alice);
+        hub.detach(&alice, true);
         // Alice's session id and her own connection id are free again; Carol's are not.
         let (bob, _bob_rx) = connect(&hub, "bob");
         assert!(hub.open_session(&bob, open("s1", Role::Viewer)).is_ok());
@@ -1242,7 +1314,7 @@ mod tests {
         );
         assert_eq!(robot_rx.kick.get(), Some(Kick::Revoked));
         // The robot leaves: both clients hear about their sessions.
-        let ended = hub.detach(&robot);
+        let ended = hub.detach(&robot, true);
         assert_eq!(ended.len(), 2);
         hub.notify(&ended);
         assert!(!hub.is_online("r1"));
@@ -1268,6 +1340,7 @@ mod tests {
             client_node: "node-b".into(),
             subject: "alice".into(),
             role: Role::Operator,
+            offer_id: None,
         };
         hub.open_mirror(&mirror).unwrap();
         // The robot's messages go to the client on the other node.
@@ -1315,9 +1388,62 @@ mod tests {
         assert_eq!(ended.len(), 2);
         assert!(ended.iter().all(|e| e.local_end() == Some(&robot)));
         hub.open_mirror(&mirror).unwrap();
-        let ended = hub.end_session_from_peer("s1").unwrap();
+        let ended = hub.end_session_from_peer("s1", "node-b").unwrap();
         assert_eq!(ended.local_end(), Some(&robot));
         assert!(matches!(hub.route(&robot, "s1"), Err(RelayError::Ended(_))));
+    }
+
+    /// Issue 29: a session id is its owner's cluster-wide, live and within its grace period.
+    #[test]
+    fn a_session_id_stays_its_owners_across_nodes() {
+        let hub = hub();
+        let (robot, _robot_rx) = connect(&hub, "robot");
+        let (mallory, _mallory_rx) = connect(&hub, "mallory");
+        hub.robot_verified(&robot, "r1", Vec::new(), hub.access_cuts());
+        let alice_on_b = ConnId::from("client-on-b");
+        let mirror = MirrorSession {
+            session_id: "s1".into(),
+            record_id: "rec".into(),
+            robot_id: "r1".into(),
+            robot_conn: "robot".into(),
+            client_conn: "client-on-b".into(),
+            client_node: "node-b".into(),
+            subject: "alice".into(),
+            role: Role::Operator,
+            offer_id: None,
+        };
+        let mallory_on_c = MirrorSession {
+            client_conn: "client-on-c".into(),
+            client_node: "node-c".into(),
+            subject: "mallory".into(),
+            role: Role::Viewer,
+            ..mirror.clone()
+        };
+        let viewer = OpenSession {
+            subject: "mallory",
+            ..open("s1", Role::Viewer)
+        };
+        let in_use = Err(RelayError::ConnectionIdInUse("s1".into()));
+        hub.open_mirror(&mirror).unwrap();
+        // Not claimed here (its client is elsewhere), yet nobody here may name it...
+        assert_eq!(hub.open_session(&mallory, viewer).map(|_| ()), in_use);
+        // ...nor a client on a third node.
+        assert_eq!(hub.open_mirror(&mallory_on_c), in_use);
+        // Frames cross only between its two ends.
+        assert!(hub.admits_frame(&alice_on_b, "s1", &robot));
+        assert!(hub.admits_frame(&robot, "s1", &alice_on_b));
+        assert!(!hub.admits_frame(&ConnId::from("client-on-c"), "s1", &robot));
+        assert!(!hub.admits_frame(&alice_on_b, "s2", &robot));
+        // Only the node of its other end may end it.
+        assert!(hub.end_session_from_peer("s1", "node-c").is_none());
+        assert!(hub.route(&robot, "s1").is_ok());
+        hub.end_session_from_peer("s1", "node-b").unwrap();
+        // Ended: its last messages still cross; the id stays alice's for the grace period.
+        assert!(hub.admits_frame(&alice_on_b, "s1", &robot));
+        assert!(!hub.admits_frame(&ConnId::from("client-on-c"), "s1", &robot));
+        assert_eq!(hub.open_session(&mallory, viewer).map(|_| ()), in_use);
+        assert_eq!(hub.open_mirror(&mallory_on_c), in_use);
+        hub.open_mirror(&mirror).unwrap();
     }
 
     #[test]
@@ -1329,7 +1455,7 @@ mod tests {
         hub.robot_verified(&new, "r1", Vec::new(), hub.access_cuts());
         assert_eq!(old_rx.kick.get(), Some(Kick::Replaced));
         // The old socket leaving must not take the new one offline.
-        hub.detach(&old);
+        hub.detach(&old, true);
         assert!(hub.is_online("r1"));
         assert_eq!(hub.robots_online(), 1);
     }

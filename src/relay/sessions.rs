@@ -150,6 +150,7 @@ impl Sessions {
                             client_node: self.node_id.clone(),
                             subject: request.subject.to_string(),
                             role: request.role,
+                            offer_id: Some(request.offer_id.to_string()),
                         }),
                     );
                 }
@@ -219,14 +220,35 @@ impl Sessions {
             .collect()
     }
 
-    /// The robot's node learns of a session opened on the client's node. When it cannot
-    /// take it (the robot left), the client's node is told to end it.
-    pub fn open_mirror(&self, mirror: MirrorSession) {
-        if let Err(e) = self.hub.open_mirror(&mirror) {
-            tracing::debug!(session = %mirror.session_id, error = %e, "session from another node refused");
-            if let Some(cluster) = self.cluster() {
+    /// The robot's node learns from `origin` of a session opened there. When it cannot
+    /// take it, `origin` is told to end it: the robot left (a `disconnected` for the
+    /// client), or the id belongs to another session here (refused: FORBIDDEN for the
+    /// client, and the offer that follows is never delivered, see [`Hub::admits_frame`]).
+    pub fn open_mirror(&self, origin: &str, mirror: MirrorSession) {
+        let Some(cluster) = self.cluster() else {
+            return;
+        };
+        // A node speaks for its own clients only.
+        if mirror.client_node != origin {
+            tracing::warn!(session = %mirror.session_id, node = %origin, claimed = %mirror.client_node, "session for another node's client refused");
+            return;
+        }
+        match self.hub.open_mirror(&mirror) {
+            Ok(()) => {}
+            Err(RelayError::ConnectionIdInUse(_)) => {
+                tracing::warn!(session = %mirror.session_id, subject = %mirror.subject, node = %origin, "offer naming another's session refused");
                 cluster.send(
-                    &mirror.client_node,
+                    origin,
+                    &Control::Refused {
+                        session_id: mirror.session_id,
+                        offer_id: mirror.offer_id,
+                    },
+                );
+            }
+            Err(e) => {
+                tracing::debug!(session = %mirror.session_id, error = %e, "session from another node refused");
+                cluster.send(
+                    origin,
                     &Control::End {
                         session_id: mirror.session_id.clone(),
                         notice: Some(crate::messages::disconnected(&mirror.session_id, None)),
@@ -236,11 +258,24 @@ impl Sessions {
         }
     }
 
-    /// The other node ended its side: end ours (record, lock), then tell the local end.
-    pub async fn end_from_peer(&self, session_id: &str, notice: Option<String>) {
-        let Some(ended) = self.hub.end_session_from_peer(session_id) else {
-            return;
-        };
+    /// The robot's node refused a session opened here (its id is another's there): it
+    /// ends without a notice; returns the client's socket, to be told why.
+    pub async fn refused_by_peer(&self, origin: &str, session_id: &str) -> Option<ConnId> {
+        self.end_from_peer_with(origin, session_id, None).await
+    }
+
+    /// The node `origin` ended its side: end ours (record, lock), then tell the local end.
+    pub async fn end_from_peer(&self, origin: &str, session_id: &str, notice: Option<String>) {
+        self.end_from_peer_with(origin, session_id, notice).await;
+    }
+
+    async fn end_from_peer_with(
+        &self,
+        origin: &str,
+        session_id: &str,
+        notice: Option<String>,
+    ) -> Option<ConnId> {
+        let ended = self.hub.end_session_from_peer(session_id, origin)?;
         if let Err(e) = self
             .store
             .end_session(&ended.record_id, EndReason::Closed.as_str())
@@ -254,6 +289,7 @@ impl Sessions {
                 let _ = self.hub.deliver_local(None, to, Outbound::text(text));
             }
         }
+        ended.local_end().cloned()
     }
 
     /// A node died: the sessions with an end there end (records first, then the local ends
@@ -294,9 +330,10 @@ impl Sessions {
         Ok(())
     }
 
-    /// A socket is gone: its sessions end, their records are closed, the other ends told.
-    pub async fn detach(&self, conn: &ConnId) {
-        let ended = self.hub.detach(conn);
+    /// A socket is gone: its sessions end, their records are closed, the other ends told
+    /// (see [`Hub::detach`] for `resumable`).
+    pub async fn detach(&self, conn: &ConnId, resumable: bool) {
+        let ended = self.hub.detach(conn, resumable);
         self.finish(&ended, EndReason::Closed).await;
     }
 

@@ -13,7 +13,9 @@ use super::StopSignal;
 use crate::cluster::message::{frame_id, kick_from_name};
 use crate::cluster::{Cluster, Control, PeerMessage, RelayedFrame};
 use crate::messages;
-use crate::relay::{ConnId, DeliveryError, EndReason, GrantScope, Kick, LoggedInWith, Outbound};
+use crate::relay::{
+    ConnId, DeliveryError, EndReason, GrantScope, Kick, LoggedInWith, Outbound, RelayError,
+};
 use crate::state::SharedState;
 use crate::store::StoreError;
 use crate::ws::WsError;
@@ -76,9 +78,21 @@ async fn handle(state: &SharedState, cluster: &Cluster, message: PeerMessage) {
     }
     cluster.count_received(control.kind());
     match control {
-        Control::Open(mirror) => state.sessions.open_mirror(mirror),
+        Control::Open(mirror) => state.sessions.open_mirror(&origin, mirror),
         Control::End { session_id, notice } => {
-            state.sessions.end_from_peer(&session_id, notice).await
+            state
+                .sessions
+                .end_from_peer(&origin, &session_id, notice)
+                .await
+        }
+        Control::Refused {
+            session_id,
+            offer_id,
+        } => {
+            if let Some(client) = state.sessions.refused_by_peer(&origin, &session_id).await {
+                let error = WsError::Relay(RelayError::ConnectionIdInUse(session_id));
+                tell(state, &client, &error, offer_id.as_deref());
+            }
         }
         Control::Kick { conn, reason } => {
             if let Some(reason) = kick_from_name(&reason) {
@@ -124,27 +138,46 @@ async fn handle(state: &SharedState, cluster: &Cluster, message: PeerMessage) {
         }
         Control::Probe { sent_unix_ms } => cluster.observe_probe(sent_unix_ms),
         Control::Throttled { conn, id } => {
-            // The same error a local refusal earns (ws::protocol), naming the message.
-            let error = WsError::Throttled;
-            let code = error.code();
-            state
-                .metrics
-                .errors
-                .with_label_values(&[code.as_str()])
-                .inc();
-            let text = messages::error(code, &error.to_string(), error.details(), id.as_deref());
             let conn = ConnId::from(conn);
-            let _ = state.hub.deliver_local(None, &conn, Outbound::text(text));
+            tell(state, &conn, &WsError::Throttled, id.as_deref());
             state.hub.strike(&conn);
         }
     }
+}
+
+/// Tells a socket here of an error another node found with its message `id`: the same
+/// error a local refusal earns (ws::protocol).
+fn tell(state: &SharedState, conn: &ConnId, error: &WsError, id: Option<&str>) {
+    let code = error.code();
+    state
+        .metrics
+        .errors
+        .with_label_values(&[code.as_str()])
+        .inc();
+    let text = messages::error(code, &error.to_string(), error.details(), id);
+    let _ = state.hub.deliver_local(None, conn, Outbound::text(text));
 }
 
 /// Delivers a frame relayed from another node to its socket here, with every rule of a
 /// local delivery; a sender over its share is told by its own node.
 fn deliver_frame(state: &SharedState, cluster: &Cluster, frame: RelayedFrame) {
     cluster.count_received_frame();
-    let RelayedFrame { from, to, text } = frame;
+    let RelayedFrame {
+        from,
+        to,
+        session,
+        text,
+    } = frame;
+    // The sending node routed it by its own table; this node checks it against its own,
+    // so a session id taken over elsewhere reaches nobody here.
+    let admitted = from
+        .as_ref()
+        .is_some_and(|from| state.hub.admits_frame(from, &session, &to));
+    if !admitted {
+        state.metrics.cluster_frames_refused.inc();
+        tracing::debug!(session = %session, "frame from another node outside any session of its ends dropped");
+        return;
+    }
     // Shared bytes: the copy kept for a refusal is a reference count.
     let text = Utf8Bytes::from(text);
     let delivered = state

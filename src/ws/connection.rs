@@ -132,6 +132,7 @@ fn serve(
             strikes: Strikes::new(config.max_strikes, STRIKE_WINDOW),
             close: None,
             cut_off: false,
+            for_cause: false,
         };
 
         let login_deadline = Instant::now() + Duration::from_secs(config.login_timeout_secs);
@@ -173,6 +174,7 @@ fn serve(
                         let error = WsError::Identity(crate::identity::IdentityError::Revoked);
                         out.error(&error, None);
                     }
+                    out.for_cause = matches!(kick, Kick::Revoked | Kick::TokenRevoked);
                     out.close = Some(kick.close_frame());
                 }
                 _ = &mut writer => {
@@ -200,7 +202,10 @@ fn serve(
                         }
                         out.error(&error, id.as_deref());
                         match error.close() {
-                            Some(close) => out.close = Some(close),
+                            Some(close) => {
+                                out.for_cause = true;
+                                out.close = Some(close);
+                            }
                             None => out.count_strike(now),
                         }
                     }
@@ -223,6 +228,7 @@ fn serve(
                         deadline = None;
                         if let Some((_, error)) = protocol.deadline(login_deadline) {
                             out.error(&error, None);
+                            out.for_cause = true;
                             out.close = Some(error.close().unwrap_or((1008, "deadline")));
                             continue;
                         }
@@ -262,7 +268,8 @@ fn serve(
         // Out of presence and sessions first: the peers must not wait on a socket that is
         // closing, whatever its writer is doing.
         state.metrics.connections.with_label_values(&[role]).dec();
-        Box::pin(state.sessions.detach(&conn)).await;
+        let resumable = !out.for_cause;
+        Box::pin(state.sessions.detach(&conn, resumable)).await;
         match &protocol.peer {
             Peer::Robot { robot_id } => tracing::info!(robot = %robot_id, "robot disconnected"),
             Peer::Client(identity) => {
@@ -397,6 +404,9 @@ struct Outbox<'a> {
     close: Option<CloseRequest>,
     /// Closing for too many strikes (logged with who the peer is once the loop ends).
     cut_off: bool,
+    /// Closing for cause (a credential withdrawn or expired, an error that ends the
+    /// connection, a flood): its sessions end at once rather than wait to be resumed.
+    for_cause: bool,
 }
 
 impl Outbox<'_> {
@@ -439,6 +449,7 @@ impl Outbox<'_> {
         if self.strikes.strike(now) {
             let error = WsError::Flooding;
             self.cut_off = true;
+            self.for_cause = true;
             self.state.metrics.peers_cut_off.inc();
             self.error(&error, None);
             self.close = error.close();
@@ -450,6 +461,7 @@ impl Outbox<'_> {
             limit: self.state.config.max_frame_bytes,
         };
         self.error(&error, None);
+        self.for_cause = true;
         self.close = Some(error.close().unwrap_or((1009, "frame too large")));
     }
 }

@@ -44,6 +44,13 @@ enum Forward<'a> {
 }
 
 impl Forward<'_> {
+    fn id(&self) -> &str {
+        match self {
+            Forward::Received { view, .. } => &view.id,
+            Forward::Parsed(envelope) => &envelope.id,
+        }
+    }
+
     fn kind(&self) -> &str {
         match self {
             Forward::Received { view, .. } => view.kind.type_name(),
@@ -557,9 +564,13 @@ impl Protocol {
                 })
             }
         };
-        if session_id.is_empty() || session_id.len() > 128 {
+        // No control characters: a session id is a line of the bus's frame header.
+        if session_id.is_empty()
+            || session_id.len() > 128
+            || session_id.chars().any(char::is_control)
+        {
             return Err(ProtocolError::InvalidPayload(
-                "connectionId must be 1-128 characters".into(),
+                "connectionId must be 1-128 characters, none of them control characters".into(),
             )
             .into());
         }
@@ -581,6 +592,7 @@ impl Protocol {
                     robot_id,
                     subject: &identity.subject,
                     role,
+                    offer_id: forward.id(),
                 },
             )
             .await?;
@@ -611,7 +623,7 @@ impl Protocol {
         }
         let metrics = self.state.metrics.relay(forward.kind());
         let text = forward.into_robot(&identity.subject, role);
-        self.deliver(&robot_conn, metrics, text, received)
+        self.deliver(&robot_conn, session_id, metrics, text, received)
     }
 
     /// Relays a session message to the other end, after recording what it means for the
@@ -639,7 +651,7 @@ impl Protocol {
             }
             Relay::FromRobot | Relay::Plain => {}
         }
-        self.send_routed(&route, forward, received)
+        self.send_routed(&route, session_id, forward, received)
     }
 
     /// A relayed message that changes nothing in the session's record (answers and
@@ -652,7 +664,7 @@ impl Protocol {
         kind: Relay,
     ) -> Result<(), WsError> {
         match self.route(&forward, session_id, &kind)? {
-            Some(route) => self.send_routed(&route, forward, received),
+            Some(route) => self.send_routed(&route, session_id, forward, received),
             None => Ok(()),
         }
     }
@@ -699,6 +711,7 @@ impl Protocol {
     fn send_routed(
         &self,
         route: &Route,
+        session_id: &str,
         forward: Forward<'_>,
         received: Instant,
     ) -> Result<(), WsError> {
@@ -709,7 +722,7 @@ impl Protocol {
         } else {
             forward.into_robot(&route.subject, route.role)
         };
-        self.deliver(&route.target, metrics, text, received)
+        self.deliver(&route.target, session_id, metrics, text, received)
     }
 
     /// Queues the message for the other end. A sender over its share at the receiver is
@@ -717,6 +730,7 @@ impl Protocol {
     fn deliver(
         &self,
         to: &ConnId,
+        session_id: &str,
         metrics: Option<&crate::metrics::RelayMetrics>,
         text: Utf8Bytes,
         received: Instant,
@@ -724,7 +738,7 @@ impl Protocol {
         let delivered = self
             .state
             .hub
-            .deliver(Some(&self.conn), to, Outbound::Text(text));
+            .deliver(&self.conn, session_id, to, Outbound::Text(text));
         match delivered {
             Ok(()) => {
                 if let Some(metrics) = metrics {

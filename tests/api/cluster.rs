@@ -979,6 +979,11 @@ async fn a_burst_across_nodes_arrives_whole_and_in_order() {
 /// limit and `max_strikes` strikes allowed. The Redis runs as long as its handle lives;
 /// the string is the nodes' key prefix in it.
 async fn two_ready_nodes(max_strikes: &str) -> (Redis, String, Vec<Node>, Api) {
+    n_ready_nodes(2, max_strikes).await
+}
+
+/// [`two_ready_nodes`] with `count` nodes.
+async fn n_ready_nodes(count: usize, max_strikes: &str) -> (Redis, String, Vec<Node>, Api) {
     let run = &uuid::Uuid::new_v4().simple().to_string()[..8];
     let prefix = format!("test-{run}:");
     let (database, _) = test_database().await;
@@ -991,7 +996,7 @@ async fn two_ready_nodes(max_strikes: &str) -> (Redis, String, Vec<Node>, Api) {
         "--max-strikes",
         max_strikes,
     ];
-    let (nodes, api) = ready_nodes(&database, &redis.url(), &prefix, run, &flags).await;
+    let (nodes, api) = ready_nodes_n(count, &database, &redis.url(), &prefix, run, &flags).await;
     (redis, prefix, nodes, api)
 }
 
@@ -1003,7 +1008,19 @@ async fn ready_nodes(
     run: &str,
     flags: &[&str],
 ) -> (Vec<Node>, Api) {
-    let nodes: Vec<Node> = (1..=2)
+    ready_nodes_n(2, database, redis_url, prefix, run, flags).await
+}
+
+/// Nodes `n1-{run}` to `n{count}-{run}` on `redis_url` with `flags`, once all are ready.
+async fn ready_nodes_n(
+    count: usize,
+    database: &str,
+    redis_url: &str,
+    prefix: &str,
+    run: &str,
+    flags: &[&str],
+) -> (Vec<Node>, Api) {
+    let nodes: Vec<Node> = (1..=count)
         .map(|i| start_node_with(database, redis_url, prefix, &format!("n{i}-{run}"), flags))
         .collect();
     let api = Api {
@@ -1341,5 +1358,71 @@ async fn a_flooder_refused_on_another_node_earns_strikes_and_is_cut_off() {
         api.node_of(&n2, "rs").await.as_deref(),
         Some(nodes[0].id.as_str())
     );
+    stop_without_panics(nodes);
+}
+
+/// A session id belongs to the socket that opened it, cluster-wide (issue 29): alice on
+/// node 2 drives a robot on node 1 in session S. mallory, who may only view, offers with
+/// connectionId S from node 3 and from the robot's own node 1: both are refused FORBIDDEN,
+/// nothing of hers reaches the robot, and alice's session goes on, also after mallory's
+/// node ends its side of her refused session.
+#[tokio::test]
+async fn a_session_cannot_be_taken_over_from_another_node() {
+    if skipped() {
+        return;
+    }
+    let (_redis, _, nodes, api) = n_ready_nodes(3, "10").await;
+    let n1 = nodes[0].base();
+    let key = api.enroll(&n1, "rh").await;
+    let mut robot = robot_on(&nodes[0].ws(), "rh", &key).await;
+    for node in &nodes[1..] {
+        eventually("rh is visible from every node", WAIT, || async {
+            api.node_of(&node.base(), "rh").await.is_some()
+        })
+        .await;
+    }
+    api.grant(&n1, "rh", "alice", "operator").await;
+    api.grant(&n1, "rh", "mallory", "viewer").await;
+    let (alice_token, _) = api.token(&n1, "alice").await;
+    let (mallory_token, _) = api.token(&n1, "mallory").await;
+    let mut alice = WsClient::connect_with_token(&nodes[1].ws(), &alice_token).await;
+    let session = alice.connection_id.clone();
+    alice.send(&offer("rh", &session)).await;
+    robot.recv_type("signalling.offer").await;
+    robot.send(&answer(&session)).await;
+    alice.recv_type("signalling.answer").await;
+
+    // After each attempt alice's candidate must be the robot's next message: anything of
+    // mallory's would have reached it first (sent first; node 1 reads the bus in order).
+    for (node, what) in [(2, "from a third node"), (0, "from the robot's node")] {
+        let mut mallory = WsClient::connect_with_token(&nodes[node].ws(), &mallory_token).await;
+        let hijack = offer("rh", &session);
+        mallory.send(&hijack).await;
+        let refused = mallory.expect_error("FORBIDDEN").await;
+        assert_eq!(refused["correlationId"], hijack["id"], "{what}: {refused}");
+        assert_eq!(
+            refused["payload"]["details"]["reason"], "connection_id_in_use",
+            "{what}: {refused}"
+        );
+        mallory.send(&ice(&session)).await;
+        // Her node ends its side of the refused session when her socket goes.
+        drop(mallory);
+
+        let candidate = ice(&session);
+        alice.send(&candidate).await;
+        let got = robot.recv().await;
+        assert_eq!(got["id"], candidate["id"], "{what}: the robot got {got}");
+        assert_eq!(got["meta"]["session"]["subject"], "alice", "{what}: {got}");
+        let back = ice(&session);
+        robot.send(&back).await;
+        let got = alice.recv().await;
+        assert_eq!(got["id"], back["id"], "{what}: alice got {got}");
+    }
+    robot.expect_nothing_pending().await;
+    alice.expect_nothing_pending().await;
+    let open = api.sessions(&n1, "?robotId=rh").await;
+    let live: Vec<&Value> = open.iter().filter(|s| s["endedAt"].is_null()).collect();
+    assert_eq!(live.len(), 1, "{open:?}");
+    assert_eq!(live[0]["subject"], "alice", "{open:?}");
     stop_without_panics(nodes);
 }
