@@ -221,7 +221,22 @@ pub struct Config {
         default_value_t = 1_000
     )]
     pub max_connections_per_ip: usize,
-    /// Seconds a client has to send a request's headers (slow-header attacks).
+    /// TCP connections from one source (an IPv4 address or an IPv6 /64; 0: no limit),
+    /// WebSockets and plain HTTP together; over it, a connection is closed as it is
+    /// accepted. Behind a load balancer set 0 and limit at the proxy.
+    #[arg(
+        long,
+        env = "SIGNALLING_MAX_TCP_CONNECTIONS_PER_IP",
+        default_value_t = 1_100
+    )]
+    pub max_tcp_connections_per_ip: usize,
+    /// TCP connections open at once. 0: the process's open-file limit less 64 kept for
+    /// the database, Redis and files, so a flood of connections cannot take them.
+    #[arg(long, env = "SIGNALLING_MAX_TCP_CONNECTIONS", default_value_t = 0)]
+    pub max_tcp_connections: usize,
+    /// Seconds a client has to send a request's headers (slow-header attacks); also the
+    /// longest a connection may stay silent before its first request, between two
+    /// requests, or in its TLS handshake.
     #[arg(long, env = "SIGNALLING_HEADER_READ_TIMEOUT", default_value_t = 10)]
     pub header_read_timeout_secs: u64,
     /// Seconds graceful shutdown waits for connections to close.
@@ -259,7 +274,23 @@ impl Config {
             .unwrap_or(crate::store::DEFAULT_DATABASE_URL)
     }
 
+    /// The cap on TCP connections open at once (see `max_tcp_connections`; 0: none known).
+    pub fn tcp_connection_cap(&self) -> usize {
+        if self.max_tcp_connections > 0 {
+            return self.max_tcp_connections;
+        }
+        open_file_limit().map_or(0, |limit| limit.saturating_sub(64).max(1))
+    }
+
     pub fn challenge_ttl(&self) -> Duration {
         Duration::from_secs(self.challenge_ttl_secs)
     }
+}
+
+/// The soft limit on open files, as the kernel reports it (Linux); None elsewhere or when
+/// unlimited.
+fn open_file_limit() -> Option<usize> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line.split_whitespace().nth(3)?.parse().ok()
 }

@@ -15,6 +15,8 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
 use axum_server::accept::Accept;
+
+use crate::admission::{Admission, Permit};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
@@ -49,11 +51,12 @@ fn return_chunk(mut chunk: Vec<u8>) {
 }
 
 /// A TCP stream whose read buffer exists only while read bytes wait in it.
-#[derive(Debug)]
 pub struct LeanStream {
     inner: TcpStream,
     /// Bytes read from the kernel and not yet handed out, from `at` on.
     pending: Option<(Vec<u8>, usize)>,
+    /// Its place among the connections admitted (freed when the stream drops).
+    _permit: Option<Permit>,
 }
 
 impl LeanStream {
@@ -61,6 +64,7 @@ impl LeanStream {
         LeanStream {
             inner,
             pending: None,
+            _permit: None,
         }
     }
 
@@ -144,9 +148,20 @@ impl AsyncWrite for LeanStream {
 }
 
 /// Accepts sockets as lean streams, without Nagle delays (signalling messages are small
-/// and latency-bound).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct LeanAcceptor;
+/// and latency-bound), within the TCP connection limits: a connection over them is closed
+/// at once, before anything is read, so that silent connections from one source cannot
+/// take every file descriptor (the time they may stay silent is bounded by the HTTP
+/// layer's header deadline and the TLS handshake timeout, see `server`).
+#[derive(Clone)]
+pub struct LeanAcceptor {
+    admission: Admission,
+}
+
+impl LeanAcceptor {
+    pub fn new(admission: Admission) -> LeanAcceptor {
+        LeanAcceptor { admission }
+    }
+}
 
 impl<S> Accept<TcpStream, S> for LeanAcceptor {
     type Stream = LeanStream;
@@ -154,11 +169,20 @@ impl<S> Accept<TcpStream, S> for LeanAcceptor {
     type Future = Ready<io::Result<(LeanStream, S)>>;
 
     fn accept(&self, stream: TcpStream, service: S) -> Self::Future {
-        ready(
-            stream
-                .set_nodelay(true)
-                .map(|()| (LeanStream::new(stream), service)),
-        )
+        let admitted = stream
+            .peer_addr()
+            .and_then(|peer| {
+                self.admission.admit(peer.ip()).map_err(|e| {
+                    tracing::debug!(peer = %peer.ip(), error = %e, "TCP connection refused");
+                    io::Error::other(e)
+                })
+            })
+            .and_then(|permit| stream.set_nodelay(true).map(|()| permit));
+        ready(admitted.map(|permit| {
+            let mut lean = LeanStream::new(stream);
+            lean._permit = Some(permit);
+            (lean, service)
+        }))
     }
 }
 

@@ -5,7 +5,8 @@
 //! Layout, one job per module:
 //! - [`config`]: flags and environment.
 //! - [`server`]: startup, listening (plain or TLS) and graceful shutdown; `lean_io`: the
-//!   accepted sockets, which hold no read buffer while idle.
+//!   accepted sockets, which hold no read buffer while idle; `http_serve`: HTTP/1.1 on
+//!   each, within deadlines; [`admission`]: how many connections, in all and per source.
 //! - [`app`]: the router, wired in one place from every module's routes.
 //! - [`tasks`]: background work (CRL watcher, JWKS refresh), stopped on shutdown.
 //! - [`api`]: the HTTP API (admin, enrollment, health, metrics).
@@ -20,6 +21,7 @@
 //! - [`dev_pki`]: the `pki` subcommand (development CA and robot certificates).
 //! - [`ice`], [`metrics`].
 
+pub mod admission;
 pub mod api;
 pub mod app;
 pub mod auth;
@@ -29,6 +31,7 @@ pub mod config;
 pub mod console;
 pub mod dev_pki;
 mod http_error;
+mod http_serve;
 pub mod ice;
 pub mod identity;
 mod lean_io;

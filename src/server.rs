@@ -6,10 +6,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper_util::rt::{TokioExecutor, TokioTimer};
-use hyper_util::server::conn::auto::Builder as HttpBuilder;
 use tokio::net::{TcpListener, TcpSocket};
 
+use crate::admission::Admission;
+use crate::http_serve;
 use crate::lean_io::LeanAcceptor;
 
 use crate::auth::{random_token, sha256_hex, ClientAuthenticator, JwtConfig, JwtVerifier};
@@ -245,52 +245,31 @@ impl Server {
             drain(&drain_state).await;
         };
 
-        let handle = axum_server::Handle::new();
-        let stopper = handle.clone();
-        tokio::spawn(async move {
-            drain.await;
-            stopper.graceful_shutdown(Some(Duration::from_secs(1)));
-        });
-        let std_listener = self.listener.into_std()?;
-        // The socket layer needs the peer's address (connection limits per address).
-        let service = app.into_make_service_with_connect_info::<SocketAddr>();
         let header_timeout = Duration::from_secs(state.config.header_read_timeout_secs.max(1));
+        let tcp = LeanAcceptor::new(Admission::new(
+            state.config.tcp_connection_cap(),
+            state.config.max_tcp_connections_per_ip,
+        ));
         match (&state.config.tls_cert, &state.config.tls_key) {
             (Some(cert), Some(key)) => {
                 let tls = axum_server::tls_rustls::RustlsConfig::from_pem_file(cert, key)
                     .await
                     .map_err(|e| StartError::Tls(e.to_string()))?;
                 tracing::info!(%addr, node = %state.node_id, "listening (TLS)");
-                let acceptor =
-                    axum_server::tls_rustls::RustlsAcceptor::new(tls).acceptor(LeanAcceptor);
-                let mut server = axum_server::from_tcp(std_listener)
-                    .acceptor(acceptor)
-                    .handle(handle);
-                limit_header_time(server.http_builder(), header_timeout);
-                server.serve(service).await?;
+                let acceptor = axum_server::tls_rustls::RustlsAcceptor::new(tls)
+                    .handshake_timeout(header_timeout)
+                    .acceptor(tcp);
+                http_serve::serve(self.listener, acceptor, app, header_timeout, drain).await;
             }
             _ => {
                 tracing::info!(%addr, node = %state.node_id, "listening");
-                let mut server = axum_server::from_tcp(std_listener)
-                    .acceptor(LeanAcceptor)
-                    .handle(handle);
-                limit_header_time(server.http_builder(), header_timeout);
-                server.serve(service).await?;
+                http_serve::serve(self.listener, tcp, app, header_timeout, drain).await;
             }
         }
         tasks.stop().await;
         state.store.close().await;
         Ok(())
     }
-}
-
-/// A client that has not sent a request's headers within `timeout` is disconnected, so
-/// slow-header connections cannot pile up.
-fn limit_header_time(builder: &mut HttpBuilder<TokioExecutor>, timeout: Duration) {
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(timeout);
 }
 
 async fn drain(state: &SharedState) {

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
+use crate::admission::Admission;
 use crate::auth::ClientAuthenticator;
 use crate::cluster::Cluster;
 use crate::config::Config;
@@ -14,7 +15,6 @@ use crate::identity::Identity;
 use crate::metrics::Metrics;
 use crate::relay::{Hub, HubLimits, LocalBus, Sessions};
 use crate::store::Store;
-use crate::ws::Admission;
 
 pub struct AppState {
     pub config: Config,

@@ -15,10 +15,10 @@ use tokio::sync::oneshot;
 use tokio::time::sleep_until;
 use tracing::Instrument;
 
-use super::admission::Permit;
 use super::error::WsError;
 use super::legacy;
 use super::protocol::{Peer, Protocol};
+use crate::admission::Permit;
 use crate::auth::ClientIdentity;
 use crate::config::Config;
 use crate::messages;

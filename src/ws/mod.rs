@@ -1,7 +1,6 @@
 //! The `/ws` endpoint: authentication at upgrade, the per-socket loop, and the signalling
 //! protocol spoken on it.
 
-mod admission;
 mod connection;
 mod error;
 mod legacy;
@@ -20,7 +19,7 @@ use serde::Deserialize;
 use crate::auth::AuthError;
 use crate::state::SharedState;
 
-pub use admission::{Admission, AdmissionError, Permit};
+use crate::admission::AdmissionError;
 pub use error::WsError;
 
 /// Bytes of frames a socket gathers before writing, within one batch of the writer.

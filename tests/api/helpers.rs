@@ -743,8 +743,25 @@ impl ServerProcess {
 
     /// The same on a database the test prepared (and inspects afterwards).
     pub fn start_on(database_url: &str, args: &[&str], env: &[(&str, &str)]) -> ServerProcess {
+        let command = std::process::Command::new(env!("CARGO_BIN_EXE_signalling-server"));
+        Self::start_command(command, database_url, args, env)
+    }
+
+    /// [`ServerProcess::start_on`] with at most `open_files` open files (prlimit).
+    pub fn start_limited(database_url: &str, args: &[&str], open_files: u32) -> ServerProcess {
+        let mut command = std::process::Command::new("prlimit");
+        command.arg(format!("--nofile={open_files}:{open_files}"));
+        command.args(["--", env!("CARGO_BIN_EXE_signalling-server")]);
+        Self::start_command(command, database_url, args, &[])
+    }
+
+    fn start_command(
+        mut command: std::process::Command,
+        database_url: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> ServerProcess {
         use std::io::BufRead;
-        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_signalling-server"));
         command
             .args(["--listen", "127.0.0.1:0", "--admin-token", ADMIN_TOKEN])
             .args(["--log-format", "json", "--database-url", database_url])

@@ -4,6 +4,7 @@
 mod helpers;
 
 mod abuse;
+mod abuse2;
 mod admin_api;
 mod client_auth;
 mod cluster;

@@ -1,0 +1,185 @@
+//! Abuse and trust, round 2 (issue 29): what a hostile user tried against the landed tree.
+//! Each test failed on the code before its fix.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpSocket, TcpStream};
+
+use crate::helpers::*;
+
+/// What a client that opens a connection and never finishes a request can hold.
+enum Silent {
+    /// Sends nothing at all.
+    Tcp(TcpStream),
+    /// Completed a TLS handshake, then nothing.
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+}
+
+impl Silent {
+    /// Waits until the server ends the connection; returns how long that took.
+    async fn closed_within(self, limit: Duration) -> Duration {
+        let started = Instant::now();
+        let mut buffer = Vec::new();
+        let read = async {
+            match self {
+                // An error (a reset) ends it as well as an end of stream does.
+                Silent::Tcp(mut tcp) => tcp.read_to_end(&mut buffer).await.map(|_| ()),
+                Silent::Tls(mut tls) => tls.read_to_end(&mut buffer).await.map(|_| ()),
+            }
+        };
+        let _ = tokio::time::timeout(limit, read)
+            .await
+            .expect("the server ends a silent connection in time");
+        started.elapsed()
+    }
+}
+
+/// Item 2: a connection that sends nothing, only the HTTP/2 preface, or one request and
+/// then nothing is closed within the header deadline; /healthz answers all along.
+#[tokio::test]
+async fn silent_connections_are_closed_on_a_deadline() {
+    let server = TestServer::start_with(|c| c.header_read_timeout_secs = 1).await;
+    let mut silent = Vec::new();
+    for _ in 0..20 {
+        silent.push(Silent::Tcp(TcpStream::connect(server.addr).await.unwrap()));
+    }
+    for _ in 0..20 {
+        let mut tcp = TcpStream::connect(server.addr).await.unwrap();
+        tcp.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+            .await
+            .unwrap();
+        silent.push(Silent::Tcp(tcp));
+    }
+    // One keep-alive request answered, then silence.
+    let mut kept = TcpStream::connect(server.addr).await.unwrap();
+    kept.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = [0u8; 12];
+    kept.read_exact(&mut answer).await.unwrap();
+    assert_eq!(&answer, b"HTTP/1.1 200");
+    silent.push(Silent::Tcp(kept));
+
+    let health = server
+        .http
+        .get(server.url("/healthz"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(health.status(), 200);
+    for (n, connection) in silent.into_iter().enumerate() {
+        let took = connection.closed_within(WAIT).await;
+        assert!(took < WAIT, "closed after {took:?}");
+    }
+}
+
+/// A self-signed certificate for 127.0.0.1, written where the server reads it.
+fn tls_files(dir: &std::path::Path) -> (String, String, Vec<u8>) {
+    let key = rcgen::KeyPair::generate().expect("key");
+    let params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()]).expect("params");
+    let cert = params.self_signed(&key).expect("certificate");
+    let cert_path = dir.join("cert.pem");
+    let key_path = dir.join("key.pem");
+    std::fs::write(&cert_path, cert.pem()).unwrap();
+    std::fs::write(&key_path, key.serialize_pem()).unwrap();
+    (
+        cert_path.to_string_lossy().into_owned(),
+        key_path.to_string_lossy().into_owned(),
+        cert.der().to_vec(),
+    )
+}
+
+/// Item 2, over TLS: a client that completes the handshake and goes silent, and one that
+/// never finishes the handshake, are both closed within the deadline.
+#[tokio::test]
+async fn silent_tls_connections_are_closed_on_a_deadline() {
+    let dir = std::env::temp_dir().join(format!("tls-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (cert, key, der) = tls_files(&dir);
+    let server = TestServer::start_with(|c| {
+        c.header_read_timeout_secs = 1;
+        c.tls_cert = Some(cert.into());
+        c.tls_key = Some(key.into());
+    })
+    .await;
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(der.into()).unwrap();
+    let client = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(client));
+    let mut silent = Vec::new();
+    for _ in 0..10 {
+        let tcp = TcpStream::connect(server.addr).await.unwrap();
+        let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+        let tls = connector.connect(name, tcp).await.expect("TLS handshake");
+        silent.push(Silent::Tls(Box::new(tls)));
+    }
+    for _ in 0..10 {
+        let mut tcp = TcpStream::connect(server.addr).await.unwrap();
+        // The start of a ClientHello record, never finished.
+        tcp.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00])
+            .await
+            .unwrap();
+        silent.push(Silent::Tcp(tcp));
+    }
+    for connection in silent {
+        let took = connection.closed_within(WAIT).await;
+        assert!(took < WAIT, "closed after {took:?}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A plain GET from `from` (an address of the loopback range): the status line's code, or
+/// 0 when no answer comes within `limit`.
+async fn health_from(from: [u8; 4], server: SocketAddr, limit: Duration) -> u16 {
+    let attempt = async {
+        let socket = TcpSocket::new_v4().ok()?;
+        socket.bind(SocketAddr::from((from, 0))).ok()?;
+        let mut tcp = socket.connect(server).await.ok()?;
+        tcp.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .ok()?;
+        let mut answer = Vec::new();
+        tcp.read_to_end(&mut answer).await.ok()?;
+        let line = String::from_utf8_lossy(&answer);
+        line.split(' ').nth(1)?.parse().ok()
+    };
+    tokio::time::timeout(limit, attempt)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or(0)
+}
+
+/// Item 2: with 256 open files allowed, 306 silent connections from one address do not
+/// take the server's descriptors: it refuses that address's connections past its cap and
+/// answers /healthz for another address at once, without waiting for any deadline.
+#[tokio::test]
+async fn silent_connections_from_one_address_cannot_take_every_descriptor() {
+    let (database_url, _) = test_database().await;
+    let server =
+        ServerProcess::start_limited(&database_url, &["--max-tcp-connections-per-ip", "100"], 256);
+    let addr: SocketAddr = server.addr.parse().unwrap();
+    let mut silent = Vec::new();
+    for _ in 0..306 {
+        if let Ok(tcp) = TcpStream::connect(addr).await {
+            silent.push(tcp);
+        }
+    }
+    assert_eq!(
+        health_from([127, 0, 0, 2], addr, Duration::from_secs(5)).await,
+        200,
+        "health from another address while 306 silent connections were opened"
+    );
+    drop(silent);
+    let log = server.stop();
+    assert!(!log.contains("panicked"), "{log}");
+}
