@@ -70,7 +70,7 @@ async fn silent_connections_are_closed_on_a_deadline() {
         .await
         .unwrap();
     assert_eq!(health.status(), 200);
-    for (n, connection) in silent.into_iter().enumerate() {
+    for connection in silent {
         let took = connection.closed_within(WAIT).await;
         assert!(took < WAIT, "closed after {took:?}");
     }
