@@ -195,6 +195,22 @@ pub struct Config {
         default_value_t = 16
     )]
     pub max_sessions_per_connection: usize,
+    /// Viewing (non-driving) sessions one subject may hold with one robot, over all its
+    /// sockets and nodes (0: no limit).
+    #[arg(
+        long,
+        env = "SIGNALLING_MAX_VIEWER_SESSIONS_PER_SUBJECT",
+        default_value_t = 4
+    )]
+    pub max_viewer_sessions_per_subject: usize,
+    /// Viewing sessions one robot may have in all (0: no limit). Below robot-agent's 16
+    /// sessions, so a controller always finds a place.
+    #[arg(
+        long,
+        env = "SIGNALLING_MAX_VIEWER_SESSIONS_PER_ROBOT",
+        default_value_t = 12
+    )]
+    pub max_viewer_sessions_per_robot: usize,
     /// Seconds after a session ends during which its two ends may still mention it (late
     /// `disconnected`, ICE candidates) without an error.
     #[arg(long, env = "SIGNALLING_SESSION_GRACE", default_value_t = 60)]

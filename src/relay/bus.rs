@@ -78,36 +78,53 @@ pub enum DeliveryError {
     SenderThrottled,
 }
 
-/// How much a socket's queue may hold, in all and from any one sender.
+/// Who a relayed frame counts against at its receiver.
+#[derive(Debug, Clone, Copy)]
+pub struct Sender<'a> {
+    /// The share it is queued under: a client's subject (all its sockets together, on
+    /// every node), or a robot's socket.
+    pub share: &'a str,
+    /// From a session that does not control the robot: it also counts against the pool
+    /// that every viewer's frames share.
+    pub viewer: bool,
+}
+
+/// How much a socket's queue may hold, in all, from any one sender and from viewers.
 #[derive(Debug, Clone, Copy)]
 pub struct QueueLimits {
     /// Frames queued in all.
     pub messages: usize,
     /// Bytes queued in all.
     pub bytes: usize,
-    /// Frames and bytes one sender may have queued here at once.
+    /// Frames and bytes one sender (share) may have queued here at once.
     pub share_messages: usize,
     pub share_bytes: usize,
+    /// Frames and bytes all viewers together may have queued here at once.
+    pub viewers_messages: usize,
+    pub viewers_bytes: usize,
     /// Bytes per second one sender may send to this receiver (0: no limit).
     pub sender_bytes_per_sec: u64,
 }
 
 impl QueueLimits {
-    /// Shares are a quarter of the queue: one flooding sender leaves room for the others,
-    /// and it takes several (each with its own grant) to fill a queue.
+    /// Shares are a quarter of the queue, and viewers together get half: whoever floods,
+    /// the controlling session keeps its quarter and the server its own room, so
+    /// relayed frames never fill a queue (a sender over its limits is refused instead).
     pub fn new(messages: usize, bytes: usize, sender_bytes_per_sec: u64) -> QueueLimits {
         QueueLimits {
             messages: messages.max(1),
             bytes: bytes.max(1),
             share_messages: (messages / 4).max(1),
             share_bytes: (bytes / 4).max(1),
+            viewers_messages: (messages / 2).max(1),
+            viewers_bytes: (bytes / 2).max(1),
             sender_bytes_per_sec,
         }
     }
 }
 
 /// What one sender has queued at one receiver, and its byte budget there.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct Share {
     messages: AtomicUsize,
     bytes: AtomicUsize,
@@ -115,6 +132,17 @@ struct Share {
 }
 
 impl Share {
+    /// Takes room for one frame of `bytes` if it stays within `messages` and `max_bytes`.
+    fn take(&self, bytes: usize, messages: usize, max_bytes: usize) -> bool {
+        if self.messages.fetch_add(1, Ordering::Relaxed) + 1 > messages
+            || self.bytes.fetch_add(bytes, Ordering::Relaxed) + bytes > max_bytes
+        {
+            self.release(bytes);
+            return false;
+        }
+        true
+    }
+
     fn release(&self, bytes: usize) {
         self.messages.fetch_sub(1, Ordering::Relaxed);
         self.bytes.fetch_sub(bytes, Ordering::Relaxed);
@@ -127,6 +155,8 @@ struct Queued {
     frame: Outbound,
     bytes: usize,
     share: Option<Arc<Share>>,
+    /// Counted in the viewers' pool.
+    viewer: bool,
 }
 
 /// A socket's queue and its accounting, shared by the senders and the writer.
@@ -138,7 +168,9 @@ struct Queued {
 struct QueueState {
     limits: QueueLimits,
     bytes: AtomicUsize,
-    shares: Mutex<HashMap<ConnId, Arc<Share>>>,
+    shares: Mutex<HashMap<Arc<str>, Arc<Share>>>,
+    /// What every viewer together has queued.
+    viewers: Share,
     frames: Mutex<VecDeque<Queued>>,
     /// Wakes the writer: a frame came, or the last sender went away.
     ready: Notify,
@@ -161,10 +193,13 @@ struct QueueState {
 const QUEUE_ROOM_KEPT: usize = 16;
 
 impl QueueState {
-    fn release(&self, bytes: usize, share: Option<&Share>) {
+    fn release(&self, bytes: usize, share: Option<&Share>, viewer: bool) {
         self.bytes.fetch_sub(bytes, Ordering::Relaxed);
         if let Some(share) = share {
             share.release(bytes);
+        }
+        if viewer {
+            self.viewers.release(bytes);
         }
     }
 
@@ -277,7 +312,7 @@ impl QueueReceiver {
 
     fn release(&self, queued: Queued) -> Outbound {
         self.accounting
-            .release(queued.bytes, queued.share.as_deref());
+            .release(queued.bytes, queued.share.as_deref(), queued.viewer);
         queued.frame
     }
 }
@@ -300,6 +335,7 @@ impl Mailbox {
             limits,
             bytes: AtomicUsize::new(0),
             shares: Mutex::new(HashMap::new()),
+            viewers: Share::default(),
             frames: Mutex::new(VecDeque::new()),
             ready: Notify::new(),
             senders: AtomicUsize::new(1),
@@ -321,34 +357,55 @@ impl Mailbox {
         )
     }
 
-    /// Queues a frame from `from` (None: the server itself, never throttled).
-    pub fn send(&self, from: Option<&ConnId>, frame: Outbound) -> Result<(), DeliveryError> {
+    /// Queues a frame from `from` (None: the server itself, never throttled). A relayed
+    /// frame that does not fit is its sender's to slow down (`SenderThrottled`), never a
+    /// reason to close the receiver; only the server's own frames find a queue `Full`.
+    pub fn send(&self, from: Option<Sender<'_>>, frame: Outbound) -> Result<(), DeliveryError> {
         let bytes = frame.len();
+        let limits = &self.accounting.limits;
         let share = match from {
-            Some(sender) => Some(self.admit(sender, bytes)?),
+            Some(sender) => Some(self.admit(sender.share, bytes)?),
             None => None,
         };
+        let viewer = from.is_some_and(|sender| sender.viewer);
+        if viewer
+            && !self
+                .accounting
+                .viewers
+                .take(bytes, limits.viewers_messages, limits.viewers_bytes)
+        {
+            if let Some(share) = &share {
+                share.release(bytes);
+            }
+            return Err(DeliveryError::SenderThrottled);
+        }
+        let no_room = if from.is_some() {
+            DeliveryError::SenderThrottled
+        } else {
+            DeliveryError::Full
+        };
         let total = self.accounting.bytes.fetch_add(bytes, Ordering::Relaxed) + bytes;
-        if total > self.accounting.limits.bytes {
-            self.accounting.release(bytes, share.as_deref());
-            return Err(DeliveryError::Full);
+        if total > limits.bytes {
+            self.accounting.release(bytes, share.as_deref(), viewer);
+            return Err(no_room);
         }
         {
             let mut frames = self.accounting.frames();
             if self.accounting.receiver_gone.load(Ordering::Acquire) {
                 drop(frames);
-                self.accounting.release(bytes, share.as_deref());
+                self.accounting.release(bytes, share.as_deref(), viewer);
                 return Err(DeliveryError::Gone);
             }
-            if frames.len() >= self.accounting.limits.messages {
+            if frames.len() >= limits.messages {
                 drop(frames);
-                self.accounting.release(bytes, share.as_deref());
-                return Err(DeliveryError::Full);
+                self.accounting.release(bytes, share.as_deref(), viewer);
+                return Err(no_room);
             }
             frames.push_back(Queued {
                 frame,
                 bytes,
                 share,
+                viewer,
             });
         }
         self.accounting.ready.notify_one();
@@ -356,7 +413,7 @@ impl Mailbox {
     }
 
     /// Checks and takes a sender's share for one frame of `bytes`.
-    fn admit(&self, sender: &ConnId, bytes: usize) -> Result<Arc<Share>, DeliveryError> {
+    fn admit(&self, sender: &str, bytes: usize) -> Result<Arc<Share>, DeliveryError> {
         let limits = &self.accounting.limits;
         let share = {
             let mut shares = self
@@ -367,16 +424,13 @@ impl Mailbox {
             if shares.len() >= SHARES_KEPT && !shares.contains_key(sender) {
                 shares.retain(|_, s| s.messages.load(Ordering::Relaxed) > 0);
             }
-            shares
-                .entry(sender.clone())
-                .or_insert_with(|| {
-                    Arc::new(Share {
-                        messages: AtomicUsize::new(0),
-                        bytes: AtomicUsize::new(0),
-                        rate: Mutex::new(None),
-                    })
-                })
-                .clone()
+            match shares.get(sender) {
+                Some(share) => share.clone(),
+                None => shares
+                    .entry(Arc::from(sender))
+                    .or_insert_with(Arc::default)
+                    .clone(),
+            }
         };
         if share.messages.load(Ordering::Relaxed) + 1 > limits.share_messages
             || share.bytes.load(Ordering::Relaxed) + bytes > limits.share_bytes
@@ -420,10 +474,11 @@ impl Mailbox {
 pub trait Bus: Send + Sync + 'static {
     fn attach(&self, conn: ConnId, mailbox: Mailbox);
     fn detach(&self, conn: &ConnId);
-    /// Queues `message` for `to`; `from` is the sending socket (None: the server).
+    /// Queues `message` for `to`; `from` says whose share it counts against (None: the
+    /// server).
     fn deliver(
         &self,
-        from: Option<&ConnId>,
+        from: Option<Sender<'_>>,
         to: &ConnId,
         message: Outbound,
     ) -> Result<(), DeliveryError>;
@@ -462,7 +517,7 @@ impl Bus for LocalBus {
 
     fn deliver(
         &self,
-        from: Option<&ConnId>,
+        from: Option<Sender<'_>>,
         to: &ConnId,
         message: Outbound,
     ) -> Result<(), DeliveryError> {
@@ -490,6 +545,21 @@ impl Bus for LocalBus {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A frame of the controlling session (or a robot) under `share`.
+    fn by(share: &str) -> Option<Sender<'_>> {
+        Some(Sender {
+            share,
+            viewer: false,
+        })
+    }
+
+    fn viewer(share: &str) -> Option<Sender<'_>> {
+        Some(Sender {
+            share,
+            viewer: true,
+        })
+    }
 
     fn text(s: &str) -> Outbound {
         Outbound::Text(s.into())
@@ -521,40 +591,66 @@ mod tests {
     #[test]
     fn one_sender_cannot_take_more_than_its_share() {
         let (mailbox, mut rx) = Mailbox::new(QueueLimits::new(8, 1 << 20, 0));
-        let flood: ConnId = Arc::from("flood");
-        let fair: ConnId = Arc::from("fair");
         // A quarter of eight frames.
-        assert_eq!(mailbox.send(Some(&flood), text("f1")), Ok(()));
-        assert_eq!(mailbox.send(Some(&flood), text("f2")), Ok(()));
+        assert_eq!(mailbox.send(by("flood"), text("f1")), Ok(()));
+        assert_eq!(mailbox.send(by("flood"), text("f2")), Ok(()));
         assert_eq!(
-            mailbox.send(Some(&flood), text("f3")),
+            mailbox.send(by("flood"), text("f3")),
             Err(DeliveryError::SenderThrottled)
         );
         // The other sender and the server still get through.
-        assert_eq!(mailbox.send(Some(&fair), text("ok")), Ok(()));
+        assert_eq!(mailbox.send(by("fair"), text("ok")), Ok(()));
         assert_eq!(mailbox.send(None, text("notice")), Ok(()));
         // Taking a frame gives the share back.
         assert_eq!(recv_text(&mut rx).as_deref(), Some("f1"));
-        assert_eq!(mailbox.send(Some(&flood), text("f3")), Ok(()));
+        assert_eq!(mailbox.send(by("flood"), text("f3")), Ok(()));
+    }
+
+    /// Issue 29: viewers together take at most half the queue, the controller keeps its
+    /// quarter, and relayed frames never find the queue full (their sender is refused,
+    /// the receiver is not closed); only the server's own frames can.
+    #[test]
+    fn viewers_share_half_and_relayed_frames_never_fill_a_queue() {
+        let (mailbox, mut rx) = Mailbox::new(QueueLimits::new(8, 1 << 20, 0));
+        for (n, share) in ["v1", "v1", "v2", "v2"].into_iter().enumerate() {
+            assert_eq!(mailbox.send(viewer(share), text("v")), Ok(()), "frame {n}");
+        }
+        // Half of eight frames: a third viewer finds the pool full.
+        assert_eq!(
+            mailbox.send(viewer("v3"), text("v")),
+            Err(DeliveryError::SenderThrottled)
+        );
+        assert_eq!(mailbox.send(by("operator"), text("o1")), Ok(()));
+        assert_eq!(mailbox.send(by("operator"), text("o2")), Ok(()));
+        assert_eq!(mailbox.send(by("robot"), text("r1")), Ok(()));
+        assert_eq!(mailbox.send(by("robot"), text("r2")), Ok(()));
+        // Eight queued: a relayed frame is refused, a server frame finds it full.
+        assert_eq!(
+            mailbox.send(by("other"), text("x")),
+            Err(DeliveryError::SenderThrottled)
+        );
+        assert_eq!(mailbox.send(None, text("x")), Err(DeliveryError::Full));
+        // Taking a viewer's frame gives the pool its room back.
+        assert_eq!(recv_text(&mut rx).as_deref(), Some("v"));
+        assert_eq!(mailbox.send(viewer("v3"), text("v")), Ok(()));
     }
 
     #[test]
     fn shares_count_bytes_and_bytes_per_second() {
         let (mailbox, _rx) = Mailbox::new(QueueLimits::new(64, 4000, 0));
-        let big: ConnId = Arc::from("big");
         let chunk = "x".repeat(600);
-        assert_eq!(mailbox.send(Some(&big), text(&chunk)), Ok(()));
+        assert_eq!(mailbox.send(by("big"), text(&chunk)), Ok(()));
         // 1000 bytes of share: a second 600-byte frame does not fit.
         assert_eq!(
-            mailbox.send(Some(&big), text(&chunk)),
+            mailbox.send(by("big"), text(&chunk)),
             Err(DeliveryError::SenderThrottled)
         );
         let (rated, mut rated_rx) = Mailbox::new(QueueLimits::new(64, 1 << 20, 1000));
-        assert_eq!(rated.send(Some(&big), text(&chunk)), Ok(()));
+        assert_eq!(rated.send(by("big"), text(&chunk)), Ok(()));
         assert_eq!(recv_text(&mut rated_rx).as_deref(), Some(chunk.as_str()));
         // Nothing is queued, yet the second 600 bytes exceed 1000 bytes/s.
         assert_eq!(
-            rated.send(Some(&big), text(&chunk)),
+            rated.send(by("big"), text(&chunk)),
             Err(DeliveryError::SenderThrottled)
         );
     }
@@ -578,12 +674,11 @@ mod tests {
     #[test]
     fn a_gone_writer_refuses_frames_and_frees_what_was_queued() {
         let (mailbox, rx) = Mailbox::new(QueueLimits::new(8, 1 << 20, 0));
-        let sender: ConnId = Arc::from("s");
-        mailbox.send(Some(&sender), text("queued")).expect("queued");
+        mailbox.send(by("sender"), text("queued")).expect("queued");
         drop(rx);
         assert_eq!(mailbox.accounting.bytes.load(Ordering::Relaxed), 0);
         assert_eq!(
-            mailbox.send(Some(&sender), text("late")),
+            mailbox.send(by("sender"), text("late")),
             Err(DeliveryError::Gone)
         );
     }

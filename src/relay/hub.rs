@@ -2,7 +2,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::bus::{Bus, ConnId, DeliveryError, Kick, Mailbox, Outbound};
+use super::bus::{Bus, ConnId, DeliveryError, Kick, Mailbox, Outbound, Sender};
 use crate::cluster::{Cluster, Control, FrameOut, MirrorSession, RemoteRobot};
 use crate::messages;
 use crate::metrics::Metrics;
@@ -93,6 +93,7 @@ struct Ended {
     client_conn: ConnId,
     robot_conn: ConnId,
     subject: Arc<str>,
+    role: Role,
     at: Instant,
 }
 
@@ -159,6 +160,23 @@ pub enum SessionOpened {
     },
     /// A renegotiation offer within an existing session of this client.
     Existing { robot_conn: ConnId },
+}
+
+/// Whose share of its receiver's queue a frame from another node counts against (see
+/// [`super::bus::Sender`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FrameShare {
+    pub share: Arc<str>,
+    pub viewer: bool,
+}
+
+impl FrameShare {
+    pub fn sender(&self) -> Sender<'_> {
+        Sender {
+            share: &self.share,
+            viewer: self.viewer,
+        }
+    }
 }
 
 /// Where a session message goes.
@@ -656,18 +674,37 @@ impl Hub {
     /// Whether a frame from another node may be delivered: `from` and `to` are the two ends
     /// of `session_id` here, live or within its grace period (the last `disconnected` of a
     /// session travels after the session's end). Every node checks what it delivers
-    /// against its own table, never only the sender's.
-    pub fn admits_frame(&self, from: &ConnId, session_id: &str, to: &ConnId) -> bool {
+    /// against its own table, never only the sender's. Returns whose share of the
+    /// receiver's queue it counts against.
+    pub fn admits_frame(&self, from: &ConnId, session_id: &str, to: &ConnId) -> Option<FrameShare> {
         let state = self.state();
-        let ends = |client: &ConnId, robot: &ConnId| {
-            (client == from && robot == to) || (robot == from && client == to)
+        let (client, robot, subject, role) = match state.sessions.get(session_id) {
+            Some(s) => (&s.client_conn, &s.robot_conn, &s.subject, s.role),
+            None => {
+                let ended = state.ended.get(session_id)?;
+                if ended.at.elapsed() >= self.limits.grace {
+                    return None;
+                }
+                (
+                    &ended.client_conn,
+                    &ended.robot_conn,
+                    &ended.subject,
+                    ended.role,
+                )
+            }
         };
-        match state.sessions.get(session_id) {
-            Some(session) => ends(&session.client_conn, &session.robot_conn),
-            None => state.ended.get(session_id).is_some_and(|ended| {
-                ended.at.elapsed() < self.limits.grace
-                    && ends(&ended.client_conn, &ended.robot_conn)
-            }),
+        if client == from && robot == to {
+            Some(FrameShare {
+                share: subject.clone(),
+                viewer: !role.may_drive(),
+            })
+        } else if robot == from && client == to {
+            Some(FrameShare {
+                share: from.clone(),
+                viewer: false,
+            })
+        } else {
+            None
         }
     }
 
@@ -909,6 +946,7 @@ impl Hub {
     pub fn deliver(
         &self,
         from: &ConnId,
+        share: Sender<'_>,
         session_id: &str,
         to: &ConnId,
         message: Outbound,
@@ -927,13 +965,13 @@ impl Hub {
             }
             return Ok(());
         }
-        self.deliver_local(Some(from), to, message)
+        self.deliver_local(Some(share), to, message)
     }
 
     /// Delivery to a socket of this node only (frames that came from another node).
     pub fn deliver_local(
         &self,
-        from: Option<&ConnId>,
+        from: Option<Sender<'_>>,
         to: &ConnId,
         message: Outbound,
     ) -> Result<(), DeliveryError> {
@@ -1154,6 +1192,7 @@ fn remove_session(state: &mut State, session_id: &str) -> Option<Session> {
             client_conn: session.client_conn.clone(),
             robot_conn: session.robot_conn.clone(),
             subject: session.subject.clone(),
+            role: session.role,
             at: now,
         },
     );
@@ -1430,17 +1469,21 @@ mod tests {
         // ...nor a client on a third node.
         assert_eq!(hub.open_mirror(&mallory_on_c), in_use);
         // Frames cross only between its two ends.
-        assert!(hub.admits_frame(&alice_on_b, "s1", &robot));
-        assert!(hub.admits_frame(&robot, "s1", &alice_on_b));
-        assert!(!hub.admits_frame(&ConnId::from("client-on-c"), "s1", &robot));
-        assert!(!hub.admits_frame(&alice_on_b, "s2", &robot));
+        assert!(hub.admits_frame(&alice_on_b, "s1", &robot).is_some());
+        assert!(hub.admits_frame(&robot, "s1", &alice_on_b).is_some());
+        assert!(hub
+            .admits_frame(&ConnId::from("client-on-c"), "s1", &robot)
+            .is_none());
+        assert!(hub.admits_frame(&alice_on_b, "s2", &robot).is_none());
         // Only the node of its other end may end it.
         assert!(hub.end_session_from_peer("s1", "node-c").is_none());
         assert!(hub.route(&robot, "s1").is_ok());
         hub.end_session_from_peer("s1", "node-b").unwrap();
         // Ended: its last messages still cross; the id stays alice's for the grace period.
-        assert!(hub.admits_frame(&alice_on_b, "s1", &robot));
-        assert!(!hub.admits_frame(&ConnId::from("client-on-c"), "s1", &robot));
+        assert!(hub.admits_frame(&alice_on_b, "s1", &robot).is_some());
+        assert!(hub
+            .admits_frame(&ConnId::from("client-on-c"), "s1", &robot)
+            .is_none());
         assert_eq!(hub.open_session(&mallory, viewer).map(|_| ()), in_use);
         assert_eq!(hub.open_mirror(&mallory_on_c), in_use);
         hub.open_mirror(&mirror).unwrap();

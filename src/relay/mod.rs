@@ -13,10 +13,10 @@ mod sessions;
 
 pub use bus::{
     Bus, ConnId, DeliveryError, Kick, KickReceiver, LocalBus, Mailbox, MailboxReceiver, Outbound,
-    QueueLimits, QueueReceiver,
+    QueueLimits, QueueReceiver, Sender,
 };
 pub use hub::{
-    EndedSession, GrantScope, Hub, HubLimits, LoggedInWith, OpenSession, RelayError, Route,
-    SessionOpened,
+    EndedSession, FrameShare, GrantScope, Hub, HubLimits, LoggedInWith, OpenSession, RelayError,
+    Route, SessionOpened,
 };
 pub use sessions::{EndReason, SessionError, Sessions};

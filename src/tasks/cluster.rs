@@ -172,17 +172,18 @@ fn deliver_frame(state: &SharedState, cluster: &Cluster, frame: RelayedFrame) {
     // so a session id taken over elsewhere reaches nobody here.
     let admitted = from
         .as_ref()
-        .is_some_and(|from| state.hub.admits_frame(from, &session, &to));
-    if !admitted {
+        .and_then(|from| state.hub.admits_frame(from, &session, &to));
+    let Some(share) = admitted else {
         state.metrics.cluster_frames_refused.inc();
         tracing::debug!(session = %session, "frame from another node outside any session of its ends dropped");
         return;
-    }
+    };
     // Shared bytes: the copy kept for a refusal is a reference count.
     let text = Utf8Bytes::from(text);
-    let delivered = state
-        .hub
-        .deliver_local(from.as_ref(), &to, Outbound::Text(text.clone()));
+    let delivered =
+        state
+            .hub
+            .deliver_local(Some(share.sender()), &to, Outbound::Text(text.clone()));
     if let (Err(DeliveryError::SenderThrottled), Some(from)) = (delivered, from) {
         if let Some(node) = state.hub.remote_node(&from) {
             cluster.send(

@@ -15,7 +15,7 @@ use crate::cluster::PRESENCE_WAIT;
 use crate::identity::{Challenge, IdentityError};
 use crate::messages;
 use crate::relay::{
-    ConnId, DeliveryError, EndReason, GrantScope, OpenSession, Outbound, RelayError, Route,
+    ConnId, DeliveryError, EndReason, GrantScope, OpenSession, Outbound, RelayError, Route, Sender,
 };
 use crate::state::SharedState;
 
@@ -623,7 +623,11 @@ impl Protocol {
         }
         let metrics = self.state.metrics.relay(forward.kind());
         let text = forward.into_robot(&identity.subject, role);
-        self.deliver(&robot_conn, session_id, metrics, text, received)
+        let share = Sender {
+            share: &identity.subject,
+            viewer: !role.may_drive(),
+        };
+        self.deliver(&robot_conn, share, session_id, metrics, text, received)
     }
 
     /// Relays a session message to the other end, after recording what it means for the
@@ -722,7 +726,18 @@ impl Protocol {
         } else {
             forward.into_robot(&route.subject, route.role)
         };
-        self.deliver(&route.target, session_id, metrics, text, received)
+        let share = if route.from_robot {
+            Sender {
+                share: &self.conn,
+                viewer: false,
+            }
+        } else {
+            Sender {
+                share: &route.subject,
+                viewer: !route.role.may_drive(),
+            }
+        };
+        self.deliver(&route.target, share, session_id, metrics, text, received)
     }
 
     /// Queues the message for the other end. A sender over its share at the receiver is
@@ -730,15 +745,16 @@ impl Protocol {
     fn deliver(
         &self,
         to: &ConnId,
+        share: Sender<'_>,
         session_id: &str,
         metrics: Option<&crate::metrics::RelayMetrics>,
         text: Utf8Bytes,
         received: Instant,
     ) -> Result<(), WsError> {
-        let delivered = self
-            .state
-            .hub
-            .deliver(&self.conn, session_id, to, Outbound::Text(text));
+        let delivered =
+            self.state
+                .hub
+                .deliver(&self.conn, share, session_id, to, Outbound::Text(text));
         match delivered {
             Ok(()) => {
                 if let Some(metrics) = metrics {

@@ -183,3 +183,100 @@ async fn silent_connections_from_one_address_cannot_take_every_descriptor() {
     let log = server.stop();
     assert!(!log.contains("panicked"), "{log}");
 }
+
+/// Item 3: five sockets of one viewer's token, each within its own rate and strike
+/// limits, flood a robot that does not read. Together they get the share of one sender
+/// (their subject's), all viewers together at most half the robot's queue: they are told
+/// `relay_throttled`, the robot is never closed for it, and the operator still gets
+/// through.
+#[tokio::test]
+async fn one_viewers_sockets_together_cannot_get_a_robot_dropped() {
+    let server = TestServer::start_with(|c| {
+        c.rate_limit = 1_000_000;
+        c.rate_burst = 1_000_000;
+        c.max_strikes = 1_000_000;
+        c.send_queue = 64;
+        // The robot's kernel buffers fill in a moment, not after several seconds.
+        c.relay_bytes_per_sec = 0;
+        // Item 4's cap is not under test here.
+        c.max_viewer_sessions_per_subject = 16;
+    })
+    .await;
+    let (mut robot, _) = server.online_robot("robot-1").await;
+    let mut alice = server.client_for("robot-1", "alice", "operator").await;
+    let alice_session = alice.connection_id.clone();
+    alice.send(&offer("robot-1", &alice_session)).await;
+    robot.recv_type("signalling.offer").await;
+    server.grant("robot-1", "mallory", "viewer").await;
+    let token = server.client_token("mallory").await;
+    let mut mallory = Vec::new();
+    for _ in 0..5 {
+        let mut socket = WsClient::connect_with_token(&server.ws_url(), &token).await;
+        let session = socket.connection_id.clone();
+        socket.send(&offer("robot-1", &session)).await;
+        robot.recv_type("signalling.offer").await;
+        mallory.push((socket, session));
+    }
+
+    // The robot stops reading; each socket sends ~6 MB, more than the kernel buffers and
+    // the whole queue (64 frames) hold.
+    for round in 0..100 {
+        for (socket, session) in &mut mallory {
+            let flood = big_candidate(session, 60_000);
+            if !socket.try_send_text(flood.to_string()).await {
+                panic!("mallory's socket closed in round {round}");
+            }
+        }
+    }
+    let mut throttled = 0;
+    for (socket, _) in &mut mallory {
+        let ping = envelope("signalling.ping", None);
+        socket.send(&ping).await;
+        loop {
+            let message = socket.recv().await;
+            match message["type"].as_str() {
+                Some("signalling.pong") => break,
+                Some("signalling.error") => {
+                    assert_eq!(message["payload"]["details"]["reason"], "relay_throttled");
+                    throttled += 1;
+                }
+                _ => panic!("unexpected message to a flooder: {message}"),
+            }
+        }
+    }
+    assert!(
+        throttled > 300,
+        "the flooders were throttled {throttled} times"
+    );
+    assert!(
+        server.state.hub.is_online("robot-1"),
+        "the robot was dropped"
+    );
+
+    // The operator's candidate still gets into the queue and reaches the robot.
+    let candidate = ice(&alice_session);
+    alice.send(&candidate).await;
+    alice.expect_nothing_pending().await;
+    loop {
+        let message = robot.recv().await;
+        assert_eq!(message["type"], "signalling.ice_candidate", "{message}");
+        if message["id"] == candidate["id"] {
+            break;
+        }
+    }
+    robot.expect_nothing_pending().await;
+    assert!(server.state.hub.is_online("robot-1"));
+}
+
+/// A candidate carrying `size` bytes of candidate text.
+fn big_candidate(session: &str, size: usize) -> serde_json::Value {
+    envelope(
+        "signalling.ice_candidate",
+        Some(serde_json::json!({
+            "connectionId": session,
+            "candidate": format!("candidate:1 1 UDP 1 127.0.0.1 9 typ host {}", "x".repeat(size)),
+            "sdpMid": "0",
+            "sdpMLineIndex": 0,
+        })),
+    )
+}
