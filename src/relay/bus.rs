@@ -428,7 +428,7 @@ impl Mailbox {
                 Some(share) => share.clone(),
                 None => shares
                     .entry(Arc::from(sender))
-                    .or_insert_with(Arc::default)
+                    .or_default()
                     .clone(),
             }
         };
