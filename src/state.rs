@@ -62,6 +62,8 @@ impl AppState {
             sessions_per_conn: parts.config.max_sessions_per_connection,
             grace: Duration::from_secs(parts.config.session_grace_secs),
             resume: Duration::from_secs(parts.config.session_resume_secs),
+            viewers_per_subject: parts.config.max_viewer_sessions_per_subject,
+            viewers_per_robot: parts.config.max_viewer_sessions_per_robot,
         };
         let mut hub = Hub::new(Arc::new(LocalBus::default()), parts.metrics.clone(), limits);
         if let Some(cluster) = &parts.cluster {

@@ -30,6 +30,16 @@ pub struct MirrorSession {
     pub offer_id: Option<String>,
 }
 
+/// Why the robot's node refused a session.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Refusal {
+    #[default]
+    ConnectionIdInUse,
+    TooManyViewersPerSubject,
+    TooManyViewersPerRobot,
+}
+
 /// A control message between nodes.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -47,7 +57,12 @@ pub enum Control {
     /// ends its side and tells its client FORBIDDEN, naming the offer.
     Refused {
         session_id: String,
+        #[serde(default)]
+        robot_id: String,
         offer_id: Option<String>,
+        /// Why: `connection_id_in_use`, or `too_many_viewers` with `per`.
+        #[serde(default)]
+        reason: Refusal,
     },
     /// Directed: close one socket of the receiving node.
     Kick { conn: String, reason: String },

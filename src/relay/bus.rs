@@ -426,10 +426,7 @@ impl Mailbox {
             }
             match shares.get(sender) {
                 Some(share) => share.clone(),
-                None => shares
-                    .entry(Arc::from(sender))
-                    .or_default()
-                    .clone(),
+                None => shares.entry(Arc::from(sender)).or_default().clone(),
             }
         };
         if share.messages.load(Ordering::Relaxed) + 1 > limits.share_messages

@@ -30,6 +30,14 @@ pub enum RelayError {
     Ended(String),
     #[error("at most {limit} sessions per connection")]
     TooManySessions { limit: usize },
+    /// Viewing sessions are capped per subject and per robot, so viewers cannot take every
+    /// place a robot has (its agent serves a bounded number of sessions).
+    #[error("too many viewing sessions with robot {robot_id} ({per})")]
+    TooManyViewers {
+        robot_id: String,
+        /// "per_subject" or "per_robot".
+        per: &'static str,
+    },
 }
 
 /// Per-socket caps and how long an ended session is remembered.
@@ -42,6 +50,9 @@ pub struct HubLimits {
     /// How long a session outlives its client's socket, waiting for the same subject to
     /// take it back from a new socket (zero: it ends with the socket).
     pub resume: Duration,
+    /// Viewing sessions with one robot, per subject and in all (0: no limit).
+    pub viewers_per_subject: usize,
+    pub viewers_per_robot: usize,
 }
 
 impl Default for HubLimits {
@@ -50,6 +61,8 @@ impl Default for HubLimits {
             sessions_per_conn: 16,
             grace: Duration::from_secs(60),
             resume: Duration::ZERO,
+            viewers_per_subject: 4,
+            viewers_per_robot: 12,
         }
     }
 }
@@ -497,6 +510,9 @@ impl Hub {
             (None, Some(robot)) => (robot.conn.clone(), Some(robot.node.clone())),
             (None, None) => return Err(RelayError::RobotOffline(request.robot_id.to_string())),
         };
+        if !request.role.may_drive() {
+            self.check_viewers(&state, &robot_conn, request.robot_id, request.subject)?;
+        }
         if request.role.may_drive() {
             let holder = state.conns.get(&robot_conn).and_then(|entry| {
                 entry
@@ -549,6 +565,43 @@ impl Hub {
         Ok(SessionOpened::New {
             record_id,
             robot_conn,
+        })
+    }
+
+    /// Refuses one more viewing session of `subject` with the robot on `robot_conn` past
+    /// the caps. The robot's node sees every session of its robot, mirrors included, so
+    /// its count is the cluster's.
+    fn check_viewers(
+        &self,
+        state: &State,
+        robot_conn: &ConnId,
+        robot_id: &str,
+        subject: &str,
+    ) -> Result<(), RelayError> {
+        let Some(entry) = state.conns.get(robot_conn) else {
+            return Ok(());
+        };
+        let viewers = entry
+            .sessions
+            .iter()
+            .filter_map(|id| state.sessions.get(id))
+            .filter(|s| !s.role.may_drive());
+        let (mut all, mut theirs) = (0, 0);
+        for session in viewers {
+            all += 1;
+            theirs += usize::from(*session.subject == *subject);
+        }
+        let over = |count: usize, limit: usize| limit > 0 && count >= limit;
+        let per = if over(theirs, self.limits.viewers_per_subject) {
+            "per_subject"
+        } else if over(all, self.limits.viewers_per_robot) {
+            "per_robot"
+        } else {
+            return Ok(());
+        };
+        Err(RelayError::TooManyViewers {
+            robot_id: robot_id.to_string(),
+            per,
         })
     }
 
@@ -630,6 +683,9 @@ impl Hub {
                 .is_some_and(|ended| *ended.subject != *mirror.subject)
         {
             return Err(RelayError::ConnectionIdInUse(mirror.session_id.clone()));
+        }
+        if !mirror.role.may_drive() {
+            self.check_viewers(&state, &robot_conn, &mirror.robot_id, &mirror.subject)?;
         }
         let client_conn = ConnId::from(mirror.client_conn.as_str());
         let node: Arc<str> = Arc::from(mirror.client_node.as_str());
@@ -1487,6 +1543,49 @@ mod tests {
         assert_eq!(hub.open_session(&mallory, viewer).map(|_| ()), in_use);
         assert_eq!(hub.open_mirror(&mallory_on_c), in_use);
         hub.open_mirror(&mirror).unwrap();
+    }
+
+    /// Issue 29, item 4: viewing sessions are capped per subject and per robot; a
+    /// controller still finds its place.
+    #[test]
+    fn viewers_are_capped_per_subject_and_per_robot() {
+        let hub = Hub::new(
+            Arc::new(LocalBus::default()),
+            Metrics::new(),
+            HubLimits {
+                viewers_per_subject: 2,
+                viewers_per_robot: 3,
+                ..HubLimits::default()
+            },
+        );
+        let (robot, _robot_rx) = connect(&hub, "robot");
+        hub.robot_verified(&robot, "r1", Vec::new(), hub.access_cuts());
+        let (mallory, _m) = connect(&hub, "mallory");
+        let (carol, _c) = connect(&hub, "carol");
+        let (alice, _a) = connect(&hub, "alice");
+        let viewer = |session_id, subject| OpenSession {
+            subject,
+            ..open(session_id, Role::Viewer)
+        };
+        hub.open_session(&mallory, viewer("m1", "mallory")).unwrap();
+        hub.open_session(&mallory, viewer("m2", "mallory")).unwrap();
+        assert!(matches!(
+            hub.open_session(&mallory, viewer("m3", "mallory")),
+            Err(RelayError::TooManyViewers {
+                per: "per_subject",
+                ..
+            })
+        ));
+        hub.open_session(&carol, viewer("c1", "carol")).unwrap();
+        assert!(matches!(
+            hub.open_session(&carol, viewer("c2", "carol")),
+            Err(RelayError::TooManyViewers {
+                per: "per_robot",
+                ..
+            })
+        ));
+        hub.open_session(&alice, open("a1", Role::Operator))
+            .unwrap();
     }
 
     #[test]

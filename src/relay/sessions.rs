@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use super::bus::{ConnId, Kick, Outbound};
 use super::hub::{EndedSession, GrantScope, Hub, OpenSession, RelayError, Route, SessionOpened};
+use crate::cluster::message::Refusal;
 use crate::cluster::{Cluster, ClusterError, Control, LockOutcome, MirrorSession};
 use crate::store::{Role, Store, StoreError};
 
@@ -233,28 +234,38 @@ impl Sessions {
             tracing::warn!(session = %mirror.session_id, node = %origin, claimed = %mirror.client_node, "session for another node's client refused");
             return;
         }
-        match self.hub.open_mirror(&mirror) {
-            Ok(()) => {}
+        let refusal = match self.hub.open_mirror(&mirror) {
+            Ok(()) => return,
             Err(RelayError::ConnectionIdInUse(_)) => {
                 tracing::warn!(session = %mirror.session_id, subject = %mirror.subject, node = %origin, "offer naming another's session refused");
-                cluster.send(
-                    origin,
-                    &Control::Refused {
-                        session_id: mirror.session_id,
-                        offer_id: mirror.offer_id,
-                    },
-                );
+                Some(Refusal::ConnectionIdInUse)
             }
+            Err(RelayError::TooManyViewers { per, .. }) => Some(match per {
+                "per_subject" => Refusal::TooManyViewersPerSubject,
+                _ => Refusal::TooManyViewersPerRobot,
+            }),
             Err(e) => {
                 tracing::debug!(session = %mirror.session_id, error = %e, "session from another node refused");
-                cluster.send(
-                    origin,
-                    &Control::End {
-                        session_id: mirror.session_id.clone(),
-                        notice: Some(crate::messages::disconnected(&mirror.session_id, None)),
-                    },
-                );
+                None
             }
+        };
+        match refusal {
+            Some(reason) => cluster.send(
+                origin,
+                &Control::Refused {
+                    session_id: mirror.session_id,
+                    robot_id: mirror.robot_id,
+                    offer_id: mirror.offer_id,
+                    reason,
+                },
+            ),
+            None => cluster.send(
+                origin,
+                &Control::End {
+                    session_id: mirror.session_id.clone(),
+                    notice: Some(crate::messages::disconnected(&mirror.session_id, None)),
+                },
+            ),
         }
     }
 

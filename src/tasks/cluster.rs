@@ -10,7 +10,7 @@ use axum::extract::ws::Utf8Bytes;
 use tokio::task::JoinHandle;
 
 use super::StopSignal;
-use crate::cluster::message::{frame_id, kick_from_name};
+use crate::cluster::message::{frame_id, kick_from_name, Refusal};
 use crate::cluster::{Cluster, Control, PeerMessage, RelayedFrame};
 use crate::messages;
 use crate::relay::{
@@ -87,11 +87,25 @@ async fn handle(state: &SharedState, cluster: &Cluster, message: PeerMessage) {
         }
         Control::Refused {
             session_id,
+            robot_id,
             offer_id,
+            reason,
         } => {
             if let Some(client) = state.sessions.refused_by_peer(&origin, &session_id).await {
-                let error = WsError::Relay(RelayError::ConnectionIdInUse(session_id));
-                tell(state, &client, &error, offer_id.as_deref());
+                let error = match reason {
+                    Refusal::ConnectionIdInUse => RelayError::ConnectionIdInUse(session_id),
+                    Refusal::TooManyViewersPerSubject | Refusal::TooManyViewersPerRobot => {
+                        RelayError::TooManyViewers {
+                            robot_id,
+                            per: if reason == Refusal::TooManyViewersPerSubject {
+                                "per_subject"
+                            } else {
+                                "per_robot"
+                            },
+                        }
+                    }
+                };
+                tell(state, &client, &WsError::Relay(error), offer_id.as_deref());
             }
         }
         Control::Kick { conn, reason } => {

@@ -115,6 +115,9 @@ impl WsError {
             WsError::Relay(RelayError::TooManySessions { limit }) => {
                 json!({ "reason": "too_many_sessions", "limit": limit })
             }
+            WsError::Relay(RelayError::TooManyViewers { robot_id, per }) => {
+                json!({ "reason": "too_many_viewers", "robotId": robot_id, "per": per })
+            }
             WsError::NoGrant(robot) => json!({ "reason": "no_grant", "robotId": robot }),
             WsError::Forbidden { reason, .. } | WsError::Unauthorized { reason, .. } => {
                 json!({ "reason": reason })

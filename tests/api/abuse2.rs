@@ -280,3 +280,38 @@ fn big_candidate(session: &str, size: usize) -> serde_json::Value {
         })),
     )
 }
+
+/// Item 4: one viewer cannot take every place a robot has. Viewing sessions are capped per
+/// subject (4 by default) and per robot (12): a viewer's fifth offer is refused, whatever
+/// socket it comes from, and the operator's offer still reaches the robot.
+#[tokio::test]
+async fn one_viewer_cannot_lock_the_operator_out() {
+    let server = TestServer::start().await;
+    let (mut robot, _) = server.online_robot("robot-1").await;
+    let mut mallory = server.client_for("robot-1", "mallory", "viewer").await;
+    for i in 0..4 {
+        mallory.send(&offer("robot-1", &format!("m-{i}"))).await;
+        robot.recv_type("signalling.offer").await;
+    }
+    for i in 4..16 {
+        let attempt = offer("robot-1", &format!("m-{i}"));
+        mallory.send(&attempt).await;
+        let error = mallory.expect_error("FORBIDDEN").await;
+        assert_eq!(error["correlationId"], attempt["id"]);
+        assert_eq!(error["payload"]["details"]["reason"], "too_many_viewers");
+        assert_eq!(error["payload"]["details"]["per"], "per_subject");
+    }
+    // Another socket of the same token is the same subject.
+    let token = server.client_token("mallory").await;
+    let mut again = WsClient::connect_with_token(&server.ws_url(), &token).await;
+    let session = again.connection_id.clone();
+    again.send(&offer("robot-1", &session)).await;
+    again.expect_error("FORBIDDEN").await;
+
+    let mut alice = server.client_for("robot-1", "alice", "operator").await;
+    let session = alice.connection_id.clone();
+    alice.send(&offer("robot-1", &session)).await;
+    let offered = robot.recv_type("signalling.offer").await;
+    assert_eq!(offered["payload"]["connectionId"], session.as_str());
+    robot.expect_nothing_pending().await;
+}
