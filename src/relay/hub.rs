@@ -24,6 +24,9 @@ pub enum RelayError {
     },
     #[error("not a member of session {0}")]
     NotInSession(String),
+    /// No live session has this id (it never existed, or ended and its grace is over).
+    #[error("no session {0}")]
+    UnknownSession(String),
     /// The session ended a moment ago and the sender was one of its ends: a late message,
     /// not an error (both ends send `disconnected` when the link drops).
     #[error("session {0} has ended")]
@@ -616,7 +619,7 @@ impl Hub {
                 {
                     RelayError::Ended(session_id.to_string())
                 }
-                _ => RelayError::NotInSession(session_id.to_string()),
+                _ => RelayError::UnknownSession(session_id.to_string()),
             });
         };
         let (target, from_robot) = if &session.client_conn == sender {

@@ -109,7 +109,11 @@ impl WsError {
             WsError::Relay(RelayError::SessionRobotMismatch(id)) => {
                 json!({ "reason": "session_robot_mismatch", "connectionId": id })
             }
-            WsError::Relay(RelayError::NotInSession(id) | RelayError::Ended(id)) => {
+            WsError::Relay(
+                RelayError::NotInSession(id)
+                | RelayError::UnknownSession(id)
+                | RelayError::Ended(id),
+            ) => {
                 json!({ "reason": "not_in_session", "connectionId": id })
             }
             WsError::Relay(RelayError::TooManySessions { limit }) => {

@@ -693,13 +693,16 @@ impl Protocol {
             // One end of a session that just ended: a late `disconnected` is an idempotent
             // end, a late candidate or report is moot. Answering either with an error is
             // how the Modulr agent's endless disconnect loop started.
-            Err(RelayError::Ended(_)) => {
-                self.state
-                    .metrics
-                    .late_messages
-                    .with_label_values(&[forward.kind()])
-                    .inc();
-                return Ok(None);
+            //
+            // A `connected` or `disconnected` is never answered with an error, however late
+            // (past the grace period too): Modulr's agent reports a session's end long after
+            // it, answers every error with another `disconnected`, and would loop until cut
+            // off for strikes, with no reconnect. Nothing is relayed; it is counted.
+            Err(RelayError::Ended(_)) => return Ok(self.late(forward.kind())),
+            Err(RelayError::UnknownSession(_))
+                if matches!(kind, Relay::Connected | Relay::Ends(_)) =>
+            {
+                return Ok(self.late(forward.kind()))
             }
             Err(e) => return Err(e.into()),
         };
@@ -710,6 +713,16 @@ impl Protocol {
             });
         }
         Ok(Some(route))
+    }
+
+    /// Counts a late message about a session that is over; nothing to relay.
+    fn late(&self, kind: &str) -> Option<Route> {
+        self.state
+            .metrics
+            .late_messages
+            .with_label_values(&[kind])
+            .inc();
+        None
     }
 
     fn send_routed(

@@ -140,11 +140,55 @@ async fn late_candidates_and_reports_are_dropped_silently_strangers_still_refuse
     alice.send(&disconnected(&session)).await;
     alice.expect_nothing_pending().await;
 
-    // A socket that was never part of the session is refused, as before.
+    // A socket that was never part of the session is refused, as before, except for an
+    // end report (issue 29: those are never answered with an error once the session is
+    // over)...
     let mut bob = server.client_for("robot-1", "bob", "operator").await;
-    bob.send(&disconnected(&session)).await;
+    bob.send(&ice(&session)).await;
     let error = bob.expect_error("FORBIDDEN").await;
     assert_eq!(error["payload"]["details"]["reason"], "not_in_session");
+    bob.send(&disconnected(&session)).await;
+    bob.expect_nothing_pending().await;
+    // ...while naming a live session of someone else's is refused.
+    let bob_session = bob.connection_id.clone();
+    bob.send(&offer("robot-1", &bob_session)).await;
+    robot.recv_type("signalling.offer").await;
+    let mut carol = server.client_for("robot-1", "carol", "viewer").await;
+    carol.send(&disconnected(&bob_session)).await;
+    let error = carol.expect_error("FORBIDDEN").await;
+    assert_eq!(error["payload"]["details"]["reason"], "not_in_session");
+}
+
+/// Issue 29: Modulr's agent reports a session's end long after it (85 s after its
+/// browser's socket dropped, past the grace period) and answers every error with another
+/// `disconnected`. Such reports are dropped and counted, never answered: the robot is not
+/// cut off for strikes however many it sends.
+#[tokio::test]
+async fn end_reports_past_the_grace_period_are_never_answered() {
+    let server = TestServer::start_with(|c| c.session_grace_secs = 0).await;
+    let (mut robot, _) = server.online_robot("robot-1").await;
+    let (alice, session) = server
+        .open_session(&mut robot, "robot-1", "alice", "operator")
+        .await;
+    drop(alice);
+    robot.recv_type("signalling.disconnected").await;
+    let connected = envelope(
+        "signalling.connected",
+        Some(json!({"connectionId": session, "iceConnectionState": "connected"})),
+    );
+    robot.send(&connected).await;
+    // More than the strikes that would cut it off (100 by default).
+    for _ in 0..150 {
+        robot.send(&disconnected(&session)).await;
+    }
+    robot.expect_nothing_pending().await;
+    assert!(server.state.hub.is_online("robot-1"));
+    let metrics = server.metrics().await;
+    assert!(
+        metrics.contains(r#"signalling_late_messages_total{type="signalling.disconnected"} 150"#),
+        "{metrics}"
+    );
+    assert!(metrics.contains(r#"signalling_late_messages_total{type="signalling.connected"} 1"#));
 }
 
 #[tokio::test]
