@@ -608,6 +608,16 @@ impl Hub {
         })
     }
 
+    /// Whether `id` names a live session (or a socket's own id) that is not `conn`'s.
+    pub fn names_another_session(&self, id: &str, conn: &ConnId) -> bool {
+        let state = self.state();
+        state.claims.get(id).is_some_and(|owner| owner != conn)
+            || state
+                .sessions
+                .get(id)
+                .is_some_and(|s| s.client_conn != *conn && s.robot_conn != *conn)
+    }
+
     /// Where a message about `session_id` from `sender` goes; only the two ends may talk.
     pub fn route(&self, sender: &ConnId, session_id: &str) -> Result<Route, RelayError> {
         let state = self.state();

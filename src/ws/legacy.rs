@@ -5,7 +5,10 @@
 //! decides. Its frames become spec envelopes here and then take the same path as any other
 //! message (token, grant, lock, sender checks, records); what goes back to such a socket is
 //! rendered flat by its writer. `from` is never trusted: a legacy socket's session is its own
-//! connection id. Robots never speak this dialect: there is no legacy robot login.
+//! connection id. The oldest app sends its offer before any welcome with a `from` of its
+//! own making ("browser1"): a `from` that names no session is ignored, one that names
+//! another socket's live session is refused. Robots never speak this dialect: there is no
+//! legacy robot login.
 
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -63,12 +66,17 @@ pub fn is_flat(value: &Value) -> bool {
         .is_some_and(|kind| !kind.contains('.'))
 }
 
-/// Translates a flat frame from the socket `conn` into the spec envelope it means.
-pub fn to_envelope(value: Value, conn: &str) -> Result<Envelope, LegacyError> {
+/// Translates a flat frame from the socket `conn` into the spec envelope it means;
+/// `another_session` tells whether an id names a live session of another socket.
+pub fn to_envelope(
+    value: Value,
+    conn: &str,
+    another_session: impl Fn(&str) -> bool,
+) -> Result<Envelope, LegacyError> {
     let flat: Flat =
         serde_json::from_value(value).map_err(|e| LegacyError::Malformed(e.to_string()))?;
     let own = |from: &Option<String>| match from.as_deref() {
-        Some(from) if from != conn => Err(LegacyError::ForeignFrom),
+        Some(from) if from != conn && another_session(from) => Err(LegacyError::ForeignFrom),
         _ => Ok(()),
     };
     let message = match flat {
@@ -118,8 +126,17 @@ pub fn render(text: &str) -> Option<String> {
                 "sdpMLineIndex": payload["sdpMLineIndex"],
             },
         }),
+        // The app shows its "robot busy" screen, with who holds it, only for this.
+        Some("signalling.error") if payload["details"]["reason"] == "robot_busy" => json!({
+            "type": "session-locked",
+            "robotId": payload["details"]["robotId"],
+            "lockedBy": payload["details"]["lockedBy"],
+            "message": payload["message"],
+        }),
+        // The app reads a flat error's code from `error`; `code` is kept for others.
         Some("signalling.error") => json!({
             "type": "error",
+            "error": payload["code"],
             "code": payload["code"],
             "message": payload["message"],
         }),
@@ -149,7 +166,7 @@ mod tests {
     fn offers_and_candidates_become_spec_messages_of_the_sockets_own_session() {
         let offer = parse(r#"{"type":"offer","to":"robot-1","from":"c1","sdp":"v=0"}"#);
         assert!(is_flat(&offer));
-        let envelope = to_envelope(offer, "c1").unwrap();
+        let envelope = to_envelope(offer, "c1", |_| false).unwrap();
         match envelope.body().unwrap() {
             Body::Signalling(Signalling::Offer(p)) => {
                 assert_eq!(
@@ -162,7 +179,7 @@ mod tests {
         for kind in ["candidate", "ice-candidate"] {
             let frame = json!({"type": kind, "to": "robot-1", "candidate":
                 {"candidate": "candidate:1 1 udp 1 127.0.0.1 9 typ host", "sdpMid": "0", "sdpMLineIndex": 0}});
-            let envelope = to_envelope(frame, "c1").unwrap();
+            let envelope = to_envelope(frame, "c1", |_| false).unwrap();
             assert_eq!(envelope.kind, "signalling.ice_candidate");
         }
     }
@@ -171,17 +188,19 @@ mod tests {
     fn a_foreign_from_and_bad_frames_are_refused() {
         let offer = parse(r#"{"type":"offer","to":"robot-1","from":"someone-else","sdp":"v=0"}"#);
         assert_eq!(
-            to_envelope(offer, "c1").err(),
+            to_envelope(offer.clone(), "c1", |id| id == "someone-else").err(),
             Some(LegacyError::ForeignFrom)
         );
+        // A `from` that names no session is the app's own label: ignored.
+        assert!(to_envelope(offer, "c1", |_| false).is_ok());
         let missing = parse(r#"{"type":"offer","from":"c1"}"#);
         assert!(matches!(
-            to_envelope(missing, "c1"),
+            to_envelope(missing, "c1", |_| false),
             Err(LegacyError::Malformed(_))
         ));
         let unknown = parse(r#"{"type":"hello"}"#);
         assert!(matches!(
-            to_envelope(unknown, "c1"),
+            to_envelope(unknown, "c1", |_| false),
             Err(LegacyError::Malformed(_))
         ));
         assert!(!is_flat(&parse(r#"{"type":"signalling.offer"}"#)));
@@ -197,7 +216,12 @@ mod tests {
         let error = r#"{"type":"signalling.error","version":"0.5","id":"e","timestamp":"2026-01-01T00:00:00Z","payload":{"code":"FORBIDDEN","message":"no"}}"#;
         assert_eq!(
             parse(&render(error).unwrap()),
-            json!({"type":"error","code":"FORBIDDEN","message":"no"})
+            json!({"type":"error","error":"FORBIDDEN","code":"FORBIDDEN","message":"no"})
+        );
+        let busy = r#"{"type":"signalling.error","version":"0.5","id":"e","timestamp":"2026-01-01T00:00:00Z","payload":{"code":"FORBIDDEN","message":"busy","details":{"reason":"robot_busy","robotId":"r1","lockedBy":"alice"}}}"#;
+        assert_eq!(
+            parse(&render(busy).unwrap()),
+            json!({"type":"session-locked","robotId":"r1","lockedBy":"alice","message":"busy"})
         );
         let connected = r#"{"type":"signalling.connected","version":"0.5","id":"c","timestamp":"2026-01-01T00:00:00Z","payload":{"connectionId":"c1","iceConnectionState":"connected"}}"#;
         assert_eq!(render(connected), None);

@@ -282,8 +282,10 @@ impl Protocol {
             Err(e) if matches!(self.peer, Peer::Client(_)) => match legacy_frame(text) {
                 Some(value) => {
                     self.legacy = true;
-                    let envelope =
-                        legacy::to_envelope(value, &self.conn).map_err(|e| (e.into(), None))?;
+                    let envelope = legacy::to_envelope(value, &self.conn, |id| {
+                        self.state.hub.names_another_session(id, &self.conn)
+                    })
+                    .map_err(|e| (e.into(), None))?;
                     let id = envelope.id.clone();
                     return self
                         .dispatch(envelope, received)

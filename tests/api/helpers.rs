@@ -481,7 +481,8 @@ impl WsClient {
                 Some("welcome") => &["connectionId"],
                 Some("answer") => &["sdp"],
                 Some("candidate") => &["candidate"],
-                Some("error") => &["code", "message"],
+                Some("error") => &["error", "code", "message"],
+                Some("session-locked") => &["robotId"],
                 Some("disconnected") => &["connectionId"],
                 _ => panic!("not a legacy frame: {value}"),
             };

@@ -89,21 +89,33 @@ async fn legacy_refusals_come_back_flat() {
     let id = mallory.connection_id.clone();
     mallory.send(&flat_offer("robot-1", &id)).await;
     assert_eq!(mallory.recv_flat().await["code"], "FORBIDDEN");
-    // A foreign `from`: refused, whatever it names.
+    // A `from` naming another socket's session: refused. The app reads the code from
+    // `error` (issue 29).
     alice.send(&flat_offer("robot-1", &id)).await;
     let error = alice.recv_flat().await;
+    assert_eq!(error["error"], "FORBIDDEN");
     assert_eq!(error["code"], "FORBIDDEN");
     assert!(
         error["message"].as_str().unwrap().contains("from"),
         "{error}"
     );
-    // Busy: alice holds the robot, bob (operator) is refused.
+    // Busy: alice holds the robot, bob (operator) and dave (owner) are told as the app's
+    // "robot busy" screen wants it; only the owner learns who holds it.
     alice.send(&flat_offer("robot-1", &me)).await;
     robot.recv_type("signalling.offer").await;
     let mut bob = server.client_for("robot-1", "bob", "operator").await;
     let bob_id = bob.connection_id.clone();
     bob.send(&flat_offer("robot-1", &bob_id)).await;
-    assert_eq!(bob.recv_flat().await["code"], "FORBIDDEN");
+    let locked = bob.recv_flat().await;
+    assert_eq!(locked["type"], "session-locked", "{locked}");
+    assert_eq!(locked["robotId"], "robot-1");
+    assert!(locked["lockedBy"].is_null(), "{locked}");
+    let mut dave = server.client_for("robot-1", "dave", "owner").await;
+    let dave_id = dave.connection_id.clone();
+    dave.send(&flat_offer("robot-1", &dave_id)).await;
+    let locked = dave.recv_flat().await;
+    assert_eq!(locked["type"], "session-locked", "{locked}");
+    assert_eq!(locked["lockedBy"], "alice");
     // A candidate for no session of its own.
     let mut carol = server.client_for("robot-1", "carol", "viewer").await;
     let carol_id = carol.connection_id.clone();
@@ -113,6 +125,41 @@ async fn legacy_refusals_come_back_flat() {
     assert_eq!(carol.recv_flat().await["code"], "FORBIDDEN");
     // Nothing of theirs reached the robot.
     robot.expect_nothing_pending().await;
+}
+
+/// The oldest app sends its offer the moment the socket opens, before any welcome, with
+/// `from: "browser1"` hard-coded: a `from` that names no session is ignored and the
+/// socket's own session is used (issue 29).
+#[tokio::test]
+async fn the_oldest_app_offers_at_once_with_a_made_up_from() {
+    let server = TestServer::start().await;
+    let (mut robot, _) = server.online_robot("robot-1").await;
+    server.grant("robot-1", "alice", "operator").await;
+    let token = server.client_token("alice").await;
+    let url = format!("{}?token={token}", server.ws_url());
+    let (mut ws, _) = tokio_tungstenite::connect_async(url)
+        .await
+        .expect("upgrade");
+    use futures_util::SinkExt;
+    ws.send(tokio_tungstenite::tungstenite::Message::Text(
+        flat_offer("robot-1", "browser1").to_string().into(),
+    ))
+    .await
+    .expect("send");
+    let offer = robot.recv_type("signalling.offer").await;
+    let mut browser = WsClient::over(ws);
+    let welcome = browser.recv_type("signalling.welcome").await;
+    assert_eq!(
+        offer["payload"]["connectionId"], welcome["payload"]["connectionId"],
+        "the socket's own session"
+    );
+    robot
+        .send(&envelope(
+            "signalling.answer",
+            Some(json!({"connectionId": offer["payload"]["connectionId"], "sdpType": "answer", "sdp": "v=0 answer"})),
+        ))
+        .await;
+    assert_eq!(browser.recv_flat().await["type"], "answer");
 }
 
 #[tokio::test]

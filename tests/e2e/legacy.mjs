@@ -197,7 +197,7 @@ window.startTeleop = function (wsUrl, token, robotId) {
           .catch((err) => t.failures.push('addIceCandidate: ' + err));
         break;
       case 'error':
-        console.warn('signalling error', msg.code, msg.message);
+        console.warn('signalling error', msg.error, msg.message);
         break;
       case 'disconnected':
         if (pc) pc.close();
@@ -269,7 +269,12 @@ function checkFrame(raw, validate) {
       return m.type;
     }
     case 'error':
-      if (!exactKeys(m, ['type', 'code', 'message']) || !str(m.code) || !str(m.message)) throw bad('error: fields');
+      // The web app reads the code from `error`; `code` is kept for other readers.
+      if (!exactKeys(m, ['type', 'error', 'code', 'message']) || !str(m.error) || m.code !== m.error
+        || !str(m.message)) throw bad('error: fields');
+      return m.type;
+    case 'session-locked':
+      if (!exactKeys(m, ['type', 'robotId', 'lockedBy', 'message']) || !str(m.robotId)) throw bad('session-locked: fields');
       return m.type;
     case 'disconnected':
       if (!exactKeys(m, ['type', 'connectionId', 'reason']) || !str(m.connectionId)
