@@ -17,7 +17,7 @@
 //! - [`pki`]: keys, signatures, X.509 chains, our CA and CRLs.
 //! - [`auth`]: admin and client tokens, JWTs.
 //! - [`store`]: the database.
-//! - [`messages`]: messages the server originates.
+//! - [`messages`]: messages the server originates; [`logging`]: text logs a peer cannot forge.
 //! - [`dev_pki`]: the `pki` subcommand (development CA and robot certificates).
 //! - [`ice`], [`metrics`].
 
@@ -35,6 +35,7 @@ mod http_serve;
 pub mod ice;
 pub mod identity;
 mod lean_io;
+pub mod logging;
 pub mod messages;
 pub mod metrics;
 pub mod pki;

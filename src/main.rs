@@ -36,12 +36,16 @@ fn init_logging(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,tower_http=warn"));
     // Colours only for a person at a terminal, not for log files and collectors.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()));
+        .with_ansi(ansi);
     match format {
         LogFormat::Json => builder.json().init(),
-        LogFormat::Text => builder.init(),
+        // Peer-controlled text cannot start a line of its own (src/logging.rs).
+        LogFormat::Text => builder
+            .with_writer(signalling_server::logging::OneLineStdout { ansi })
+            .init(),
     }
 }
 
