@@ -13,7 +13,8 @@
 
 pub mod crl;
 
-use std::sync::{Arc, RwLock};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use base64::engine::general_purpose::STANDARD;
@@ -21,6 +22,7 @@ use base64::Engine;
 use ring::rand::{SecureRandom, SystemRandom};
 use serde_json::{Map, Value};
 
+use crate::auth::sha256_hex;
 use crate::pki::{
     decode_signature, leaf_key_of_chain, verify_chain_with_crls, CaError, CertId,
     CertificateAuthority, KeyError, PublicKey, RevocationList, TrustStore, VerifiedChain,
@@ -116,7 +118,12 @@ pub struct Challenge {
     pub message_id: String,
     pub encoded: String,
     bytes: [u8; CHALLENGE_BYTES],
-    key: PublicKey,
+    /// The key whose signature proves the robot (for a decoy: the key whose signature
+    /// entitles the prover to the real refusal, if any).
+    key: Option<PublicKey>,
+    /// Set for a robot that cannot log in, so an anonymous prover learns nothing before
+    /// its proof is checked (see [`Identity::challenge`]).
+    decoy: Option<IdentityError>,
     credential_kind: &'static str,
     /// Revocation-list entries to re-check when the proof arrives.
     revocation_keys: Vec<String>,
@@ -167,7 +174,26 @@ pub struct Identity {
     /// of registrations cannot starve the async workers or spawn unbounded threads.
     verify_slots: Arc<tokio::sync::Semaphore>,
     rng: SystemRandom,
+    /// Stored chains verified lately: a certificate robot's registrations (or anyone's
+    /// asking challenges for it) cost a lookup, not a path validation each.
+    stored_chains: Mutex<HashMap<String, StoredChain>>,
 }
+
+/// A stored chain's verification, valid while the CRLs it was checked against are the ones
+/// in force and for [`STORED_CHAIN_TTL`].
+struct StoredChain {
+    leaf_key: PublicKey,
+    entries: Vec<String>,
+    crls: Arc<Vec<RevocationList>>,
+    at: Instant,
+}
+
+/// How long a stored chain's verification is reused (a certificate that expires meanwhile
+/// logs in for at most this much longer).
+const STORED_CHAIN_TTL: Duration = Duration::from_secs(60);
+
+/// Stored chains remembered at most; past it the memory is emptied.
+const STORED_CHAINS_KEPT: usize = 4096;
 
 pub struct IdentityConfig {
     pub challenge_ttl: Duration,
@@ -236,6 +262,7 @@ impl Identity {
             crls: RwLock::new(Arc::new(Vec::new())),
             verify_slots: Arc::new(tokio::sync::Semaphore::new(slots)),
             rng: SystemRandom::new(),
+            stored_chains: Mutex::new(HashMap::new()),
         })
     }
 
@@ -248,6 +275,12 @@ impl Identity {
     }
 
     /// Works out which key the robot must prove and makes its challenge.
+    ///
+    /// Whether a robot id exists, is enrolled or is revoked is not told before a proof is
+    /// checked (as `/v1/enroll` tells nothing before its token is): such a robot gets a
+    /// decoy challenge like any other, and its refusal comes after the response, as
+    /// `bad_signature` unless the signature verifies with the key the refusal concerns
+    /// (a revoked robot's own key, or a presented certificate's).
     pub async fn challenge(
         &self,
         robot_id: &str,
@@ -260,22 +293,32 @@ impl Identity {
         let presented = metadata
             .and_then(|m| m.get("certificate"))
             .and_then(Value::as_str);
-        if record.as_ref().is_some_and(|r| r.credential_revoked) {
-            return Err(IdentityError::Revoked);
+        if let Some(record) = record.as_ref().filter(|r| r.credential_revoked) {
+            let enrolled = record
+                .credential
+                .as_ref()
+                .and_then(|c| self.enrolled_key(c).ok());
+            return self.decoy(robot_id, IdentityError::Revoked, enrolled);
         }
 
         let (key, kind, revocation_keys, credential, record_chain) = match (presented, record) {
-            (None, None) => return Err(IdentityError::UnknownRobot),
+            (None, None) => return self.decoy(robot_id, IdentityError::UnknownRobot, None),
+            (None, Some(record)) if record.credential.is_none() => {
+                return self.decoy(robot_id, IdentityError::NotEnrolled, None)
+            }
             (None, Some(record)) => {
                 let (key, kind, entries) = self.stored_credential(&record).await?;
                 let credential = record.credential.ok_or(IdentityError::NotEnrolled)?;
                 (key, kind, entries, credential, None)
             }
             (Some(chain_pem), None) => {
-                if !self.auto_register {
-                    return Err(IdentityError::UnknownRobot);
-                }
+                // The chain is checked first either way: what is wrong with it is the
+                // presenter's to know, whether the robot exists is not.
                 let verified = self.verify_certificate(chain_pem, robot_id).await?;
+                if !self.auto_register {
+                    let leaf = Some(verified.leaf_key);
+                    return self.decoy(robot_id, IdentityError::UnknownRobot, leaf);
+                }
                 let credential = Credential::Certificate {
                     chain_pem: chain_pem.to_string(),
                     serial: verified.serial_hex.clone(),
@@ -288,12 +331,13 @@ impl Identity {
                 // Compared before any signature work: a superseded certificate costs us
                 // one parse.
                 let (leaf_key, _) = leaf_key_of_chain(chain_pem)?;
+                let verified = self.verify_certificate(chain_pem, robot_id).await?;
                 if let Some(credential) = &record.credential {
                     if self.enrolled_key(credential)? != leaf_key {
-                        return Err(IdentityError::CredentialMismatch);
+                        let leaf = Some(leaf_key);
+                        return self.decoy(robot_id, IdentityError::CredentialMismatch, leaf);
                     }
                 }
-                let verified = self.verify_certificate(chain_pem, robot_id).await?;
                 let entries = chain_entries(&verified);
                 let (credential, record) = match record.credential {
                     Some(stored) => (stored, None),
@@ -325,13 +369,45 @@ impl Identity {
             message_id: String::new(),
             encoded: STANDARD.encode(bytes),
             bytes,
-            key,
+            key: Some(key),
+            decoy: None,
             credential_kind: kind,
             revocation_keys,
             credential,
             access_cuts_seen: 0,
             expires_at: Instant::now() + self.challenge_ttl,
             record_chain,
+        })
+    }
+
+    /// A challenge like any other for a robot that cannot log in: `refusal` is told after
+    /// the response, only to a prover whose signature verifies with `entitled`.
+    fn decoy(
+        &self,
+        robot_id: &str,
+        refusal: IdentityError,
+        entitled: Option<PublicKey>,
+    ) -> Result<Challenge, IdentityError> {
+        let mut bytes = [0u8; CHALLENGE_BYTES];
+        self.rng
+            .fill(&mut bytes)
+            .map_err(|_| IdentityError::Store(StoreError::Corrupt("no randomness")))?;
+        Ok(Challenge {
+            robot_id: robot_id.to_string(),
+            message_id: String::new(),
+            encoded: STANDARD.encode(bytes),
+            bytes,
+            key: entitled,
+            decoy: Some(refusal),
+            credential_kind: "none",
+            revocation_keys: Vec::new(),
+            credential: Credential::PublicKey {
+                kind: String::new(),
+                stored: String::new(),
+            },
+            access_cuts_seen: 0,
+            expires_at: Instant::now() + self.challenge_ttl,
+            record_chain: None,
         })
     }
 
@@ -358,8 +434,27 @@ impl Identity {
                 Ok((key.clone(), key.kind(), vec![entry]))
             }
             Some(Credential::Certificate { chain_pem, .. }) => {
+                let cache_key =
+                    format!("{}\n{}", record.robot_id, sha256_hex(chain_pem.as_bytes()));
+                let crls = self.crl_snapshot();
+                if let Some(cached) = self.cached_chain(&cache_key, &crls) {
+                    return Ok(cached);
+                }
                 let verified = self.verify_certificate(chain_pem, &record.robot_id).await?;
                 let entries = chain_entries(&verified);
+                let mut cache = self.stored_chains.lock().unwrap_or_else(|p| p.into_inner());
+                if cache.len() >= STORED_CHAINS_KEPT {
+                    cache.clear();
+                }
+                cache.insert(
+                    cache_key,
+                    StoredChain {
+                        leaf_key: verified.leaf_key.clone(),
+                        entries: entries.clone(),
+                        crls,
+                        at: Instant::now(),
+                    },
+                );
                 Ok((verified.leaf_key, "x509", entries))
             }
         }
@@ -398,6 +493,18 @@ impl Identity {
         Ok(verified)
     }
 
+    /// A stored chain's recent verification against the CRLs in force, if any.
+    fn cached_chain(
+        &self,
+        key: &str,
+        crls: &Arc<Vec<RevocationList>>,
+    ) -> Option<(PublicKey, &'static str, Vec<String>)> {
+        let cache = self.stored_chains.lock().unwrap_or_else(|p| p.into_inner());
+        let cached = cache.get(key)?;
+        (Arc::ptr_eq(&cached.crls, crls) && cached.at.elapsed() < STORED_CHAIN_TTL)
+            .then(|| (cached.leaf_key.clone(), "x509", cached.entries.clone()))
+    }
+
     fn crl_snapshot(&self) -> Arc<Vec<RevocationList>> {
         match self.crls.read() {
             Ok(guard) => Arc::clone(&guard),
@@ -422,10 +529,21 @@ impl Identity {
             return Err(IdentityError::CorrelationMismatch);
         }
         let signature = decode_signature(signature_b64).map_err(|_| IdentityError::BadSignature)?;
-        challenge
+        let proven = challenge
             .key
-            .verify(&challenge.bytes, &signature)
-            .map_err(|_| IdentityError::BadSignature)?;
+            .as_ref()
+            .is_some_and(|key| key.verify(&challenge.bytes, &signature).is_ok());
+        if let Some(refusal) = challenge.decoy {
+            tracing::debug!(robot = %challenge.robot_id, reason = refusal.reason(), proven, "login refused after a decoy challenge");
+            return Err(if proven {
+                refusal
+            } else {
+                IdentityError::BadSignature
+            });
+        }
+        if !proven {
+            return Err(IdentityError::BadSignature);
+        }
         if let Some(record) = &challenge.record_chain {
             // Record the chain so a later enrollment or revoke supersedes it. If another
             // login or an enrollment got there first, the check below refuses this one.

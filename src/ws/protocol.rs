@@ -397,6 +397,17 @@ impl Protocol {
                     message: "this connection is already a verified robot",
                 })
             }
+            // One challenge at a time: each costs the server a lookup and randomness (a
+            // chain validation for a certificate robot), so asking again before answering
+            // is refused and earns a strike.
+            Peer::Unverified {
+                challenge: Some(pending),
+            } if Instant::now() < pending.expires_at() => {
+                return Err(WsError::Forbidden {
+                    reason: "challenge_pending",
+                    message: "answer the pending challenge before registering again",
+                })
+            }
             Peer::Unverified { .. } => {}
         }
         if payload

@@ -169,31 +169,50 @@ async fn response_must_correlate_with_the_challenge() {
     );
 }
 
+/// Issue 29, item 7: an anonymous `register` tells nothing about which robot ids exist or
+/// in which state. Unknown, not enrolled, revoked and enrolled robots all get a challenge;
+/// a proof with someone else's key is refused the same way for all of them, after it.
 #[tokio::test]
-async fn unknown_and_unenrolled_robots_are_refused() {
+async fn unknown_unenrolled_revoked_and_enrolled_robots_are_answered_alike() {
     let server = TestServer::start().await;
-    let mut robot = WsClient::connect(&server.ws_url()).await;
-    robot
-        .send(&envelope(
-            "signalling.register",
-            Some(json!({"agentId": "ghost"})),
-        ))
-        .await;
-    let error = robot.expect_error("UNAUTHORIZED").await;
-    assert_eq!(error["payload"]["details"]["reason"], "unknown_robot");
-    robot.expect_close_with(1008).await;
-
     server.create_robot("robot-new").await;
+    server.enrolled_robot("robot-revoked").await;
+    let (status, body) = server
+        .admin(
+            reqwest::Method::POST,
+            "/v1/robots/robot-revoked/revoke",
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    server.enrolled_robot("robot-1").await;
+    let stranger = new_ed25519();
+    for robot_id in ["ghost", "robot-new", "robot-revoked", "robot-1"] {
+        let mut robot = WsClient::connect(&server.ws_url()).await;
+        let reply = robot.try_prove(robot_id, &stranger).await;
+        assert_refused(&reply, "bad_signature");
+        robot.expect_close_with(1008).await;
+    }
+}
+
+/// Issue 29, item 8: one challenge per socket at a time; asking again is refused (a
+/// strike), and the pending challenge still counts.
+#[tokio::test]
+async fn one_challenge_at_a_time() {
+    let server = TestServer::start().await;
+    let key = server.enrolled_robot("robot-1").await;
     let mut robot = WsClient::connect(&server.ws_url()).await;
+    let challenge = robot.register("robot-1").await;
     robot
         .send(&envelope(
             "signalling.register",
-            Some(json!({"agentId": "robot-new"})),
+            Some(json!({"agentId": "robot-1"})),
         ))
         .await;
-    let error = robot.expect_error("UNAUTHORIZED").await;
-    assert_eq!(error["payload"]["details"]["reason"], "not_enrolled");
-    robot.expect_close_with(1008).await;
+    let error = robot.expect_error("FORBIDDEN").await;
+    assert_eq!(error["payload"]["details"]["reason"], "challenge_pending");
+    robot.send(&signed_response(&challenge, &key)).await;
+    robot.recv_type("signalling.pki_verified").await;
 }
 
 #[tokio::test]

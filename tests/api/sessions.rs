@@ -317,15 +317,10 @@ async fn revoked_robot_is_cut_off_mid_session() {
     assert_eq!(notice["payload"]["connectionId"], session.as_str());
 
     // The revoked key cannot log in again, nor be enrolled again.
+    // Its holder learns why once it proves the key (issue 29: not before).
     let mut again = WsClient::connect(&server.ws_url()).await;
-    again
-        .send(&envelope(
-            "signalling.register",
-            Some(json!({"agentId": "robot-1"})),
-        ))
-        .await;
-    let error = again.expect_error("UNAUTHORIZED").await;
-    assert_eq!(error["payload"]["details"]["reason"], "revoked");
+    let reply = again.try_prove("robot-1", &key).await;
+    assert_refused(&reply, "revoked");
     let (_, token) = server
         .admin(
             reqwest::Method::POST,
