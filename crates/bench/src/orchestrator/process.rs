@@ -47,7 +47,7 @@ pub(super) async fn wait_listening(port: u16, child: &mut Child) -> anyhow::Resu
 /// load generator sends far more than signalling ever does, all from one address, and
 /// session setup opens a new session per offer on each client socket (ended ids stay
 /// claimed for the grace period, so the per-socket cap of 16 would stop the loop).
-pub(super) const UNLIMITED: [&str; 12] = [
+pub(super) const UNLIMITED: [&str; 18] = [
     "--rate-limit",
     "100000000",
     "--rate-burst",
@@ -58,8 +58,14 @@ pub(super) const UNLIMITED: [&str; 12] = [
     "0",
     "--max-connections-per-ip",
     "0",
+    "--max-tcp-connections-per-ip",
+    "0",
     "--max-sessions-per-connection",
     "100000000",
+    "--max-viewer-sessions-per-subject",
+    "0",
+    "--max-viewer-sessions-per-robot",
+    "0",
 ];
 
 pub struct Running {
