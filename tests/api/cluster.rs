@@ -1,9 +1,10 @@
 //! Several nodes (issue 14): three server processes on one PostgreSQL database and one
 //! Redis, HAProxy in front (with deploy/haproxy/haproxy.cfg), real sockets throughout.
 //!
-//! Runs when SIGNALLING_CLUSTER_TEST=1 and DATABASE_URL points at PostgreSQL (the CI step
-//! `tests/cluster/run.sh` sets both and installs HAProxy); it starts its own Redis on a
-//! free port (it restarts it mid-test) and uses a key prefix and node ids of its own.
+//! Ignored by a plain `cargo test`: `tests/cluster/run.sh` runs it with `--ignored`,
+//! SIGNALLING_CLUSTER_TEST=1 and DATABASE_URL pointing at PostgreSQL, HAProxy installed; it
+//! starts its own Redis on a free port (it restarts it mid-test) and uses a key prefix and
+//! node ids of its own.
 
 use std::future::Future;
 use std::net::TcpListener;
@@ -26,20 +27,16 @@ const CUT_WAIT: Duration = Duration::from_secs(3);
 /// about this long.
 const NODE_TTL: &str = "3";
 
-fn enabled() -> bool {
-    std::env::var("SIGNALLING_CLUSTER_TEST").is_ok_and(|v| v == "1")
-        && std::env::var("DATABASE_URL").is_ok_and(|u| u.starts_with("postgres"))
-}
-
-/// True (and says so) when the cluster suite is not asked for.
-fn skipped() -> bool {
-    if enabled() {
-        return false;
-    }
-    eprintln!(
-        "skipped: set SIGNALLING_CLUSTER_TEST=1 and a postgres DATABASE_URL (tests/cluster/run.sh)"
+/// The suite runs only when asked for (`--ignored`, as tests/cluster/run.sh does), and
+/// then needs what that script sets up: a missing piece fails loudly instead of passing.
+fn require_cluster() {
+    let asked = std::env::var("SIGNALLING_CLUSTER_TEST").is_ok_and(|v| v == "1");
+    let postgres = std::env::var("DATABASE_URL").is_ok_and(|u| u.starts_with("postgres"));
+    assert!(
+        asked && postgres,
+        "the cluster suite needs SIGNALLING_CLUSTER_TEST=1 and a postgres DATABASE_URL \
+         (tests/cluster/run.sh sets both)"
     );
-    true
 }
 
 fn free_port() -> u16 {
@@ -378,10 +375,9 @@ fn start_node_with(database: &str, redis: &str, prefix: &str, id: &str, extra: &
 }
 
 #[tokio::test]
+#[ignore = "needs PostgreSQL, Redis and HAProxy: tests/cluster/run.sh runs it"]
 async fn three_nodes_behind_haproxy() {
-    if skipped() {
-        return;
-    }
+    require_cluster();
     let run = &uuid::Uuid::new_v4().simple().to_string()[..8];
     let prefix = format!("test-{run}:");
     let (database, _) = test_database().await;
@@ -848,10 +844,9 @@ async fn redis_command(port: u16, args: &[&str]) -> String {
 /// (CLIENT PAUSE … WRITE) as the robot logs in, so a login answered before its presence
 /// is written shows as a missing key right after `pki_verified` (reads are not held).
 #[tokio::test]
+#[ignore = "needs PostgreSQL, Redis and HAProxy: tests/cluster/run.sh runs it"]
 async fn a_robot_is_reachable_from_every_node_once_verified() {
-    if skipped() {
-        return;
-    }
+    require_cluster();
     let (redis, prefix, nodes, api) = two_ready_nodes("10").await;
     let n1 = nodes[0].base();
     let key = api.enroll(&n1, "rv").await;
@@ -880,10 +875,9 @@ async fn a_robot_is_reachable_from_every_node_once_verified() {
 /// do: on a Redis that wants a password, nodes given it become ready and carry a session
 /// across nodes both ways; a node given a wrong one is not ready.
 #[tokio::test]
+#[ignore = "needs PostgreSQL, Redis and HAProxy: tests/cluster/run.sh runs it"]
 async fn a_redis_with_a_password_carries_the_bus() {
-    if skipped() {
-        return;
-    }
+    require_cluster();
     let run = &uuid::Uuid::new_v4().simple().to_string()[..8];
     let prefix = format!("test-{run}:");
     let (database, _) = test_database().await;
@@ -944,10 +938,9 @@ async fn burst(from: &mut WsClient, to: &mut WsClient, session: &str, last: Opti
 /// burst arrives whole and in order both ways, and a session's end, which travels as a
 /// control message, still comes after every frame sent before it.
 #[tokio::test]
+#[ignore = "needs PostgreSQL, Redis and HAProxy: tests/cluster/run.sh runs it"]
 async fn a_burst_across_nodes_arrives_whole_and_in_order() {
-    if skipped() {
-        return;
-    }
+    require_cluster();
     let (_redis, _, nodes, api) = two_ready_nodes("10").await;
     let n1 = nodes[0].base();
     let key = api.enroll(&n1, "rb").await;
@@ -1071,10 +1064,9 @@ fn stop_without_panics(nodes: Vec<Node>) {
 /// bus all take effect once Redis is back, because a node whose bus lapsed checks its
 /// sockets and the sessions it owns against the database.
 #[tokio::test]
+#[ignore = "needs PostgreSQL, Redis and HAProxy: tests/cluster/run.sh runs it"]
 async fn cuts_a_node_missed_are_applied_once_its_bus_returns() {
-    if skipped() {
-        return;
-    }
+    require_cluster();
     let (mut redis, _, nodes, api) = two_ready_nodes("10").await;
     let n1 = nodes[0].base();
     let key = api.enroll(&n1, "rg").await;
@@ -1247,10 +1239,9 @@ async fn drain_flood(socket: &mut WsClient) {
 /// refused), like on one node, and the receiver is never hurt. Both directions: a viewer
 /// on node 2 flooding a robot on node 1, and a robot on node 1 flooding a client on node 2.
 #[tokio::test]
+#[ignore = "needs PostgreSQL, Redis and HAProxy: tests/cluster/run.sh runs it"]
 async fn a_flood_from_another_node_is_throttled() {
-    if skipped() {
-        return;
-    }
+    require_cluster();
     // Only the relay's fairness is under test, not the per-socket message limit.
     let (_redis, _, nodes, api) = two_ready_nodes("1000000").await;
     let (n1, n2) = (nodes[0].base(), nodes[1].base());
@@ -1320,10 +1311,9 @@ async fn a_flood_from_another_node_is_throttled() {
 /// A flooder refused on another node earns strikes for it, as it would on the victim's
 /// node, and is cut off past `--max-strikes`.
 #[tokio::test]
+#[ignore = "needs PostgreSQL, Redis and HAProxy: tests/cluster/run.sh runs it"]
 async fn a_flooder_refused_on_another_node_earns_strikes_and_is_cut_off() {
-    if skipped() {
-        return;
-    }
+    require_cluster();
     let (_redis, _, nodes, api) = two_ready_nodes("5").await;
     let (n1, n2) = (nodes[0].base(), nodes[1].base());
     let key = api.enroll(&n1, "rs").await;
@@ -1388,10 +1378,9 @@ async fn a_flooder_refused_on_another_node_earns_strikes_and_is_cut_off() {
 /// nothing of hers reaches the robot, and alice's session goes on, also after mallory's
 /// node ends its side of her refused session.
 #[tokio::test]
+#[ignore = "needs PostgreSQL, Redis and HAProxy: tests/cluster/run.sh runs it"]
 async fn a_session_cannot_be_taken_over_from_another_node() {
-    if skipped() {
-        return;
-    }
+    require_cluster();
     let (_redis, _, nodes, api) = n_ready_nodes(3, "10").await;
     let n1 = nodes[0].base();
     let key = api.enroll(&n1, "rh").await;

@@ -35,4 +35,4 @@ if ! pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then
     for _ in $(seq 1 30); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 1; done
 fi
 # The test starts its own Redis on a free port (it restarts it) with its own key prefix.
-SIGNALLING_CLUSTER_TEST=1 cargo test -p signalling-server --test api cluster:: -- --nocapture
+SIGNALLING_CLUSTER_TEST=1 cargo test -p signalling-server --test api cluster:: -- --ignored --nocapture
