@@ -8,7 +8,8 @@
 //!   accepted sockets, which hold no read buffer while idle; `http_serve`: HTTP/1.1 on
 //!   each, within deadlines; [`admission`]: how many connections, in all and per source.
 //! - [`app`]: the router, wired in one place from every module's routes.
-//! - [`tasks`]: background work (CRL watcher, JWKS refresh), stopped on shutdown.
+//! - [`tasks`]: background work (CRL watcher, JWKS refresh), stopped on shutdown through a
+//!   [`shutdown::StopSignal`].
 //! - [`api`]: the HTTP API (admin, enrollment, health, metrics).
 //! - [`ws`]: the `/ws` endpoint: socket loop and the signalling protocol.
 //! - [`relay`]: presence, sessions and message delivery between sockets.
@@ -42,6 +43,7 @@ pub mod pki;
 pub mod rate_limit;
 pub mod relay;
 pub mod server;
+pub mod shutdown;
 pub mod state;
 pub mod store;
 pub mod tasks;

@@ -75,6 +75,7 @@ fn file_error(path: &Path, e: impl std::fmt::Display) -> StartError {
 impl Server {
     /// Connects to the database, prepares every component and binds the listener.
     pub async fn bind(config: Config) -> Result<Server, StartError> {
+        crate::ws::release_idle_buffers();
         if config.redis_url.is_some() && !config.database_url().starts_with("postgres") {
             return Err(StartError::ClusterNeedsSharedDatabase);
         }

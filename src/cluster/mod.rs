@@ -32,7 +32,7 @@ use resp::{Outgoing, RespError};
 
 use crate::metrics::Metrics;
 use crate::relay::{ConnId, Kick};
-use crate::tasks::StopSignal;
+use crate::shutdown::StopSignal;
 
 /// Frames and commands waiting for the writer; past this, messages to peers are dropped
 /// (counted) rather than growing memory while Redis is slow or away.

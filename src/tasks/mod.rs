@@ -18,6 +18,8 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+pub use crate::shutdown::StopSignal;
+
 /// How long [`Tasks::stop`] waits for a task before aborting it.
 const STOP_GRACE: Duration = Duration::from_secs(2);
 
@@ -25,18 +27,6 @@ const STOP_GRACE: Duration = Duration::from_secs(2);
 pub struct Tasks {
     stop: watch::Sender<bool>,
     running: Vec<(&'static str, JoinHandle<()>)>,
-}
-
-/// Handed to every task: resolves once the server stops.
-#[derive(Clone)]
-pub struct StopSignal(watch::Receiver<bool>);
-
-impl StopSignal {
-    /// Completes when the owner asks the tasks to stop (or is gone).
-    pub async fn stopped(&mut self) {
-        // An error means the sender is gone: the owner dropped, so stop as well.
-        let _ = self.0.wait_for(|stop| *stop).await;
-    }
 }
 
 impl Default for Tasks {
@@ -54,7 +44,7 @@ impl Tasks {
         F: FnOnce(StopSignal) -> Fut,
         Fut: Future<Output = ()> + Send + 'static,
     {
-        let signal = StopSignal(self.stop.subscribe());
+        let signal = StopSignal::new(self.stop.subscribe());
         self.running.push((name, tokio::spawn(task(signal))));
     }
 

@@ -30,12 +30,15 @@ const WRITE_GATHER: usize = 16 * 1024;
 /// costs copies, not syscalls, and an idle socket holds no buffer at all.
 const READ_BUFFER: usize = 512;
 
+/// Most sockets are idle robots: their WebSocket buffers are freed between bursts instead of
+/// staying at the size of the largest message read or written (vendor/tungstenite,
+/// PATCHES.md). A process-wide switch of the patched codec, set once as the server starts.
+pub fn release_idle_buffers() {
+    tungstenite::protocol::frame::release_idle_buffers(true);
+}
+
 /// The `/ws` route, merged into the app at the top.
 pub fn router() -> Router<SharedState> {
-    // Most sockets are idle robots: their WebSocket buffers are freed between bursts instead
-    // of staying at the size of the largest message read or written (vendor/tungstenite,
-    // PATCHES.md). A process-wide switch of the patched codec; nothing else here has sockets.
-    tungstenite::protocol::frame::release_idle_buffers(true);
     Router::new().route("/ws", get(upgrade))
 }
 
