@@ -52,7 +52,7 @@ pub struct EnrollWithCsr {
 /// A robot enrolls its public key (Ed25519 raw base64, or PEM SPKI) or a CSR with its
 /// single-use enrollment token.
 #[utoipa::path(post, path = "/v1/enroll", tag = "enrollment", request_body = EnrollBody,
-    responses((status = 201, body = Enrolled), super::openapi::CommonErrors))]
+    responses((status = 201, body = Enrolled), super::error::CommonErrors))]
 pub async fn enroll(
     State(state): State<SharedState>,
     ApiJson(body): ApiJson<Enroll>,

@@ -36,7 +36,7 @@ pub struct MyRobot {
 
 /// Who the bearer token names.
 #[utoipa::path(get, path = "/v1/me", tag = "me", security(("client" = [])),
-    responses((status = 200, body = Me), super::openapi::CommonErrors))]
+    responses((status = 200, body = Me), super::error::CommonErrors))]
 pub async fn me(Client(who): Client) -> Json<Me> {
     Json(Me {
         subject: who.subject,
@@ -46,7 +46,7 @@ pub async fn me(Client(who): Client) -> Json<Me> {
 
 /// The robots the caller holds a grant on, with their online state and the caller's role.
 #[utoipa::path(get, path = "/v1/me/robots", tag = "me", security(("client" = [])),
-    responses((status = 200, body = Vec<MyRobot>), super::openapi::CommonErrors))]
+    responses((status = 200, body = Vec<MyRobot>), super::error::CommonErrors))]
 pub async fn robots(
     Client(who): Client,
     State(state): State<SharedState>,

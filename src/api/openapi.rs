@@ -6,54 +6,11 @@ use std::sync::OnceLock;
 
 use axum::http::header;
 use axum::response::IntoResponse;
-use serde::Serialize;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
-use utoipa::{IntoResponses, Modify, OpenApi, ToSchema};
+use utoipa::{Modify, OpenApi};
 
+use super::error::ErrorBody;
 use super::{enroll, me, robots, sessions, tokens, views};
-
-/// The one JSON shape of every HTTP error (`crate::http_error`).
-#[derive(Serialize, ToSchema)]
-pub struct ErrorBody {
-    /// `BAD_REQUEST`, `UNAUTHORIZED`, `FORBIDDEN`, `NOT_FOUND`, `METHOD_NOT_ALLOWED`,
-    /// `CONFLICT`, `PAYLOAD_TOO_LARGE`, `UNPROCESSABLE`, `UNAVAILABLE`, `INTERNAL_ERROR`.
-    pub error: String,
-    pub message: String,
-}
-
-/// The error answers any route may give; which ones a route gives in practice is in
-/// docs/api.md.
-#[derive(IntoResponses)]
-#[allow(dead_code)] // only its schema is used
-pub enum CommonErrors {
-    /// Malformed JSON, path or query.
-    #[response(status = 400)]
-    BadRequest(ErrorBody),
-    /// Missing or wrong bearer token (or enrollment token).
-    #[response(status = 401)]
-    Unauthorized(ErrorBody),
-    /// Refused: a revoked key at enrollment.
-    #[response(status = 403)]
-    Forbidden(ErrorBody),
-    /// No such robot, grant or token.
-    #[response(status = 404)]
-    NotFound(ErrorBody),
-    /// The robot exists already.
-    #[response(status = 409)]
-    Conflict(ErrorBody),
-    /// Body over 64 KiB.
-    #[response(status = 413)]
-    PayloadTooLarge(ErrorBody),
-    /// Well-formed JSON of the wrong shape, or values out of range.
-    #[response(status = 422)]
-    Unprocessable(ErrorBody),
-    /// Internal failure (details only in the server's log).
-    #[response(status = 500)]
-    Internal(ErrorBody),
-    /// The database does not answer, or the server is shutting down.
-    #[response(status = 503)]
-    Unavailable(ErrorBody),
-}
 
 struct Security;
 

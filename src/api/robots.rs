@@ -44,7 +44,7 @@ fn fresh_enrollment_token(state: &SharedState) -> (String, String, i64) {
 /// Creates a robot and its single-use enrollment token.
 #[utoipa::path(post, path = "/v1/robots", tag = "robots", security(("admin" = [])),
     request_body = CreateRobot,
-    responses((status = 201, body = RobotCreated), super::openapi::CommonErrors))]
+    responses((status = 201, body = RobotCreated), super::error::CommonErrors))]
 pub async fn create(
     _: Admin,
     State(state): State<SharedState>,
@@ -83,7 +83,7 @@ pub async fn create(
 
 /// Every robot, with its live online state.
 #[utoipa::path(get, path = "/v1/robots", tag = "robots", security(("admin" = [])),
-    responses((status = 200, body = Vec<RobotView>), super::openapi::CommonErrors))]
+    responses((status = 200, body = Vec<RobotView>), super::error::CommonErrors))]
 pub async fn list(_: Admin, State(state): State<SharedState>) -> Result<Response, ApiError> {
     let robots = state.store.robots().await?;
     let ids: Vec<&str> = robots.iter().map(|r| r.robot_id.as_str()).collect();
@@ -133,7 +133,7 @@ async fn existing(state: &SharedState, id: &str) -> Result<RobotRecord, ApiError
 /// One robot.
 #[utoipa::path(get, path = "/v1/robots/{id}", tag = "robots", security(("admin" = [])),
     params(("id" = String, Path, description = "robotId")),
-    responses((status = 200, body = RobotView), super::openapi::CommonErrors))]
+    responses((status = 200, body = RobotView), super::error::CommonErrors))]
 pub async fn show(
     _: Admin,
     State(state): State<SharedState>,
@@ -148,7 +148,7 @@ pub async fn show(
 /// Deletes a robot with its grants; its connection is closed.
 #[utoipa::path(delete, path = "/v1/robots/{id}", tag = "robots", security(("admin" = [])),
     params(("id" = String, Path, description = "robotId")),
-    responses((status = 204, description = "deleted"), super::openapi::CommonErrors))]
+    responses((status = 204, description = "deleted"), super::error::CommonErrors))]
 pub async fn delete(
     _: Admin,
     State(state): State<SharedState>,
@@ -164,7 +164,7 @@ pub async fn delete(
 /// A fresh enrollment token; the previous one stops working.
 #[utoipa::path(post, path = "/v1/robots/{id}/enrollment-token", tag = "robots",
     security(("admin" = [])), params(("id" = String, Path, description = "robotId")),
-    responses((status = 200, body = EnrollmentToken), super::openapi::CommonErrors))]
+    responses((status = 200, body = EnrollmentToken), super::error::CommonErrors))]
 pub async fn new_enrollment_token(
     _: Admin,
     State(state): State<SharedState>,
@@ -187,7 +187,7 @@ pub async fn new_enrollment_token(
 /// Revokes the robot's key or certificate for good; its connection and sessions end.
 #[utoipa::path(post, path = "/v1/robots/{id}/revoke", tag = "robots", security(("admin" = [])),
     params(("id" = String, Path, description = "robotId")),
-    responses((status = 200, body = Revoked), super::openapi::CommonErrors))]
+    responses((status = 200, body = Revoked), super::error::CommonErrors))]
 pub async fn revoke(
     _: Admin,
     State(state): State<SharedState>,
@@ -215,7 +215,7 @@ pub async fn revoke(
 /// The robot's grants.
 #[utoipa::path(get, path = "/v1/robots/{id}/grants", tag = "robots", security(("admin" = [])),
     params(("id" = String, Path, description = "robotId")),
-    responses((status = 200, body = Vec<GrantView>), super::openapi::CommonErrors))]
+    responses((status = 200, body = Vec<GrantView>), super::error::CommonErrors))]
 pub async fn grants(
     _: Admin,
     State(state): State<SharedState>,
@@ -238,7 +238,7 @@ pub struct PutGrant {
 #[utoipa::path(put, path = "/v1/robots/{id}/grants/{subject}", tag = "robots",
     security(("admin" = [])), params(("id" = String, Path, description = "robotId"), ("subject" = String, Path, min_length = 1, max_length = 256, description = "the grant holder, URL-encoded")),
     request_body = PutGrant,
-    responses((status = 200, body = GrantView), super::openapi::CommonErrors))]
+    responses((status = 200, body = GrantView), super::error::CommonErrors))]
 pub async fn put_grant(
     _: Admin,
     State(state): State<SharedState>,
@@ -270,7 +270,7 @@ pub async fn put_grant(
 /// Withdraws a grant; that subject's live sessions on the robot end.
 #[utoipa::path(delete, path = "/v1/robots/{id}/grants/{subject}", tag = "robots",
     security(("admin" = [])), params(("id" = String, Path, description = "robotId"), ("subject" = String, Path, min_length = 1, max_length = 256, description = "the grant holder, URL-encoded")),
-    responses((status = 204, description = "withdrawn"), super::openapi::CommonErrors))]
+    responses((status = 204, description = "withdrawn"), super::error::CommonErrors))]
 pub async fn delete_grant(
     _: Admin,
     State(state): State<SharedState>,

@@ -26,7 +26,7 @@ pub struct SessionQuery {
 /// Session records, newest first.
 #[utoipa::path(get, path = "/v1/sessions", tag = "sessions", security(("admin" = [])),
     params(SessionQuery),
-    responses((status = 200, body = Vec<SessionView>), super::openapi::CommonErrors))]
+    responses((status = 200, body = Vec<SessionView>), super::error::CommonErrors))]
 pub async fn list(
     _: Admin,
     State(state): State<SharedState>,

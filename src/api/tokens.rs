@@ -47,7 +47,7 @@ const MAX_TTL_SECS: u64 = 366 * 24 * 3600;
 /// Creates an opaque client token (shown once, stored hashed).
 #[utoipa::path(post, path = "/v1/tokens", tag = "tokens", security(("admin" = [])),
     request_body = CreateToken,
-    responses((status = 201, body = TokenCreated), super::openapi::CommonErrors))]
+    responses((status = 201, body = TokenCreated), super::error::CommonErrors))]
 pub async fn create(
     _: Admin,
     State(state): State<SharedState>,
@@ -90,7 +90,7 @@ pub async fn create(
 /// Every client token (id, subject, expiry, revocation; never the secret), newest first,
 /// at most 1000.
 #[utoipa::path(get, path = "/v1/tokens", tag = "tokens", security(("admin" = [])),
-    responses((status = 200, body = Vec<TokenView>), super::openapi::CommonErrors))]
+    responses((status = 200, body = Vec<TokenView>), super::error::CommonErrors))]
 pub async fn list(_: Admin, State(state): State<SharedState>) -> Result<Response, ApiError> {
     let tokens = state.store.client_tokens(1000).await?;
     let views: Vec<TokenView> = tokens.iter().map(TokenView::new).collect();
@@ -100,7 +100,7 @@ pub async fn list(_: Admin, State(state): State<SharedState>) -> Result<Response
 /// Revokes a client token; connections that logged in with it close (code 4003).
 #[utoipa::path(delete, path = "/v1/tokens/{token_id}", tag = "tokens", security(("admin" = [])),
     params(("token_id" = String, Path, description = "tokenId")),
-    responses((status = 204, description = "revoked"), super::openapi::CommonErrors))]
+    responses((status = 204, description = "revoked"), super::error::CommonErrors))]
 pub async fn revoke(
     _: Admin,
     State(state): State<SharedState>,
