@@ -438,6 +438,14 @@ impl Hub {
             .collect()
     }
 
+    /// Whether `conn` is a verified robot's socket on this node.
+    pub fn is_robot(&self, conn: &ConnId) -> bool {
+        self.state()
+            .conns
+            .get(conn)
+            .is_some_and(|entry| matches!(entry.kind, ConnKind::Robot { .. }))
+    }
+
     pub fn is_online(&self, robot_id: &str) -> bool {
         self.state().robots.contains_key(robot_id)
     }

@@ -154,7 +154,10 @@ async fn handle(state: &SharedState, cluster: &Cluster, message: PeerMessage) {
         Control::Throttled { conn, id } => {
             let conn = ConnId::from(conn);
             tell(state, &conn, &WsError::Throttled, id.as_deref());
-            state.hub.strike(&conn);
+            // As here (ws::connection): a robot is not struck for a client that stalls.
+            if !state.hub.is_robot(&conn) {
+                state.hub.strike(&conn);
+            }
         }
     }
 }

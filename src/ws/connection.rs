@@ -206,6 +206,9 @@ fn serve(
                                 out.for_cause = true;
                                 out.close = Some(close);
                             }
+                            // A robot told that a client does not keep up is not at fault:
+                            // a stalled viewer must not get the robot cut off for strikes.
+                            None if matches!(error, WsError::Throttled) && protocol.is_robot() => {}
                             None => out.count_strike(now),
                         }
                     }

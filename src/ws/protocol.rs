@@ -143,6 +143,10 @@ impl Protocol {
         }
     }
 
+    pub fn is_robot(&self) -> bool {
+        matches!(self.peer, Peer::Robot { .. })
+    }
+
     pub fn role_label(&self) -> &'static str {
         match self.peer {
             Peer::Unverified { .. } => "pending",

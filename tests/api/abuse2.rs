@@ -315,3 +315,47 @@ async fn one_viewer_cannot_lock_the_operator_out() {
     assert_eq!(offered["payload"]["connectionId"], session.as_str());
     robot.expect_nothing_pending().await;
 }
+
+/// Item 3, the other way: a viewer that stops reading while the robot keeps sending to it
+/// (answers to its renegotiations, candidates) gets the robot told `relay_throttled`, but
+/// the robot earns no strikes for it and is never cut off.
+#[tokio::test]
+async fn a_stalled_viewer_cannot_get_the_robot_cut_off_for_strikes() {
+    let server = TestServer::start_with(|c| {
+        c.relay_bytes_per_sec = 0;
+        c.max_strikes = 5;
+        // Only the relay's fairness is under test, not the per-socket message limit.
+        c.rate_limit = 1_000_000;
+        c.rate_burst = 1_000_000;
+    })
+    .await;
+    let (mut robot, _) = server.online_robot("robot-1").await;
+    let (_carol, session) = server
+        .open_session(&mut robot, "robot-1", "carol", "viewer")
+        .await;
+    // carol never reads again; the robot sends far more than her queue and the kernel's
+    // buffers hold.
+    let mut throttled = 0;
+    for _ in 0..300 {
+        robot.send(&big_candidate(&session, 60_000)).await;
+    }
+    let ping = envelope("signalling.ping", None);
+    robot.send(&ping).await;
+    loop {
+        let message = robot.recv().await;
+        match message["type"].as_str() {
+            Some("signalling.pong") => break,
+            Some("signalling.error") => {
+                assert_eq!(message["payload"]["details"]["reason"], "relay_throttled");
+                throttled += 1;
+            }
+            _ => panic!("unexpected message to the robot: {message}"),
+        }
+    }
+    assert!(throttled > 5, "throttled {throttled} times");
+    assert!(
+        server.state.hub.is_online("robot-1"),
+        "the robot was cut off"
+    );
+    robot.expect_nothing_pending().await;
+}
