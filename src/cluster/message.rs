@@ -65,15 +65,15 @@ pub enum Control {
         reason: Refusal,
     },
     /// Directed: close one socket of the receiving node.
-    Kick { conn: String, reason: String },
+    Kick { conn: String, reason: Kick },
     /// Broadcast: close the robot's socket, wherever it is.
-    KickRobot { robot_id: String, reason: String },
+    KickRobot { robot_id: String, reason: Kick },
     /// Broadcast: close the sockets that logged in with this token.
     KickToken { token_id: String },
     /// Broadcast: close robots that proved one of these revoked credentials.
     KickCredentials {
         credentials: Vec<String>,
-        reason: String,
+        reason: Kick,
     },
     /// Broadcast: a grant changed (or was withdrawn: `allowed` None); end the sessions
     /// owned by the receiver above `allowed`.
@@ -241,28 +241,6 @@ pub fn frame_id(text: &str) -> Option<String> {
     serde_json::from_str::<Id>(text).ok()?.id
 }
 
-/// A kick's name on the bus.
-pub fn kick_name(kick: Kick) -> &'static str {
-    match kick {
-        Kick::Replaced => "replaced",
-        Kick::Revoked => "revoked",
-        Kick::TokenRevoked => "token_revoked",
-        Kick::SlowConsumer => "slow_consumer",
-        Kick::Shutdown => "shutdown",
-    }
-}
-
-pub fn kick_from_name(name: &str) -> Option<Kick> {
-    Some(match name {
-        "replaced" => Kick::Replaced,
-        "revoked" => Kick::Revoked,
-        "token_revoked" => Kick::TokenRevoked,
-        "slow_consumer" => Kick::SlowConsumer,
-        "shutdown" => Kick::Shutdown,
-        _ => return None,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -403,14 +381,34 @@ mod tests {
         assert!(decode(b"Fonly").is_err());
         assert!(decode(b"Fc1\nr1\nno session line").is_err());
         assert!(decode(b"J{").is_err());
-        for kick in [
+        for reason in [
             Kick::Replaced,
             Kick::Revoked,
             Kick::TokenRevoked,
             Kick::SlowConsumer,
             Kick::Shutdown,
         ] {
-            assert_eq!(kick_from_name(kick_name(kick)), Some(kick));
+            let kick = Control::KickRobot {
+                robot_id: "r".into(),
+                reason,
+            };
+            assert!(matches!(
+                decode(&encode_control("n1", &kick)).unwrap(),
+                PeerMessage::Control { control, .. } if control == kick
+            ));
         }
+        // The names nodes of the previous version sent read the same.
+        let named =
+            br#"J{"origin":"n1","kind":"kick_robot","robot_id":"r","reason":"token_revoked"}"#;
+        assert!(matches!(
+            decode(named).unwrap(),
+            PeerMessage::Control {
+                control: Control::KickRobot {
+                    reason: Kick::TokenRevoked,
+                    ..
+                },
+                ..
+            }
+        ));
     }
 }

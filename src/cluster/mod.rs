@@ -337,7 +337,7 @@ impl Cluster {
             node,
             &Control::Kick {
                 conn: conn.to_string(),
-                reason: message::kick_name(reason).to_string(),
+                reason,
             },
         );
     }

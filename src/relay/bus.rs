@@ -39,8 +39,10 @@ impl Outbound {
     }
 }
 
-/// Why the server closes a socket from outside its own task.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Why the server closes a socket from outside its own task; crosses the bus between nodes
+/// as its snake_case name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Kick {
     /// A newer verified connection took over this robot id.
     Replaced,

@@ -1073,7 +1073,7 @@ impl Hub {
         if let Some(cluster) = &self.cluster {
             cluster.broadcast(&Control::KickRobot {
                 robot_id: robot_id.to_string(),
-                reason: crate::cluster::message::kick_name(reason).to_string(),
+                reason,
             });
         }
         self.kick_robot_here(robot_id, reason)
@@ -1101,7 +1101,7 @@ impl Hub {
         if let Some(cluster) = &self.cluster {
             cluster.broadcast(&Control::KickCredentials {
                 credentials: revoked.to_vec(),
-                reason: crate::cluster::message::kick_name(reason).to_string(),
+                reason,
             });
         }
         self.kick_credentials_here(revoked, reason)

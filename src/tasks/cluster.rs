@@ -10,7 +10,7 @@ use axum::extract::ws::Utf8Bytes;
 use tokio::task::JoinHandle;
 
 use super::StopSignal;
-use crate::cluster::message::{frame_id, kick_from_name, Refusal};
+use crate::cluster::message::{frame_id, Refusal};
 use crate::cluster::{Cluster, Control, PeerMessage, RelayedFrame};
 use crate::messages;
 use crate::relay::{
@@ -108,15 +108,9 @@ async fn handle(state: &SharedState, cluster: &Cluster, message: PeerMessage) {
                 tell(state, &client, &WsError::Relay(error), offer_id.as_deref());
             }
         }
-        Control::Kick { conn, reason } => {
-            if let Some(reason) = kick_from_name(&reason) {
-                state.hub.kick(&conn.into(), reason);
-            }
-        }
+        Control::Kick { conn, reason } => state.hub.kick(&conn.into(), reason),
         Control::KickRobot { robot_id, reason } => {
-            if let Some(reason) = kick_from_name(&reason) {
-                state.hub.kick_robot_here(&robot_id, reason);
-            }
+            state.hub.kick_robot_here(&robot_id, reason);
         }
         Control::KickToken { token_id } => {
             state.hub.kick_token_here(&token_id);
@@ -125,9 +119,7 @@ async fn handle(state: &SharedState, cluster: &Cluster, message: PeerMessage) {
             credentials,
             reason,
         } => {
-            if let Some(reason) = kick_from_name(&reason) {
-                state.hub.kick_credentials_here(&credentials, reason);
-            }
+            state.hub.kick_credentials_here(&credentials, reason);
         }
         Control::EndSessionsOf {
             robot_id,
