@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::arp::config::{ArpConfigError, ArpFileConfig, ListenConfig, Token};
 use crate::driver::DriverSpec;
 use crate::safety::SafetyLimits;
 use crate::video::{VideoConfig, VideoError, VideoSpec};
@@ -43,6 +44,8 @@ pub enum ConfigError {
     Driver(#[from] crate::driver::DriverError),
     #[error(transparent)]
     Video(#[from] VideoError),
+    #[error(transparent)]
+    Arp(#[from] ArpConfigError),
 }
 
 /// Reconnect backoff of the signalling client.
@@ -120,6 +123,8 @@ pub struct FileConfig {
     pub video: Vec<VideoConfig>,
     /// Seconds an `exec:` video source keeps running after its last viewer.
     pub video_grace_s: Option<f64>,
+    /// `[arp]`: the ARP server's settings.
+    pub arp: Option<ArpFileConfig>,
 }
 
 impl FileConfig {
@@ -145,6 +150,11 @@ pub struct RunFlags {
     pub driver: Option<String>,
     /// `--video NAME=SOURCE`, in order.
     pub video: Vec<VideoSpec>,
+    /// `--arp-listen ADDR`.
+    pub arp_listen: Option<String>,
+    /// `--arp-token ROLE:SECRET` (and the environment variable), added to
+    /// the file's tokens.
+    pub arp_tokens: Vec<String>,
 }
 
 /// Everything `run` needs, resolved.
@@ -165,6 +175,10 @@ pub struct RunConfig {
     pub reconnect: ReconnectConfig,
     pub video: Vec<VideoSpec>,
     pub video_grace: Duration,
+    /// `[arp]` of the file (tokens merged with the flags').
+    pub arp: ArpFileConfig,
+    /// The local ARP WebSocket, if enabled.
+    pub arp_listen: Option<ListenConfig>,
 }
 
 impl RunConfig {
@@ -231,7 +245,23 @@ impl RunConfig {
             .map(&within)
             .or_else(|| std::env::var_os("ROBOT_AGENT_DATA_DIR").map(PathBuf::from))
             .unwrap_or_else(|| config_dir.clone());
+        let mut arp = file.arp.unwrap_or_default();
+        arp.tokens.extend(flags.arp_tokens);
+        let tokens = arp
+            .tokens
+            .iter()
+            .map(|t| t.parse::<Token>())
+            .collect::<Result<Vec<_>, _>>()?;
+        let arp_listen = flags
+            .arp_listen
+            .or_else(|| arp.listen.clone())
+            .map(|addr| ListenConfig::new(&addr, tokens))
+            .transpose()?;
+        // Checked now, so a mistake stops the start rather than the first call.
+        crate::arp::ArpOptions::from_file(&arp, true)?;
         Ok(RunConfig {
+            arp,
+            arp_listen,
             servers,
             robot_id,
             driver,

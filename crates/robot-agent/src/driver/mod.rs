@@ -9,7 +9,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use signalling_protocol::{NavigationStatus, Orientation, Position};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::safety::StopReason;
 
@@ -85,10 +85,22 @@ pub enum DriverEvent {
     EmergencyStop { reason: String },
 }
 
+/// Where the robot is, in the driver's odometry frame (`odom`).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Pose {
+    pub x: f64,
+    pub y: f64,
+    /// Heading, radians, counter-clockwise from +x.
+    pub theta: f64,
+}
+
 /// The controller's end of a running driver.
 pub struct DriverHandle {
     pub commands: mpsc::Sender<DriverCommand>,
     pub events: mpsc::Receiver<DriverEvent>,
+    /// The latest pose, for drivers that know it (`None` until then). A
+    /// watch, not the event channel: readers want the newest value only.
+    pub pose: watch::Receiver<Option<Pose>>,
 }
 
 impl DriverHandle {
@@ -96,14 +108,17 @@ impl DriverHandle {
     pub fn channel() -> (DriverHandle, DriverEnd) {
         let (cmd_tx, cmd_rx) = mpsc::channel(CHANNEL_CAPACITY);
         let (ev_tx, ev_rx) = mpsc::channel(CHANNEL_CAPACITY);
+        let (pose_tx, pose_rx) = watch::channel(None);
         (
             DriverHandle {
                 commands: cmd_tx,
                 events: ev_rx,
+                pose: pose_rx,
             },
             DriverEnd {
                 commands: cmd_rx,
                 events: ev_tx,
+                pose: pose_tx,
             },
         )
     }
@@ -113,6 +128,7 @@ impl DriverHandle {
 pub struct DriverEnd {
     pub commands: mpsc::Receiver<DriverCommand>,
     pub events: mpsc::Sender<DriverEvent>,
+    pub pose: watch::Sender<Option<Pose>>,
 }
 
 /// Which driver to run, from `--driver`.

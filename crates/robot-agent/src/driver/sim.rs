@@ -141,6 +141,11 @@ async fn run(mut end: DriverEnd, config: SimConfig, probe: SimProbe) {
             }
         }
         state.goal = goal.as_ref().map(|g| g.name.clone());
+        end.pose.send_replace(Some(super::Pose {
+            x: state.x,
+            y: state.y,
+            theta: state.theta,
+        }));
         if let Ok(mut shared) = probe.0.lock() {
             *shared = state.clone();
         }
