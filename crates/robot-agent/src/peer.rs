@@ -345,9 +345,7 @@ impl PeerManager {
             self.send_answer(session, answer.sdp);
             return Ok(());
         }
-        if self.sessions.len() >= MAX_SESSIONS {
-            return Err(PeerError::TooManySessions);
-        }
+        self.make_room(role).await?;
         let generation = self.next_generation;
         self.next_generation += 1;
         let config = RTCConfiguration {
@@ -397,6 +395,44 @@ impl PeerManager {
             },
         );
         self.send_answer(session, answer.sdp);
+        Ok(())
+    }
+
+    /// Keeps a slot for a controller: viewers may hold at most
+    /// `MAX_SESSIONS - 1` sessions, and an operator or owner finding the
+    /// agent full evicts the oldest viewer (issue 29).
+    async fn make_room(&mut self, role: Role) -> Result<(), PeerError> {
+        let viewers = self
+            .sessions
+            .values()
+            .filter(|s| !s.role.may_drive())
+            .count();
+        if !role.may_drive() {
+            return if viewers >= MAX_SESSIONS - 1 || self.sessions.len() >= MAX_SESSIONS {
+                Err(PeerError::TooManySessions)
+            } else {
+                Ok(())
+            };
+        }
+        if self.sessions.len() < MAX_SESSIONS {
+            return Ok(());
+        }
+        let oldest = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| !s.role.may_drive())
+            .min_by_key(|(_, s)| s.generation)
+            .map(|(id, _)| id.clone());
+        let Some(oldest) = oldest else {
+            return Err(PeerError::TooManySessions);
+        };
+        tracing::warn!(session = %oldest, "agent full; the oldest viewer session gives way to a controller");
+        self.teardown(
+            &oldest,
+            StopReason::SessionEnded,
+            Some(DisconnectReason::Closed),
+        )
+        .await;
         Ok(())
     }
 

@@ -854,3 +854,145 @@ async fn a_camera_that_dies_mid_session_is_announced_and_its_return_too() {
     assert!(CameraStats::get(&camera.stats.starts) >= 2);
     viewer.pc.close().await.expect("close");
 }
+
+/// A browser-like offer (a `control` data channel), for tests that only
+/// need the agent to answer.
+async fn offer_sdp(labels: &[&str]) -> (Arc<webrtc::peer_connection::RTCPeerConnection>, String) {
+    let mut settings = SettingEngine::default();
+    settings.set_ice_multicast_dns_mode(MulticastDnsMode::Disabled);
+    settings.set_include_loopback_candidate(true);
+    settings.set_ip_filter(Box::new(|ip: std::net::IpAddr| ip.is_loopback()));
+    let mut media = MediaEngine::default();
+    media.register_default_codecs().expect("codecs");
+    let api = APIBuilder::new()
+        .with_media_engine(media)
+        .with_setting_engine(settings)
+        .build();
+    let pc = Arc::new(
+        api.new_peer_connection(RTCConfiguration::default())
+            .await
+            .expect("pc"),
+    );
+    for label in labels {
+        pc.create_data_channel(label, None).await.expect("channel");
+    }
+    let offer = pc.create_offer(None).await.expect("offer");
+    pc.set_local_description(offer).await.expect("local");
+    let sdp = pc.local_description().await.expect("sdp").sdp;
+    (pc, sdp)
+}
+
+/// Issue 29: one viewer socket sending 16 offers must not lock the
+/// operator out; the agent keeps a slot for the controller.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn viewers_filling_every_slot_leave_one_for_the_operator() {
+    let (driver, _end) = DriverHandle::channel();
+    let limits = SafetyLimits::default();
+    let shared = Shared {
+        controller: controller::spawn(limits.clone(), driver),
+        locations: Arc::new(std::sync::Mutex::new(LocationStore::in_memory(10))),
+        settings: Arc::new(std::sync::Mutex::new(Settings::defaults(&limits))),
+        base_limits: limits,
+        metrics: Arc::new(crate::session::Metrics::default()),
+    };
+    let (sig_tx, mut sig_rx) = mpsc::channel(4096);
+    let manager = PeerManager::new(
+        &PeerOptions {
+            include_loopback_candidates: true,
+            loopback_only: true,
+        },
+        sig_tx,
+        shared,
+    )
+    .expect("manager");
+    let (in_tx, in_rx) = mpsc::channel(64);
+    tokio::spawn(manager.run(in_rx));
+    let (_browser, sdp) = offer_sdp(&["control"]).await;
+    for i in 0..MAX_SESSIONS {
+        in_tx
+            .send(Inbound::Offer {
+                session: format!("viewer-{i}"),
+                sdp: sdp.clone(),
+                role: Role::Viewer,
+                subject: Some("mallory".into()),
+            })
+            .await
+            .expect("offer");
+    }
+    in_tx
+        .send(Inbound::Offer {
+            session: "operator".into(),
+            sdp,
+            role: Role::Operator,
+            subject: Some("alice".into()),
+        })
+        .await
+        .expect("offer");
+    // Every offer is answered or refused, in order; the operator's last.
+    let mut answered = std::collections::HashSet::new();
+    let (mut refused, mut evicted) = (0, 0);
+    let operator = loop {
+        let envelope = tokio::time::timeout(WAIT, sig_rx.recv())
+            .await
+            .expect("signal in time")
+            .expect("open");
+        let v = checked(&envelope);
+        let session = v["payload"]["connectionId"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned();
+        match (v["type"].as_str(), session.starts_with("viewer-")) {
+            (Some("signalling.answer"), true) => {
+                answered.insert(session);
+            }
+            (Some("signalling.disconnected"), true) => {
+                if answered.contains(&session) {
+                    evicted += 1;
+                } else {
+                    refused += 1;
+                }
+            }
+            (Some("signalling.answer" | "signalling.disconnected"), false) => break v,
+            _ => {}
+        }
+    };
+    assert_eq!(
+        operator["type"], "signalling.answer",
+        "the operator's offer was refused: {operator}"
+    );
+    assert!(refused + evicted >= 1, "a viewer gave way");
+    assert!(answered.len() - evicted < MAX_SESSIONS, "a slot was kept");
+
+    // Full now (15 viewers and the operator): another controller's offer
+    // evicts the oldest viewer.
+    in_tx
+        .send(Inbound::Offer {
+            session: "owner".into(),
+            sdp: offer_sdp(&["control"]).await.1,
+            role: Role::Owner,
+            subject: Some("olga".into()),
+        })
+        .await
+        .expect("offer");
+    let mut evicted_viewer = None;
+    let owner = loop {
+        let envelope = tokio::time::timeout(WAIT, sig_rx.recv())
+            .await
+            .expect("signal in time")
+            .expect("open");
+        let v = checked(&envelope);
+        match (v["type"].as_str(), v["payload"]["connectionId"].as_str()) {
+            (Some("signalling.disconnected"), Some(id)) if id.starts_with("viewer-") => {
+                evicted_viewer = Some(id.to_owned());
+            }
+            (Some("signalling.answer" | "signalling.disconnected"), Some("owner")) => break v,
+            _ => {}
+        }
+    };
+    assert_eq!(owner["type"], "signalling.answer", "{owner}");
+    assert_eq!(
+        evicted_viewer.as_deref(),
+        Some("viewer-0"),
+        "the oldest viewer"
+    );
+}
