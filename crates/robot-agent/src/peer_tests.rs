@@ -996,3 +996,171 @@ async fn viewers_filling_every_slot_leave_one_for_the_operator() {
         "the oldest viewer"
     );
 }
+
+/// The ARP handler on a data channel labelled `arp`: the session's role
+/// (`meta.session.role`) decides, as on the local WebSocket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_arp_data_channel_is_served_with_the_sessions_role() {
+    use signalling_protocol::arp_schema::ArpValidator;
+
+    let (driver, mut end) = DriverHandle::channel();
+    let pose = driver.pose.clone();
+    end.events.send(DriverEvent::Ready).await.expect("ready");
+    let limits = SafetyLimits::default();
+    let shared = Shared {
+        controller: controller::spawn(limits.clone(), driver),
+        locations: Arc::new(std::sync::Mutex::new(LocationStore::in_memory(10))),
+        settings: Arc::new(std::sync::Mutex::new(Settings::defaults(&limits))),
+        base_limits: limits,
+        metrics: Arc::new(crate::session::Metrics::default()),
+    };
+    let arp = crate::arp::ArpServer::new(shared.clone(), pose, crate::arp::ArpOptions::default());
+    let (sig_tx, mut sig_rx) = mpsc::channel(256);
+    let manager = PeerManager::new(
+        &PeerOptions {
+            include_loopback_candidates: true,
+            loopback_only: true,
+        },
+        sig_tx,
+        shared,
+    )
+    .expect("manager")
+    .with_arp(arp);
+    let (in_tx, in_rx) = mpsc::channel(64);
+    tokio::spawn(manager.run(in_rx));
+
+    let (browser, sdp) = offer_sdp(&[]).await;
+    // The channel must exist before the offer: make a fresh offer with it.
+    let channel = browser
+        .create_data_channel("arp", None)
+        .await
+        .expect("arp channel");
+    let offer = browser.create_offer(None).await.expect("offer");
+    browser.set_local_description(offer).await.expect("local");
+    let sdp = browser.local_description().await.map_or(sdp, |d| d.sdp);
+    let (msg_tx, mut msg_rx) = mpsc::channel::<String>(64);
+    channel.on_message(Box::new(move |m: DataChannelMessage| {
+        let tx = msg_tx.clone();
+        Box::pin(async move {
+            let _ = tx.send(String::from_utf8_lossy(&m.data).into_owned()).await;
+        })
+    }));
+    let (open_tx, mut open_rx) = mpsc::channel::<()>(1);
+    channel.on_open(Box::new(move || {
+        Box::pin(async move {
+            let _ = open_tx.send(()).await;
+        })
+    }));
+    let (cand_tx, mut cand_rx) = mpsc::channel::<String>(32);
+    browser.on_ice_candidate(Box::new(move |c: Option<RTCIceCandidate>| {
+        let tx = cand_tx.clone();
+        Box::pin(async move {
+            if let Some(Ok(init)) = c.map(|c| c.to_json()) {
+                let _ = tx.send(init.candidate).await;
+            }
+        })
+    }));
+    in_tx
+        .send(Inbound::Offer {
+            session: "s-arp".into(),
+            sdp,
+            role: Role::Viewer,
+            subject: Some("vera".into()),
+        })
+        .await
+        .expect("offer");
+    let mut early = Vec::new();
+    let answer = next_signal(&mut sig_rx, "signalling.answer", &mut early).await;
+    let sdp = answer["payload"]["sdp"].as_str().expect("sdp").to_owned();
+    browser
+        .set_remote_description(RTCSessionDescription::answer(sdp).expect("answer"))
+        .await
+        .expect("remote");
+    let add = |v: &Value| RTCIceCandidateInit {
+        candidate: v["payload"]["candidate"].as_str().expect("c").to_owned(),
+        sdp_mid: Some("0".into()),
+        sdp_mline_index: Some(0),
+        username_fragment: None,
+    };
+    for v in &early {
+        browser.add_ice_candidate(add(v)).await.expect("candidate");
+    }
+    // Trickle until the arp channel is open.
+    loop {
+        tokio::select! {
+            c = cand_rx.recv() => {
+                let payload = IceCandidatePayload {
+                    connection_id: "s-arp".into(),
+                    candidate: c.expect("browser candidate"),
+                    sdp_mid: "0".into(),
+                    sdp_m_line_index: 0,
+                    username_fragment: None,
+                };
+                in_tx.send(Inbound::RemoteCandidate(payload)).await.expect("candidate");
+            }
+            e = tokio::time::timeout(WAIT, sig_rx.recv()) => {
+                let v = checked(&e.expect("agent signal in time").expect("open"));
+                if v["type"] == "signalling.ice_candidate" {
+                    browser.add_ice_candidate(add(&v)).await.expect("agent candidate");
+                }
+            }
+            o = tokio::time::timeout(WAIT, open_rx.recv()) => {
+                o.expect("arp channel open in time");
+                break;
+            }
+        }
+    }
+    let mut methods = std::collections::HashMap::new();
+    let mut n = 0;
+    let mut call = async |method: &str, params: Value| -> Value {
+        n += 1;
+        methods.insert(n, method.to_owned());
+        let request = json!({"jsonrpc": "2.0", "id": n, "method": method, "params": params});
+        ArpValidator::shared()
+            .validate(&request, None)
+            .expect("valid request");
+        channel.send_text(request.to_string()).await.expect("send");
+        loop {
+            let text = tokio::time::timeout(WAIT, msg_rx.recv())
+                .await
+                .expect("arp answer in time")
+                .expect("channel open");
+            let v: Value = serde_json::from_str(&text).expect("JSON");
+            let answered = v["id"].as_u64().and_then(|id| methods.get(&id)).cloned();
+            ArpValidator::shared()
+                .validate(&v, answered.as_deref())
+                .unwrap_or_else(|e| panic!("invalid ARP from the agent: {e}\n{v}"));
+            if v["id"] == n {
+                return v;
+            }
+        }
+    };
+    let init = call(
+        "arp.initialize",
+        json!({"protocolVersion": "0.1.0", "clientInfo": {"name": "dc", "version": "1"}}),
+    )
+    .await;
+    assert_eq!(init["result"]["protocolVersion"], "0.1.0");
+    let drive = call(
+        "arp.callTool",
+        json!({"name": "drive", "arguments": {"linear": 0.1, "angular": 0, "durationSecs": 1}}),
+    )
+    .await;
+    assert_eq!(drive["error"]["code"], -40001);
+    assert_eq!(drive["error"]["data"]["reason"], "forbidden");
+    let stop = call("arp.emergencyStop", json!({"reason": "viewer saw smoke"})).await;
+    assert_eq!(stop["result"]["stopped"], true);
+    let command = tokio::time::timeout(WAIT, end.commands.recv())
+        .await
+        .expect("driver told in time")
+        .expect("command");
+    assert!(
+        matches!(
+            command,
+            crate::driver::DriverCommand::Stop {
+                reason: StopReason::EmergencyStop
+            }
+        ),
+        "{command:?}"
+    );
+}
