@@ -67,6 +67,11 @@ pub async fn run(config: RunConfig) -> Result<(), AgentError> {
         nav_goal_topic: topic("ros.nav_goal_topic", "/modulr/nav/goal"),
         nav_cancel_topic: topic("ros.nav_cancel_topic", "/modulr/nav/cancel"),
         nav_status_topic: topic("ros.nav_status_topic", "/modulr/nav/status"),
+        odom_topic: config
+            .arp
+            .odometry_topic
+            .clone()
+            .unwrap_or_else(|| "/odom".into()),
         ..DriverOptions::default()
     };
     tracing::info!(
@@ -90,7 +95,10 @@ pub async fn run(config: RunConfig) -> Result<(), AgentError> {
     };
     let metrics = shared.metrics.clone();
     // Only drivers that report a pose offer the `odometry` context.
-    let odometry = matches!(config.driver, driver::DriverSpec::Sim);
+    let odometry = matches!(
+        config.driver,
+        driver::DriverSpec::Sim | driver::DriverSpec::Rosbridge(_)
+    );
     let arp = crate::arp::ArpServer::new(
         shared.clone(),
         pose,

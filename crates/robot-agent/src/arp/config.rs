@@ -45,6 +45,8 @@ pub struct ArpFileConfig {
     pub workspace: Option<WorkspaceConfig>,
     pub robot_model: Option<String>,
     pub robot_type: Option<String>,
+    /// `nav_msgs/Odometry` topic of the rosbridge driver (default `/odom`).
+    pub odometry_topic: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]

@@ -188,6 +188,8 @@ pub struct DriverOptions {
     pub nav_goal_topic: String,
     pub nav_cancel_topic: String,
     pub nav_status_topic: String,
+    /// `nav_msgs/Odometry` topic the rosbridge driver reads the pose from.
+    pub odom_topic: String,
     /// First delay before restarting a crashed child / reopening a port.
     pub restart_initial: Duration,
     /// Cap of that delay.
@@ -201,6 +203,7 @@ impl Default for DriverOptions {
             nav_goal_topic: "/modulr/nav/goal".into(),
             nav_cancel_topic: "/modulr/nav/cancel".into(),
             nav_status_topic: "/modulr/nav/status".into(),
+            odom_topic: "/odom".into(),
             restart_initial: Duration::from_millis(500),
             restart_max: Duration::from_secs(10),
         }
