@@ -85,6 +85,7 @@ pub async fn run(config: RunConfig) -> Result<(), AgentError> {
     );
     let driver = driver::start(&config.driver, driver_options);
     let pose = driver.pose.clone();
+    let driver_tools = driver.tools.clone();
     let controller = controller::spawn(limits, driver);
     let shared = Shared {
         controller: controller.clone(),
@@ -102,7 +103,10 @@ pub async fn run(config: RunConfig) -> Result<(), AgentError> {
     let arp = crate::arp::ArpServer::new(
         shared.clone(),
         pose,
-        crate::arp::ArpOptions::from_file(&config.arp, odometry)?,
+        crate::arp::ArpOptions {
+            driver_tools: Some(driver_tools),
+            ..crate::arp::ArpOptions::from_file(&config.arp, odometry)?
+        },
     );
     let _arp_listener = match &config.arp_listen {
         Some(listen) => {

@@ -62,13 +62,12 @@ pub(super) fn start(conn: &Conn, id: &Value, params: &Value) -> Result<Option<Va
     let server = &conn.server;
     let tool = server
         .tool(&p.name)
-        .cloned()
         .ok_or_else(|| ArpError::ToolNotFound(p.name.clone()))?;
     let role = conn.peer.role;
     if !role.may_drive() && !tool.kind.viewer_may_call() {
         return Err(ArpError::Forbidden(role.as_str()));
     }
-    let args = super::tools::parse_args(tool.kind, &arguments)?;
+    let args = super::tools::parse_args(&tool, &arguments)?;
     let call_id = format!("call-{}", server.next_id());
     let (cancel_tx, cancel_rx) = watch::channel(false);
     let (outcome_tx, outcome_rx) = watch::channel(None);
@@ -85,7 +84,7 @@ pub(super) fn start(conn: &Conn, id: &Value, params: &Value) -> Result<Option<Va
                 return Ok(None);
             }
         }
-        if tool.kind.moves() {
+        if tool.moves() {
             if let Some(active) = &state.motion {
                 return Err(ArpError::ToolBusy {
                     active: active.clone(),
@@ -96,7 +95,7 @@ pub(super) fn start(conn: &Conn, id: &Value, params: &Value) -> Result<Option<Va
         state.calls.insert(
             call_id.clone(),
             Running {
-                tool: tool.name,
+                tool: tool.name.clone(),
                 owner: conn.peer.key.clone(),
                 cancel: cancel_tx,
             },
@@ -122,7 +121,7 @@ pub(super) fn start(conn: &Conn, id: &Value, params: &Value) -> Result<Option<Va
         let call_id = call.id.clone();
         let server = call.server.clone();
         let link = call.link.clone();
-        let tool = call.tool.name;
+        let tool = call.tool.name.clone();
         let outcome: Outcome = match run(call, args).await {
             Ok((state, result)) => {
                 let mut body = json!({ "callId": call_id, "state": state });
@@ -180,7 +179,7 @@ async fn run(mut call: Call, args: Args) -> Result<Ended, ArpError> {
     let controller = call.server.shared().controller.clone();
     let mut estop = controller.estop_watch();
     let latched = estop.borrow_and_update().clone();
-    if call.tool.kind.moves() {
+    if call.tool.moves() || call.tool.kind == ToolKind::Driver {
         // The first progress names the callId before anything else happens.
         call.progress(0.0, "accepted");
         if let Some(reason) = latched {
@@ -193,7 +192,7 @@ async fn run(mut call: Call, args: Args) -> Result<Ended, ArpError> {
         Args::Drive(d) => Prepared::Drive(call.check_drive(*d)?),
         Args::Navigate(n) => Prepared::Navigate(call.check_navigate(&n.location)?),
         Args::Save(s) => Prepared::Save(s.name.clone()),
-        Args::None => Prepared::None,
+        Args::Driver(_) | Args::None => Prepared::None,
     };
     if call.tool.requires_confirmation && !call.confirm(&mut estop).await? {
         return Ok((
@@ -245,6 +244,7 @@ async fn run(mut call: Call, args: Args) -> Result<Ended, ArpError> {
             }
         }
         (ToolKind::SaveLocation, Prepared::Save(name)) => call.save_location(name),
+        (ToolKind::Driver, _) => call.driver_tool(&mut estop).await,
         (ToolKind::ListLocations, _) => {
             let list = lock(&call.server.shared().locations).list();
             Ok(("completed", Some(json!({ "locations": list }))))
@@ -575,6 +575,46 @@ impl Call {
                         }
                     }
                 }
+            }
+        }
+    }
+
+    /// A driver-declared tool: the controller admits it (role, e-stop,
+    /// rate), the driver runs it. A cancel or e-stop stops the robot; the
+    /// driver's late answer is then ignored.
+    async fn driver_tool(
+        &mut self,
+        estop: &mut watch::Receiver<Option<String>>,
+    ) -> Result<Ended, ArpError> {
+        let controller = self.server.shared().controller.clone();
+        let answer = controller
+            .driver_tool(self.peer.role, &self.tool.name, self.arguments.clone())
+            .await?;
+        tokio::pin!(answer);
+        let mut cancel = self.cancel.clone();
+        loop {
+            tokio::select! {
+                biased;
+                changed = estop.changed() => {
+                    if changed.is_err() {
+                        return Err(ArpError::Internal);
+                    }
+                    if let Some(reason) = estop.borrow_and_update().clone() {
+                        return Err(ArpError::EmergencyStopped(reason));
+                    }
+                }
+                _ = cancelled(&mut cancel) => {
+                    controller.stop_all(StopReason::CallEnded).await;
+                    return Ok(("cancelled", None));
+                }
+                reply = &mut answer => return match reply {
+                    Ok(Ok(value)) => {
+                        let result = if value.is_object() { value } else { json!({ "value": value }) };
+                        Ok(("completed", Some(result)))
+                    }
+                    Ok(Err(e)) => Err(ArpError::ToolFailed(e.to_string())),
+                    Err(_) => Err(ArpError::ToolFailed("the driver went away".into())),
+                },
             }
         }
     }

@@ -163,6 +163,8 @@ pub struct ArpOptions {
     pub robot_type: Option<String>,
     /// Whether the driver reports its pose (the `odometry` context).
     pub odometry: bool,
+    /// Tools the driver declares (`exec:`), listed after the built-ins.
+    pub driver_tools: Option<tokio::sync::watch::Receiver<Vec<crate::driver::DeclaredTool>>>,
 }
 
 impl Default for ArpOptions {
@@ -175,6 +177,7 @@ impl Default for ArpOptions {
             robot_model: None,
             robot_type: None,
             odometry: true,
+            driver_tools: None,
         }
     }
 }
@@ -200,6 +203,7 @@ impl ArpOptions {
             robot_model: file.robot_model.clone(),
             robot_type: file.robot_type.clone(),
             odometry,
+            driver_tools: None,
         })
     }
 }

@@ -396,13 +396,7 @@ impl Conn {
                 Ok(Some(json!({})))
             }
             method::LIST_TOOLS => {
-                let tools: Vec<Value> = self
-                    .server
-                    .inner
-                    .tools
-                    .iter()
-                    .map(|t| t.to_json())
-                    .collect();
+                let tools: Vec<Value> = self.server.tools().iter().map(|t| t.to_json()).collect();
                 Ok(Some(json!({ "tools": tools })))
             }
             method::CALL_TOOL => super::calls::start(self, id, params),

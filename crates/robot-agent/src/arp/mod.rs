@@ -62,7 +62,7 @@ pub type Outcome = Result<Value, (String, ArpError)>;
 
 /// A call in progress.
 struct Running {
-    tool: &'static str,
+    tool: String,
     owner: String,
     cancel: watch::Sender<bool>,
 }
@@ -235,8 +235,23 @@ impl ArpServer {
         lock(&self.inner.state)
     }
 
-    fn tool(&self, name: &str) -> Option<&Tool> {
-        self.inner.tools.iter().find(|t| t.name == name)
+    /// Every tool now: the built-ins, then the driver's (a driver tool
+    /// cannot shadow a built-in).
+    fn tools(&self) -> Vec<Tool> {
+        let mut tools = self.inner.tools.clone();
+        if let Some(declared) = &self.inner.options.driver_tools {
+            for d in declared.borrow().iter() {
+                if tools.iter().any(|t| t.name == d.name) {
+                    continue;
+                }
+                tools.push(Tool::declared(d, &self.inner.options.confirm));
+            }
+        }
+        tools
+    }
+
+    fn tool(&self, name: &str) -> Option<Tool> {
+        self.tools().into_iter().find(|t| t.name == name)
     }
 
     /// Takes the robot's control for `key`, unless someone else holds it.

@@ -900,3 +900,117 @@ async fn context_updates_honour_max_rate() {
         .await;
     assert_eq!(code(&bad), -32602);
 }
+
+/// An `exec:` driver declaring a `critical` tool in its ready notification:
+/// listed, its arguments checked, confirmation always asked, then run by the
+/// driver.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exec_driver_declares_a_tool_that_is_listed_confirmed_and_run() {
+    let ready = json!({"jsonrpc": "2.0", "method": "ready", "params": {"tools": [{
+        "name": "dock",
+        "description": "Drive onto the charger",
+        "parameters": {"type": "object", "properties": {"speed": {"type": "number"}}, "additionalProperties": false},
+        "safety": {"level": "critical", "reversible": true, "description": "Moves onto the dock"},
+    }, {"name": "bad name!", "safety": {"level": "normal"}}]}});
+    // Answers every call_tool request with {"docked": true, "name": ...}.
+    let script = format!(
+        r#"echo '{ready}'; while read -r line; do case "$line" in *'"call_tool"'*) id=$(echo "$line" | sed -E 's/.*"id":([0-9]+).*/\1/'); echo "{{\"jsonrpc\":\"2.0\",\"id\":$id,\"result\":{{\"docked\":true}}}}";; esac; done"#
+    );
+    let (handle, end) = DriverHandle::channel();
+    let (pose, mut tools) = (handle.pose.clone(), handle.tools.clone());
+    tokio::spawn(crate::driver::exec::run(
+        script,
+        end,
+        crate::driver::DriverOptions::default(),
+    ));
+    let limits = SafetyLimits::default();
+    let controller = controller::spawn(limits.clone(), handle);
+    tokio::time::timeout(WAIT, tools.wait_for(|t| !t.is_empty()))
+        .await
+        .expect("tools in time")
+        .expect("driver alive");
+    let deadline = Instant::now() + WAIT;
+    while !controller.status().await.expect("status").driver_ready {
+        assert!(Instant::now() < deadline, "driver never ready");
+        tokio::task::yield_now().await;
+    }
+    let shared = Shared {
+        controller,
+        locations: Arc::new(std::sync::Mutex::new(LocationStore::in_memory(10))),
+        settings: Arc::new(std::sync::Mutex::new(Settings::defaults(&limits))),
+        base_limits: limits,
+        metrics: Arc::new(Metrics::default()),
+    };
+    let server = ArpServer::new(
+        shared,
+        pose,
+        ArpOptions {
+            odometry: false,
+            driver_tools: Some(tools),
+            confirm: HashMap::from([("dock".to_owned(), false)]),
+            ..ArpOptions::default()
+        },
+    );
+    let tokens: Vec<Token> = [OPERATOR, VIEWER]
+        .iter()
+        .map(|t| t.parse().expect("token"))
+        .collect();
+    let listener = ArpListener::bind(&ListenConfig::new("127.0.0.1:0", tokens).expect("listen"))
+        .await
+        .expect("bind");
+    let url = format!("ws://{}/", listener.local_addr().expect("addr"));
+    let task = tokio::spawn(listener.run(server));
+
+    let mut c = Client::connect(&url, OPERATOR).await;
+    c.initialize().await;
+    let list = c.result("arp.listTools", json!({})).await;
+    let names: Vec<&str> = list["tools"]
+        .as_array()
+        .expect("tools")
+        .iter()
+        .map(|t| t["name"].as_str().expect("name"))
+        .collect();
+    assert_eq!(
+        names.len(),
+        8,
+        "seven built-ins and the valid declared tool: {names:?}"
+    );
+    let dock = &list["tools"][7];
+    assert_eq!(dock["name"], "dock");
+    assert_eq!(dock["safety"]["level"], "critical");
+    assert_eq!(
+        dock["safety"]["requiresConfirmation"], true,
+        "critical: always"
+    );
+    let sources = c.result("arp.listContext", json!({})).await;
+    assert_eq!(
+        sources["sources"].as_array().expect("sources").len(),
+        1,
+        "no odometry"
+    );
+
+    let bad = c.tool("dock", json!({"speed": "fast"})).await;
+    assert_eq!(code(&bad), -32602);
+    assert_eq!(bad["error"]["data"]["field"], "arguments.speed");
+    let id = c
+        .request(
+            "arp.callTool",
+            json!({"name": "dock", "arguments": {"speed": 0.1}}),
+        )
+        .await;
+    let ask = c.message("arp.requestConfirmation").await;
+    assert_eq!(ask["params"]["safetyLevel"], "critical");
+    c.send_raw(&json!({"jsonrpc": "2.0", "id": ask["id"], "result": {"confirmed": true, "confirmedBy": "tester", "timestamp": "2026-11-25T13:00:00Z"}}).to_string())
+        .await;
+    let done = c.response(&id).await;
+    assert_eq!(done["result"]["state"], "completed", "{done}");
+    assert_eq!(done["result"]["result"], json!({"docked": true}));
+
+    let mut viewer = Client::connect(&url, VIEWER).await;
+    viewer.initialize().await;
+    assert_eq!(
+        code(&viewer.tool("dock", json!({"speed": 0.1})).await),
+        -40001
+    );
+    task.abort();
+}

@@ -7,6 +7,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::error::ArpError;
+use crate::driver::DeclaredTool;
 
 /// Longest accepted `drive`.
 pub const MAX_DRIVE_SECS: f64 = 30.0;
@@ -20,6 +21,8 @@ pub enum ToolKind {
     SaveLocation,
     ListLocations,
     ResetEmergencyStop,
+    /// Declared by the driver (`exec:`), run by it.
+    Driver,
 }
 
 impl ToolKind {
@@ -55,18 +58,48 @@ impl Level {
 /// One tool as listed.
 #[derive(Debug, Clone)]
 pub struct Tool {
-    pub name: &'static str,
+    pub name: String,
     pub kind: ToolKind,
-    pub description: &'static str,
+    pub description: String,
     pub parameters: Value,
     pub level: Level,
     pub reversible: bool,
-    pub safety_note: &'static str,
+    pub safety_note: String,
     pub estimated_duration: Option<f64>,
     pub requires_confirmation: bool,
 }
 
 impl Tool {
+    /// A driver's tool. `critical` always asks first; the config may turn
+    /// confirmation on for others, never off for a critical one.
+    pub fn declared(d: &DeclaredTool, confirm: &HashMap<String, bool>) -> Tool {
+        let level = match d.level.as_str() {
+            "normal" => Level::Normal,
+            "critical" => Level::Critical,
+            _ => Level::Elevated,
+        };
+        let configured = confirm.get(&d.name).copied().unwrap_or(false);
+        Tool {
+            name: d.name.clone(),
+            kind: ToolKind::Driver,
+            description: d.description.clone(),
+            parameters: d.parameters.clone(),
+            level,
+            reversible: d.reversible,
+            safety_note: d.safety_description.clone(),
+            estimated_duration: None,
+            requires_confirmation: level == Level::Critical
+                || d.requires_confirmation
+                || configured,
+        }
+    }
+
+    /// Whether the call may move the robot: one at a time, refused while
+    /// the e-stop is latched. A driver's tool above `normal` counts.
+    pub fn moves(&self) -> bool {
+        self.kind.moves() || (self.kind == ToolKind::Driver && self.level != Level::Normal)
+    }
+
     pub fn to_json(&self) -> Value {
         let mut tool = json!({
             "name": self.name,
@@ -95,10 +128,11 @@ fn no_arguments() -> Value {
 pub fn catalogue(confirm: &HashMap<String, bool>) -> Vec<Tool> {
     let tools = vec![
         Tool {
-            name: "drive",
+            name: "drive".into(),
             kind: ToolKind::Drive,
             description: "Drive the base at a constant velocity for a while, then stop. \
-                          Progress is reported every 10 %.",
+                          Progress is reported every 10 %."
+                .into(),
             parameters: json!({
                 "type": "object",
                 "properties": {
@@ -111,25 +145,26 @@ pub fn catalogue(confirm: &HashMap<String, bool>) -> Vec<Tool> {
             }),
             level: Level::Elevated,
             reversible: true,
-            safety_note: "Moves the base; velocity limits, the workspace and the e-stop apply",
+            safety_note: "Moves the base; velocity limits, the workspace and the e-stop apply"
+                .into(),
             estimated_duration: None,
             requires_confirmation: false,
         },
         Tool {
-            name: "stop",
+            name: "stop".into(),
             kind: ToolKind::Stop,
-            description: "Stop the base now; a running drive ends as cancelled.",
+            description: "Stop the base now; a running drive ends as cancelled.".into(),
             parameters: no_arguments(),
             level: Level::Normal,
             reversible: true,
-            safety_note: "Stops motion",
+            safety_note: "Stops motion".into(),
             estimated_duration: Some(0.0),
             requires_confirmation: false,
         },
         Tool {
-            name: "navigate_to",
+            name: "navigate_to".into(),
             kind: ToolKind::NavigateTo,
-            description: "Navigate to a saved location (see list_locations).",
+            description: "Navigate to a saved location (see list_locations).".into(),
             parameters: json!({
                 "type": "object",
                 "properties": {
@@ -140,25 +175,25 @@ pub fn catalogue(confirm: &HashMap<String, bool>) -> Vec<Tool> {
             }),
             level: Level::Elevated,
             reversible: true,
-            safety_note: "Moves the base autonomously; the workspace and the e-stop apply",
+            safety_note: "Moves the base autonomously; the workspace and the e-stop apply".into(),
             estimated_duration: None,
             requires_confirmation: false,
         },
         Tool {
-            name: "cancel_navigation",
+            name: "cancel_navigation".into(),
             kind: ToolKind::CancelNavigation,
-            description: "Cancel the navigation in progress.",
+            description: "Cancel the navigation in progress.".into(),
             parameters: no_arguments(),
             level: Level::Normal,
             reversible: true,
-            safety_note: "Stops autonomous motion",
+            safety_note: "Stops autonomous motion".into(),
             estimated_duration: Some(0.0),
             requires_confirmation: false,
         },
         Tool {
-            name: "save_location",
+            name: "save_location".into(),
             kind: ToolKind::SaveLocation,
-            description: "Save the current pose under a name, for navigate_to.",
+            description: "Save the current pose under a name, for navigate_to.".into(),
             parameters: json!({
                 "type": "object",
                 "properties": { "name": { "type": "string", "minLength": 1, "maxLength": 64 } },
@@ -167,30 +202,31 @@ pub fn catalogue(confirm: &HashMap<String, bool>) -> Vec<Tool> {
             }),
             level: Level::Normal,
             reversible: true,
-            safety_note: "Stores data; does not move",
+            safety_note: "Stores data; does not move".into(),
             estimated_duration: Some(0.0),
             requires_confirmation: false,
         },
         Tool {
-            name: "list_locations",
+            name: "list_locations".into(),
             kind: ToolKind::ListLocations,
-            description: "List the saved locations.",
+            description: "List the saved locations.".into(),
             parameters: no_arguments(),
             level: Level::Normal,
             reversible: true,
-            safety_note: "Reads data; does not move",
+            safety_note: "Reads data; does not move".into(),
             estimated_duration: Some(0.0),
             requires_confirmation: false,
         },
         Tool {
-            name: "reset_emergency_stop",
+            name: "reset_emergency_stop".into(),
             kind: ToolKind::ResetEmergencyStop,
             description: "Release a latched emergency stop (operator only). Motion is \
-                          possible again afterwards.",
+                          possible again afterwards."
+                .into(),
             parameters: no_arguments(),
             level: Level::Elevated,
             reversible: false,
-            safety_note: "Re-enables motion after an emergency stop",
+            safety_note: "Re-enables motion after an emergency stop".into(),
             estimated_duration: Some(0.0),
             requires_confirmation: false,
         },
@@ -198,7 +234,7 @@ pub fn catalogue(confirm: &HashMap<String, bool>) -> Vec<Tool> {
     tools
         .into_iter()
         .map(|mut tool| {
-            if let Some(on) = confirm.get(tool.name) {
+            if let Some(on) = confirm.get(&tool.name) {
                 tool.requires_confirmation = *on;
             }
             tool
@@ -236,6 +272,8 @@ pub enum Args {
     Drive(DriveArgs),
     Navigate(NavigateArgs),
     Save(SaveArgs),
+    /// A driver tool's arguments, checked against its schema.
+    Driver(Value),
     None,
 }
 
@@ -251,8 +289,23 @@ fn invalid(field: &str, message: &str) -> ArpError {
 }
 
 /// Checks `arguments` against the tool's parameters.
-pub fn parse_args(kind: ToolKind, arguments: &Value) -> Result<Args, ArpError> {
-    Ok(match kind {
+pub fn parse_args(tool: &Tool, arguments: &Value) -> Result<Args, ArpError> {
+    Ok(match tool.kind {
+        ToolKind::Driver => {
+            let validator = jsonschema::validator_for(&tool.parameters).map_err(|e| {
+                tracing::warn!(tool = %tool.name, error = %e, "driver tool schema does not compile");
+                ArpError::Precondition(format!("the driver's schema of {} is broken", tool.name))
+            })?;
+            if let Some(e) = validator.iter_errors(arguments).next() {
+                let path = e.instance_path.to_string();
+                let field = format!("arguments{}", path.replace('/', "."));
+                return Err(ArpError::InvalidParams {
+                    message: format!("{field}: {e}"),
+                    field: Some(field),
+                });
+            }
+            Args::Driver(arguments.clone())
+        }
         ToolKind::Drive => {
             let args: DriveArgs = parse(arguments)?;
             if !args.linear.is_finite() {
@@ -287,8 +340,11 @@ mod tests {
 
     #[test]
     fn drive_arguments_are_checked() {
+        let tools = catalogue(&HashMap::new());
+        let drive = tools.iter().find(|t| t.name == "drive").expect("drive");
+        let stop = tools.iter().find(|t| t.name == "stop").expect("stop");
         assert!(parse_args(
-            ToolKind::Drive,
+            drive,
             &json!({"linear": 0.2, "angular": 0, "durationSecs": 1})
         )
         .is_ok());
@@ -310,12 +366,33 @@ mod tests {
                 "arguments.turbo",
             ),
         ] {
-            match parse_args(ToolKind::Drive, &bad) {
+            match parse_args(drive, &bad) {
                 Err(ArpError::InvalidParams { field: Some(f), .. }) => assert_eq!(f, field),
                 other => panic!("{bad}: {other:?}"),
             }
         }
-        assert!(parse_args(ToolKind::Stop, &json!({"x": 1})).is_err());
+        assert!(parse_args(stop, &json!({"x": 1})).is_err());
+    }
+
+    #[test]
+    fn declared_tools_are_checked_and_critical_ones_always_confirm() {
+        let declared = DeclaredTool {
+            name: "dock".into(),
+            description: "Dock".into(),
+            parameters: json!({"type": "object", "properties": {"speed": {"type": "number"}}, "additionalProperties": false}),
+            level: "critical".into(),
+            requires_confirmation: false,
+            reversible: true,
+            safety_description: String::new(),
+        };
+        let off = HashMap::from([("dock".to_owned(), false)]);
+        let tool = Tool::declared(&declared, &off);
+        assert!(tool.requires_confirmation && tool.moves());
+        assert!(parse_args(&tool, &json!({"speed": 0.1})).is_ok());
+        match parse_args(&tool, &json!({"speed": "fast"})) {
+            Err(ArpError::InvalidParams { field: Some(f), .. }) => assert_eq!(f, "arguments.speed"),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

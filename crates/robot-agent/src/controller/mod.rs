@@ -86,7 +86,18 @@ enum Request {
         reply: oneshot::Sender<()>,
     },
     Status(oneshot::Sender<Status>),
+    /// A driver-declared tool: admitted like a motion command (role, e-stop
+    /// latch, rate), then handed to the driver.
+    DriverTool {
+        role: Role,
+        name: String,
+        arguments: Value,
+        reply: oneshot::Sender<Result<DriverAnswer, Refusal>>,
+    },
 }
+
+/// The driver's eventual answer to a tool call.
+pub type DriverAnswer = oneshot::Receiver<Result<Value, DriverError>>;
 
 /// Cheap, cloneable access to the controller.
 #[derive(Clone)]
@@ -214,6 +225,28 @@ impl ControllerHandle {
             answer,
         )
         .await;
+    }
+
+    /// Admits and starts a driver-declared tool; the driver's answer comes
+    /// on the returned receiver.
+    pub async fn driver_tool(
+        &self,
+        role: Role,
+        name: &str,
+        arguments: Value,
+    ) -> Result<DriverAnswer, Refusal> {
+        let (reply, answer) = oneshot::channel();
+        self.ask(
+            Request::DriverTool {
+                role,
+                name: name.to_owned(),
+                arguments,
+                reply,
+            },
+            answer,
+        )
+        .await
+        .unwrap_or(Err(Refusal::DriverUnavailable))
     }
 
     /// Watches the e-stop latch (its reason while latched).
@@ -378,6 +411,14 @@ impl Controller {
                 self.emergency_stop(&reason);
                 let _ = reply.send(());
             }
+            Request::DriverTool {
+                role,
+                name,
+                arguments,
+                reply,
+            } => {
+                let _ = reply.send(self.driver_tool(role, name, arguments));
+            }
             Request::Status(reply) => {
                 let _ = reply.send(Status {
                     moving: self.safety.is_moving(),
@@ -424,6 +465,27 @@ impl Controller {
                 self.send_stop(StopReason::Watchdog);
                 Refusal::DriverBusy
             })
+    }
+
+    fn driver_tool(
+        &mut self,
+        role: Role,
+        name: String,
+        arguments: Value,
+    ) -> Result<DriverAnswer, Refusal> {
+        if !self.driver_ready {
+            return Err(Refusal::DriverUnavailable);
+        }
+        self.safety.admit(now(), role)?;
+        let (reply, answer) = oneshot::channel();
+        self.driver
+            .try_send(DriverCommand::CallTool {
+                name,
+                arguments,
+                reply,
+            })
+            .map_err(|_| Refusal::DriverBusy)?;
+        Ok(answer)
     }
 
     fn navigate(

@@ -49,6 +49,27 @@ pub enum DriverError {
 /// Result of a driver request, sent back on a oneshot.
 pub type Reply = oneshot::Sender<Result<(), DriverError>>;
 
+/// Result of a driver-declared tool call: whatever the driver answered.
+pub type ToolReply = oneshot::Sender<Result<serde_json::Value, DriverError>>;
+
+/// How long a driver-declared tool may run before the call fails.
+pub const TOOL_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// A tool an `exec:` driver declares in its `ready` notification
+/// (`params.tools`), offered over ARP next to the built-in ones.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeclaredTool {
+    pub name: String,
+    pub description: String,
+    /// JSON Schema of the arguments.
+    pub parameters: serde_json::Value,
+    /// `normal`, `elevated` or `critical`.
+    pub level: String,
+    pub requires_confirmation: bool,
+    pub reversible: bool,
+    pub safety_description: String,
+}
+
 /// What the controller asks of the driver.
 #[derive(Debug)]
 pub enum DriverCommand {
@@ -65,6 +86,12 @@ pub enum DriverCommand {
     },
     /// Abort the current navigation.
     CancelNavigation { reply: Reply },
+    /// Run a tool the driver declared (`exec:` drivers only).
+    CallTool {
+        name: String,
+        arguments: serde_json::Value,
+        reply: ToolReply,
+    },
 }
 
 /// What the driver reports.
@@ -101,6 +128,8 @@ pub struct DriverHandle {
     /// The latest pose, for drivers that know it (`None` until then). A
     /// watch, not the event channel: readers want the newest value only.
     pub pose: watch::Receiver<Option<Pose>>,
+    /// Tools the driver declared (empty for most drivers).
+    pub tools: watch::Receiver<Vec<DeclaredTool>>,
 }
 
 impl DriverHandle {
@@ -109,16 +138,19 @@ impl DriverHandle {
         let (cmd_tx, cmd_rx) = mpsc::channel(CHANNEL_CAPACITY);
         let (ev_tx, ev_rx) = mpsc::channel(CHANNEL_CAPACITY);
         let (pose_tx, pose_rx) = watch::channel(None);
+        let (tools_tx, tools_rx) = watch::channel(Vec::new());
         (
             DriverHandle {
                 commands: cmd_tx,
                 events: ev_rx,
                 pose: pose_rx,
+                tools: tools_rx,
             },
             DriverEnd {
                 commands: cmd_rx,
                 events: ev_tx,
                 pose: pose_tx,
+                tools: tools_tx,
             },
         )
     }
@@ -129,6 +161,7 @@ pub struct DriverEnd {
     pub commands: mpsc::Receiver<DriverCommand>,
     pub events: mpsc::Sender<DriverEvent>,
     pub pose: watch::Sender<Option<Pose>>,
+    pub tools: watch::Sender<Vec<DeclaredTool>>,
 }
 
 /// Which driver to run, from `--driver`.

@@ -98,6 +98,10 @@ async fn session(
                         goal = Some(name);
                         (vec![pose(&options.nav_goal_topic, &position, orientation.as_ref())], Some(reply))
                     }
+                    DriverCommand::CallTool { reply, .. } => {
+                        let _ = reply.send(Err(DriverError::Unsupported("tools")));
+                        continue;
+                    }
                     DriverCommand::CancelNavigation { reply } => {
                         goal = None;
                         (vec![empty(&options.nav_cancel_topic), twist(&options.cmd_vel_topic, 0.0, 0.0)], Some(reply))

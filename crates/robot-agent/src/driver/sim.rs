@@ -109,6 +109,9 @@ async fn run(mut end: DriverEnd, config: SimConfig, probe: SimProbe) {
                         });
                         let _ = reply.send(Ok(()));
                     }
+                    DriverCommand::CallTool { reply, .. } => {
+                        let _ = reply.send(Err(super::DriverError::Unsupported("tools")));
+                    }
                     DriverCommand::CancelNavigation { reply } => {
                         goal = None;
                         state.linear = 0.0;
