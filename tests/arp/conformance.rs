@@ -117,6 +117,7 @@ async fn the_python_example_drives_a_square_and_e_stops() {
         .expect("python3 runs");
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
+    println!("{stdout}");
     assert!(
         output.status.success(),
         "example failed:\n{stdout}\n{stderr}"
