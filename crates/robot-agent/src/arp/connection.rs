@@ -542,8 +542,10 @@ impl Conn {
         let name = p.name.clone();
         let task = tokio::spawn(async move {
             let mut tick = tokio::time::interval(period);
-            // A late update is sent late, not twice: the rate stays the cap.
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            // A fixed schedule: a late update does not push back the next
+            // (no drift below maxRate) and a missed one is not made up (no
+            // burst above it).
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
             loop {
                 tick.tick().await;
                 if let Some(data) = server.context_value(&name).await {

@@ -643,8 +643,16 @@ async fn a_viewer_estop_mid_drive_stops_the_sim_and_fails_the_call() {
         .result("arp.emergencyStop", json!({"reason": "person in the way"}))
         .await;
     assert_eq!(stopped, json!({"stopped": true}));
-    // The stop reached the driver before the answer: within the sim's next tick.
+    // The stop was queued to the driver before the answer: the sim moves
+    // for at most the tick it is in (and one it may run before reading the
+    // queue), 0.3 m/s × 20 ms each, then stands.
+    let at_answer = f.probe.state().x;
     until(&f.probe, "stopped", |s| s.linear == 0.0).await;
+    let travelled = f.probe.state().x - at_answer;
+    assert!(
+        travelled <= 0.3 * 0.020 * 2.0 + 1e-9,
+        "moved {travelled} m after the e-stop"
+    );
     assert_eq!(f.probe.state().last_stop.as_deref(), Some("emergency_stop"));
     let failed = op.response(&id).await;
     assert_eq!(code(&failed), -40007);
