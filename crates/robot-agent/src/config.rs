@@ -476,6 +476,69 @@ source = "rtp:127.0.0.1:5004"
     }
 
     #[test]
+    fn arp_settings_merge_file_and_flags_and_guard_the_network() {
+        let dir = crate::testutil::temp_dir("config-arp");
+        let path = dir.join("agent.toml");
+        std::fs::write(
+            &path,
+            r#"
+server = "ws://127.0.0.1:1/ws"
+robot_id = "r"
+
+[arp]
+listen = "127.0.0.1:7700"
+tokens = ["viewer:v-secret"]
+velocity_violation = "clamp"
+
+[arp.confirm]
+navigate_to = true
+
+[arp.workspace]
+min = [-1.0, -1.0]
+max = [1.0, 1.0]
+"#,
+        )
+        .expect("write");
+        let flags = |listen: Option<&str>, tokens: &[&str]| RunFlags {
+            config: Some(path.clone()),
+            arp_listen: listen.map(str::to_owned),
+            arp_tokens: tokens.iter().map(|t| (*t).to_owned()).collect(),
+            ..RunFlags::default()
+        };
+        let config = RunConfig::resolve(flags(None, &["operator:o-secret"])).expect("resolves");
+        let listen = config.arp_listen.expect("listening");
+        assert_eq!(listen.addr.to_string(), "127.0.0.1:7700");
+        let roles: Vec<_> = listen.tokens.iter().map(|t| t.role).collect();
+        assert_eq!(
+            roles,
+            [crate::safety::Role::Viewer, crate::safety::Role::Operator]
+        );
+        let options = crate::arp::ArpOptions::from_file(&config.arp, true).expect("options");
+        assert_eq!(
+            options.velocity_violation,
+            crate::arp::ViolationAction::Clamp
+        );
+        assert_eq!(options.confirm.get("navigate_to"), Some(&true));
+        assert!(options.workspace.is_some());
+        // A flag overrides the address; the network needs a token.
+        let config = RunConfig::resolve(flags(Some("0.0.0.0:7701"), &[])).expect("resolves");
+        assert_eq!(config.arp_listen.expect("listen").addr.port(), 7701);
+        std::fs::write(&path, "server = \"ws://x/ws\"\nrobot_id = \"r\"\n").expect("write");
+        assert!(matches!(
+            RunConfig::resolve(flags(Some("0.0.0.0:7701"), &[])),
+            Err(ConfigError::Arp(ArpConfigError::NoTokenOnNetwork(_)))
+        ));
+        assert!(matches!(
+            RunConfig::resolve(flags(Some("127.0.0.1:7701"), &["root:x"])),
+            Err(ConfigError::Arp(ArpConfigError::Token(_)))
+        ));
+        assert!(RunConfig::resolve(flags(None, &[]))
+            .expect("resolves")
+            .arp_listen
+            .is_none());
+    }
+
+    #[test]
     fn mistakes_are_reported() {
         let dir = crate::testutil::temp_dir("config-bad");
         let path = dir.join("agent.toml");

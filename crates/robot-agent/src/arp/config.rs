@@ -138,7 +138,13 @@ impl FromStr for Token {
     type Err = ArpConfigError;
 
     fn from_str(text: &str) -> Result<Token, ArpConfigError> {
-        let invalid = || ArpConfigError::Token(text.split(':').next().unwrap_or("").to_owned());
+        // The error names the role part only: a token must not reach a log.
+        let invalid = || {
+            ArpConfigError::Token(match text.split_once(':') {
+                Some((role, _)) => role.to_owned(),
+                None => "(no ROLE: prefix)".to_owned(),
+            })
+        };
         let (role, secret) = text.split_once(':').ok_or_else(invalid)?;
         let role = Role::parse(role.trim()).ok_or_else(invalid)?;
         if secret.is_empty() || secret.chars().any(char::is_whitespace) {
@@ -240,6 +246,11 @@ mod tests {
         for bad in ["admin:x", "operator:", "operator", ":x", "viewer:a b"] {
             assert!(bad.parse::<Token>().is_err(), "{bad}");
         }
+        let shown = "just-a-secret"
+            .parse::<Token>()
+            .expect_err("no role")
+            .to_string();
+        assert!(!shown.contains("just-a-secret"), "{shown}");
     }
 
     #[test]
