@@ -366,9 +366,12 @@ impl Conn {
         if !known {
             return Err(ArpError::MethodNotFound(name.to_owned()));
         }
-        // An e-stop is never refused, initialized or not.
+        // An e-stop is never refused, initialized or not, whatever its
+        // params look like.
         if name == method::EMERGENCY_STOP {
-            let reason = parse::<EmergencyStopParams>(params)?.reason;
+            let reason = parse::<EmergencyStopParams>(params)
+                .ok()
+                .and_then(|p| p.reason);
             self.emergency_stop(reason).await;
             return Ok(Some(json!({ "stopped": true })));
         }

@@ -682,6 +682,24 @@ async fn a_viewer_estop_mid_drive_stops_the_sim_and_fails_the_call() {
         )
         .await;
     assert_eq!(again["result"]["state"], "completed");
+    // Malformed params never stand in the way of an e-stop.
+    let op_reset = op.tool("reset_emergency_stop", json!({})).await;
+    assert_eq!(op_reset["result"]["state"], "completed");
+    let odd = viewer
+        .call_invalid("arp.emergencyStop", json!({"reason": 42}))
+        .await;
+    assert_eq!(odd["result"]["stopped"], true);
+    assert_eq!(
+        f.controller
+            .status()
+            .await
+            .expect("status")
+            .estop
+            .as_deref(),
+        Some("arp.emergencyStop")
+    );
+    op.message("arp.emergencyStop").await;
+    op.tool("reset_emergency_stop", json!({})).await;
     // The notification form: no answer, still latches.
     viewer
         .send(

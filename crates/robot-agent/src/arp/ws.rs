@@ -30,6 +30,10 @@ pub enum ArpListenError {
     },
 }
 
+/// Most concurrent local connections; more are closed at once (the socket
+/// is for a few programs on the robot, not a server).
+pub const MAX_CONNECTIONS: usize = 64;
+
 /// A bound listener; [`ArpListener::run`] serves it.
 pub struct ArpListener {
     listener: TcpListener,
@@ -58,6 +62,7 @@ impl ArpListener {
     /// Accepts connections until the task is dropped.
     pub async fn run(self, server: ArpServer) {
         let counter = Arc::new(AtomicU64::new(1));
+        let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
         loop {
             let (stream, from) = match self.listener.accept().await {
                 Ok(accepted) => accepted,
@@ -68,10 +73,15 @@ impl ArpListener {
                     continue;
                 }
             };
+            let Ok(slot) = slots.clone().try_acquire_owned() else {
+                tracing::warn!(%from, "too many ARP connections ({MAX_CONNECTIONS}); closed");
+                continue;
+            };
             let n = counter.fetch_add(1, Ordering::Relaxed);
             let server = server.clone();
             let tokens = self.tokens.clone();
             tokio::spawn(async move {
+                let _slot = slot;
                 if let Err(e) = serve(stream, from, n, &tokens, server).await {
                     tracing::debug!(%from, error = %e, "ARP connection ended");
                 }
