@@ -1040,3 +1040,123 @@ async fn an_exec_driver_declares_a_tool_that_is_listed_confirmed_and_run() {
     );
     task.abort();
 }
+
+/// The transport-free handler (as the gateway will reach it) fed mangled
+/// frames: every answer is valid ARP, nothing panics, it keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mangled_frames_get_valid_errors_and_the_handler_keeps_serving() {
+    let f = fixture(ArpOptions::default()).await;
+    let (in_tx, in_rx) = tokio::sync::mpsc::channel(FRAME_CHANNEL);
+    let (out_tx, mut out_rx) = tokio::sync::mpsc::channel(FRAME_CHANNEL);
+    let handler = f.server.connect(
+        Peer {
+            key: "gateway-1".into(),
+            role: Role::Viewer,
+            subject: "fuzzer".into(),
+        },
+        in_rx,
+        out_tx,
+    );
+    let templates = [
+        r#"{"jsonrpc":"2.0","id":1,"method":"arp.initialize","params":{"protocolVersion":"0.1.0","clientInfo":{"name":"f","version":"1"}}}"#,
+        r#"{"jsonrpc":"2.0","id":"a","method":"arp.callTool","params":{"name":"drive","arguments":{"linear":0.1,"angular":0,"durationSecs":1},"idempotencyKey":"k"}}"#,
+        r#"{"jsonrpc":"2.0","id":7,"method":"arp.subscribeContext","params":{"name":"odometry","maxRate":10}}"#,
+        r#"{"jsonrpc":"2.0","id":8,"method":"arp.setWorkspace","params":{"name":"w","bounds":{"type":"box","min":[0,0],"max":[1,1]}}}"#,
+        r#"{"jsonrpc":"2.0","id":9,"result":{"confirmed":true}}"#,
+    ];
+    let odd = [
+        "null",
+        "[]",
+        "{}",
+        "1e999",
+        "-0",
+        "\"\\u0000\"",
+        "true",
+        "[[[[[]]]]]",
+        "18446744073709551616",
+    ];
+    // A fixed linear congruential generator: the same frames every run.
+    let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut next = move |n: usize| {
+        seed = seed
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (seed >> 33) as usize % n.max(1)
+    };
+    let mut frames = Vec::new();
+    for _ in 0..150 {
+        let t = templates[next(templates.len())];
+        let frame = match next(4) {
+            // Truncated anywhere (on a char boundary).
+            0 => {
+                let mut cut = next(t.len());
+                while !t.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                t[..cut].to_owned()
+            }
+            // A value swapped for an odd one.
+            1 => {
+                let colons: Vec<usize> = t.match_indices(':').map(|(i, _)| i).collect();
+                let at = colons[next(colons.len())] + 1;
+                let end = t[at..].find([',', '}']).map_or(t.len(), |e| at + e);
+                format!("{}{}{}", &t[..at], odd[next(odd.len())], &t[end..])
+            }
+            // Bytes flipped.
+            2 => t
+                .chars()
+                .map(|c| {
+                    if next(12) == 0 {
+                        ['"', '{', ']', ',', '\\'][next(5)]
+                    } else {
+                        c
+                    }
+                })
+                .collect(),
+            _ => t.to_owned(),
+        };
+        frames.push(frame);
+    }
+    let validator = ArpValidator::shared();
+    let mut answers = 0;
+    let count = frames.len();
+    // Sent from a task: the handler waits for room to answer (bounded
+    // channels both ways), so the test reads while it writes.
+    let sender = tokio::spawn(async move {
+        for frame in frames {
+            in_tx.send(frame).await.expect("handler alive");
+        }
+        // A last, valid request; everything before it has been answered
+        // (or rightly ignored) once its answer arrives.
+        in_tx
+            .send(r#"{"jsonrpc":"2.0","id":"last","method":"arp.listContext"}"#.into())
+            .await
+            .expect("handler alive");
+        in_tx
+    });
+    loop {
+        let text = tokio::time::timeout(WAIT, out_rx.recv())
+            .await
+            .expect("answers in time")
+            .expect("handler alive");
+        let v: Value = serde_json::from_str(&text).expect("the handler sends JSON");
+        if let Err(e) = validator.validate(&v, None) {
+            panic!("invalid ARP from the handler: {e}\n{v}");
+        }
+        answers += 1;
+        if v["id"] == "last" {
+            // Not initialized (unless a mangled frame happened to be a
+            // valid initialize): either way an answer, not a hang.
+            assert!(
+                v.get("result").is_some() || v["error"]["code"] == -40009,
+                "{v}"
+            );
+            break;
+        }
+    }
+    assert!(answers > 100, "{answers} answers to {count} frames");
+    let _in_tx = sender.await.expect("sender");
+    assert_eq!(f.probe.state().x, 0.0, "a viewer moved nothing");
+    assert!(!handler.is_finished());
+    handler.abort();
+}
