@@ -13,8 +13,11 @@
 //!   what it forwards to a robot.
 //! * With the `schema` feature, `schema::SchemaValidator` checks whole
 //!   messages against the spec's JSON Schemas (used by tests).
+//! * [`arp`]: the Autonomous Robot Protocol's names, codes and schema;
+//!   `arp_schema::ArpValidator` (feature `schema`) checks ARP messages.
 
 mod agent;
+pub mod arp;
 mod body;
 mod common;
 mod envelope;
@@ -24,6 +27,8 @@ mod relayed;
 mod session;
 mod signalling;
 
+#[cfg(feature = "schema")]
+pub mod arp_schema;
 #[cfg(feature = "schema")]
 pub mod schema;
 

@@ -36,6 +36,10 @@ pub enum AgentError {
     },
     #[error("signal handler: {0}")]
     Signal(#[source] std::io::Error),
+    #[error(transparent)]
+    ArpConfig(#[from] crate::arp::config::ArpConfigError),
+    #[error(transparent)]
+    ArpListen(#[from] crate::arp::ws::ArpListenError),
 }
 
 pub async fn run(config: RunConfig) -> Result<(), AgentError> {
@@ -63,6 +67,11 @@ pub async fn run(config: RunConfig) -> Result<(), AgentError> {
         nav_goal_topic: topic("ros.nav_goal_topic", "/modulr/nav/goal"),
         nav_cancel_topic: topic("ros.nav_cancel_topic", "/modulr/nav/cancel"),
         nav_status_topic: topic("ros.nav_status_topic", "/modulr/nav/status"),
+        odom_topic: config
+            .arp
+            .odometry_topic
+            .clone()
+            .unwrap_or_else(|| "/odom".into()),
         ..DriverOptions::default()
     };
     tracing::info!(
@@ -75,6 +84,8 @@ pub async fn run(config: RunConfig) -> Result<(), AgentError> {
         "starting robot agent"
     );
     let driver = driver::start(&config.driver, driver_options);
+    let pose = driver.pose.clone();
+    let driver_tools = driver.tools.clone();
     let controller = controller::spawn(limits, driver);
     let shared = Shared {
         controller: controller.clone(),
@@ -84,6 +95,27 @@ pub async fn run(config: RunConfig) -> Result<(), AgentError> {
         metrics: Arc::new(Metrics::default()),
     };
     let metrics = shared.metrics.clone();
+    // Only drivers that report a pose offer the `odometry` context.
+    let odometry = matches!(
+        config.driver,
+        driver::DriverSpec::Sim | driver::DriverSpec::Rosbridge(_)
+    );
+    let arp = crate::arp::ArpServer::new(
+        shared.clone(),
+        pose,
+        crate::arp::ArpOptions {
+            driver_tools: Some(driver_tools),
+            ..crate::arp::ArpOptions::from_file(&config.arp, odometry)?
+        },
+    );
+    let _arp_listener = match &config.arp_listen {
+        Some(listen) => {
+            let listener = crate::arp::ws::ArpListener::bind(listen).await?;
+            tracing::info!(addr = %listen.addr, tokens = listen.tokens.len(), "ARP WebSocket listening");
+            Some(AbortOnDrop(tokio::spawn(listener.run(arp.clone()))))
+        }
+        None => None,
+    };
 
     let cameras: Vec<_> = config
         .video
@@ -113,7 +145,8 @@ pub async fn run(config: RunConfig) -> Result<(), AgentError> {
         outbound,
         shared,
     )?
-    .with_cameras(cameras);
+    .with_cameras(cameras)
+    .with_arp(arp);
     let peers = tokio::spawn(manager.run(inbound_rx));
 
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -132,4 +165,13 @@ pub async fn run(config: RunConfig) -> Result<(), AgentError> {
     // driver must not keep the process alive).
     let _ = tokio::time::timeout(std::time::Duration::from_secs(2), controller.status()).await;
     Ok(())
+}
+
+/// Stops a background task when the agent's `run` returns.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }

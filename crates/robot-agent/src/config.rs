@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::arp::config::{ArpConfigError, ArpFileConfig, ListenConfig, Token};
 use crate::driver::DriverSpec;
 use crate::safety::SafetyLimits;
 use crate::video::{VideoConfig, VideoError, VideoSpec};
@@ -43,6 +44,8 @@ pub enum ConfigError {
     Driver(#[from] crate::driver::DriverError),
     #[error(transparent)]
     Video(#[from] VideoError),
+    #[error(transparent)]
+    Arp(#[from] ArpConfigError),
 }
 
 /// Reconnect backoff of the signalling client.
@@ -120,6 +123,8 @@ pub struct FileConfig {
     pub video: Vec<VideoConfig>,
     /// Seconds an `exec:` video source keeps running after its last viewer.
     pub video_grace_s: Option<f64>,
+    /// `[arp]`: the ARP server's settings.
+    pub arp: Option<ArpFileConfig>,
 }
 
 impl FileConfig {
@@ -145,6 +150,11 @@ pub struct RunFlags {
     pub driver: Option<String>,
     /// `--video NAME=SOURCE`, in order.
     pub video: Vec<VideoSpec>,
+    /// `--arp-listen ADDR`.
+    pub arp_listen: Option<String>,
+    /// `--arp-token ROLE:SECRET` (and the environment variable), added to
+    /// the file's tokens.
+    pub arp_tokens: Vec<String>,
 }
 
 /// Everything `run` needs, resolved.
@@ -165,6 +175,10 @@ pub struct RunConfig {
     pub reconnect: ReconnectConfig,
     pub video: Vec<VideoSpec>,
     pub video_grace: Duration,
+    /// `[arp]` of the file (tokens merged with the flags').
+    pub arp: ArpFileConfig,
+    /// The local ARP WebSocket, if enabled.
+    pub arp_listen: Option<ListenConfig>,
 }
 
 impl RunConfig {
@@ -231,7 +245,23 @@ impl RunConfig {
             .map(&within)
             .or_else(|| std::env::var_os("ROBOT_AGENT_DATA_DIR").map(PathBuf::from))
             .unwrap_or_else(|| config_dir.clone());
+        let mut arp = file.arp.unwrap_or_default();
+        arp.tokens.extend(flags.arp_tokens);
+        let tokens = arp
+            .tokens
+            .iter()
+            .map(|t| t.parse::<Token>())
+            .collect::<Result<Vec<_>, _>>()?;
+        let arp_listen = flags
+            .arp_listen
+            .or_else(|| arp.listen.clone())
+            .map(|addr| ListenConfig::new(&addr, tokens))
+            .transpose()?;
+        // Checked now, so a mistake stops the start rather than the first call.
+        crate::arp::ArpOptions::from_file(&arp, true)?;
         Ok(RunConfig {
+            arp,
+            arp_listen,
             servers,
             robot_id,
             driver,
@@ -443,6 +473,69 @@ source = "rtp:127.0.0.1:5004"
             ..RunFlags::default()
         });
         assert!(matches!(bad, Err(ConfigError::ServerUrl(u)) if u == "http://y"));
+    }
+
+    #[test]
+    fn arp_settings_merge_file_and_flags_and_guard_the_network() {
+        let dir = crate::testutil::temp_dir("config-arp");
+        let path = dir.join("agent.toml");
+        std::fs::write(
+            &path,
+            r#"
+server = "ws://127.0.0.1:1/ws"
+robot_id = "r"
+
+[arp]
+listen = "127.0.0.1:7700"
+tokens = ["viewer:v-secret"]
+velocity_violation = "clamp"
+
+[arp.confirm]
+navigate_to = true
+
+[arp.workspace]
+min = [-1.0, -1.0]
+max = [1.0, 1.0]
+"#,
+        )
+        .expect("write");
+        let flags = |listen: Option<&str>, tokens: &[&str]| RunFlags {
+            config: Some(path.clone()),
+            arp_listen: listen.map(str::to_owned),
+            arp_tokens: tokens.iter().map(|t| (*t).to_owned()).collect(),
+            ..RunFlags::default()
+        };
+        let config = RunConfig::resolve(flags(None, &["operator:o-secret"])).expect("resolves");
+        let listen = config.arp_listen.expect("listening");
+        assert_eq!(listen.addr.to_string(), "127.0.0.1:7700");
+        let roles: Vec<_> = listen.tokens.iter().map(|t| t.role).collect();
+        assert_eq!(
+            roles,
+            [crate::safety::Role::Viewer, crate::safety::Role::Operator]
+        );
+        let options = crate::arp::ArpOptions::from_file(&config.arp, true).expect("options");
+        assert_eq!(
+            options.velocity_violation,
+            crate::arp::ViolationAction::Clamp
+        );
+        assert_eq!(options.confirm.get("navigate_to"), Some(&true));
+        assert!(options.workspace.is_some());
+        // A flag overrides the address; the network needs a token.
+        let config = RunConfig::resolve(flags(Some("0.0.0.0:7701"), &[])).expect("resolves");
+        assert_eq!(config.arp_listen.expect("listen").addr.port(), 7701);
+        std::fs::write(&path, "server = \"ws://x/ws\"\nrobot_id = \"r\"\n").expect("write");
+        assert!(matches!(
+            RunConfig::resolve(flags(Some("0.0.0.0:7701"), &[])),
+            Err(ConfigError::Arp(ArpConfigError::NoTokenOnNetwork(_)))
+        ));
+        assert!(matches!(
+            RunConfig::resolve(flags(Some("127.0.0.1:7701"), &["root:x"])),
+            Err(ConfigError::Arp(ArpConfigError::Token(_)))
+        ));
+        assert!(RunConfig::resolve(flags(None, &[]))
+            .expect("resolves")
+            .arp_listen
+            .is_none());
     }
 
     #[test]

@@ -8,9 +8,11 @@
 //! * [`session`]: the `agent.*` protocol of one session;
 //! * [`controller`] + [`safety`]: every motion decision, in one task;
 //! * [`driver`]: sim, exec, rosbridge and serial back ends;
-//! * [`video`]: camera sources, one track each shared by every session.
+//! * [`video`]: camera sources, one track each shared by every session;
+//! * [`arp`]: the ARP 0.1.0 server (data channel `arp`, `--arp-listen`).
 
 pub mod agent;
+pub mod arp;
 pub mod config;
 pub mod controller;
 pub mod driver;

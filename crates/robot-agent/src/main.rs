@@ -71,6 +71,20 @@ enum Command {
         /// NAME=rtp:HOST:PORT (H.264 RTP); repeatable.
         #[arg(long = "video", value_name = "NAME=SOURCE")]
         video: Vec<robot_agent::video::VideoSpec>,
+        /// Serve ARP (Autonomous Robot Protocol) on a local WebSocket at
+        /// this address, e.g. 127.0.0.1:7700 [default: off].
+        #[arg(long, env = "ROBOT_AGENT_ARP_LISTEN", value_name = "ADDR")]
+        arp_listen: Option<String>,
+        /// A credential of the ARP WebSocket, ROLE:SECRET (viewer,
+        /// operator, owner); repeatable; the variable takes a comma list.
+        #[arg(
+            long = "arp-token",
+            env = "ROBOT_AGENT_ARP_TOKENS",
+            value_name = "ROLE:SECRET",
+            value_delimiter = ',',
+            hide_env_values = true
+        )]
+        arp_token: Vec<String>,
     },
 }
 
@@ -122,6 +136,8 @@ async fn main() -> anyhow::Result<()> {
             robot_id,
             driver,
             video,
+            arp_listen,
+            arp_token,
         } => {
             let config = RunConfig::resolve(RunFlags {
                 config,
@@ -130,6 +146,8 @@ async fn main() -> anyhow::Result<()> {
                 robot_id,
                 driver,
                 video,
+                arp_listen,
+                arp_tokens: arp_token,
             })
             .context("configuration")?;
             robot_agent::agent::run(config)

@@ -50,6 +50,8 @@ use crate::video::{Camera, CameraStatus};
 
 /// Label of the data channel that carries `agent.*` messages.
 pub const CONTROL_LABEL: &str = "control";
+/// Label of the data channel that carries ARP (JSON-RPC).
+pub const ARP_LABEL: &str = signalling_protocol::arp::DATA_CHANNEL_LABEL;
 /// Most concurrent sessions; more offers are refused (a robot is not a
 /// conference server).
 pub const MAX_SESSIONS: usize = 16;
@@ -101,6 +103,14 @@ enum PeerEvent {
         generation: u64,
         label: String,
     },
+    /// A data channel labelled `arp`: served by the ARP handler, not the
+    /// `agent.*` session.
+    ArpChannel {
+        session: String,
+        generation: u64,
+        channel: Arc<RTCDataChannel>,
+        frames: mpsc::Receiver<String>,
+    },
 }
 
 /// What a session's data channels deliver to its one session task, so
@@ -133,6 +143,10 @@ struct PeerSession {
     task: Option<JoinHandle<()>>,
     /// Cameras this session watches (released when it ends).
     watching: Vec<Arc<Camera>>,
+    /// The session's subject, from `meta.session` (idempotency keys).
+    subject: Option<String>,
+    /// The ARP handler and writer of an `arp` channel, aborted with it.
+    arp_tasks: Vec<JoinHandle<()>>,
 }
 
 /// Owns every peer connection; driven by signalling events.
@@ -146,6 +160,7 @@ pub struct PeerManager {
     events_rx: mpsc::Receiver<PeerEvent>,
     next_generation: u64,
     cameras: Vec<Arc<Camera>>,
+    arp: Option<crate::arp::ArpServer>,
 }
 
 impl PeerManager {
@@ -192,6 +207,7 @@ impl PeerManager {
             events_rx,
             next_generation: 1,
             cameras: Vec::new(),
+            arp: None,
         })
     }
 
@@ -219,6 +235,12 @@ impl PeerManager {
         }
     }
 
+    /// Serves data channels labelled `arp` with this ARP server.
+    pub fn with_arp(mut self, arp: crate::arp::ArpServer) -> PeerManager {
+        self.arp = Some(arp);
+        self
+    }
+
     /// Number of live sessions (diagnostics, tests).
     pub fn session_count(&self) -> usize {
         self.sessions.len()
@@ -236,7 +258,7 @@ impl PeerManager {
                 subject,
             } => {
                 tracing::info!(%session, role = role.as_str(), subject = subject.as_deref().unwrap_or("-"), "offer");
-                if let Err(e) = self.offer(&session, sdp, role).await {
+                if let Err(e) = self.offer(&session, sdp, role, subject).await {
                     tracing::warn!(%session, error = %e, "cannot answer the offer");
                     let existed = self.sessions.contains_key(&session);
                     if existed {
@@ -291,7 +313,13 @@ impl PeerManager {
         }
     }
 
-    async fn offer(&mut self, session: &str, sdp: String, role: Role) -> Result<(), PeerError> {
+    async fn offer(
+        &mut self,
+        session: &str,
+        sdp: String,
+        role: Role,
+        subject: Option<String>,
+    ) -> Result<(), PeerError> {
         let description = RTCSessionDescription::offer(sdp)?;
         if let Some(peer) = self.sessions.get(session) {
             // Renegotiation (or ICE restart) of a live session: same peer
@@ -317,9 +345,7 @@ impl PeerManager {
             self.send_answer(session, answer.sdp);
             return Ok(());
         }
-        if self.sessions.len() >= MAX_SESSIONS {
-            return Err(PeerError::TooManySessions);
-        }
+        self.make_room(role).await?;
         let generation = self.next_generation;
         self.next_generation += 1;
         let config = RTCConfiguration {
@@ -364,9 +390,49 @@ impl PeerManager {
                 incoming: Some(incoming),
                 task: None,
                 watching,
+                subject,
+                arp_tasks: Vec::new(),
             },
         );
         self.send_answer(session, answer.sdp);
+        Ok(())
+    }
+
+    /// Keeps a slot for a controller: viewers may hold at most
+    /// `MAX_SESSIONS - 1` sessions, and an operator or owner finding the
+    /// agent full evicts the oldest viewer (issue 29).
+    async fn make_room(&mut self, role: Role) -> Result<(), PeerError> {
+        let viewers = self
+            .sessions
+            .values()
+            .filter(|s| !s.role.may_drive())
+            .count();
+        if !role.may_drive() {
+            return if viewers >= MAX_SESSIONS - 1 || self.sessions.len() >= MAX_SESSIONS {
+                Err(PeerError::TooManySessions)
+            } else {
+                Ok(())
+            };
+        }
+        if self.sessions.len() < MAX_SESSIONS {
+            return Ok(());
+        }
+        let oldest = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| !s.role.may_drive())
+            .min_by_key(|(_, s)| s.generation)
+            .map(|(id, _)| id.clone());
+        let Some(oldest) = oldest else {
+            return Err(PeerError::TooManySessions);
+        };
+        tracing::warn!(session = %oldest, "agent full; the oldest viewer session gives way to a controller");
+        self.teardown(
+            &oldest,
+            StopReason::SessionEnded,
+            Some(DisconnectReason::Closed),
+        )
+        .await;
         Ok(())
     }
 
@@ -432,6 +498,10 @@ impl PeerManager {
             let incoming = incoming.clone();
             Box::pin(async move {
                 tracing::debug!(%session, label = channel.label(), ordered = channel.ordered(), "data channel");
+                if channel.label() == ARP_LABEL {
+                    arp_channel(channel, session, generation, events).await;
+                    return;
+                }
                 // The await in the handler is backpressure onto SCTP, not a
                 // drop.
                 let message_channel = channel.clone();
@@ -506,6 +576,11 @@ impl PeerManager {
                 generation,
             }
             | PeerEvent::ChannelClosed {
+                session,
+                generation,
+                ..
+            }
+            | PeerEvent::ArpChannel {
                 session,
                 generation,
                 ..
@@ -590,8 +665,42 @@ impl PeerManager {
                 }
                 self.maybe_connected(&session);
             }
+            PeerEvent::ArpChannel {
+                channel, frames, ..
+            } => {
+                let Some(arp) = &self.arp else {
+                    tracing::warn!(%session, "arp data channel, but ARP is not enabled");
+                    return;
+                };
+                let (out_tx, mut out_rx) = mpsc::channel::<String>(crate::arp::FRAME_CHANNEL);
+                let handler = arp.connect(
+                    crate::arp::Peer {
+                        key: format!("{session}/arp"),
+                        role: peer.role,
+                        subject: peer.subject.clone().unwrap_or_else(|| session.clone()),
+                    },
+                    frames,
+                    out_tx,
+                );
+                let writer = tokio::spawn(async move {
+                    while let Some(text) = out_rx.recv().await {
+                        if let Err(e) = channel.send_text(text).await {
+                            tracing::debug!(error = %e, "arp data channel send failed");
+                            break;
+                        }
+                    }
+                });
+                peer.arp_tasks.extend([handler, writer]);
+            }
             PeerEvent::ChannelClosed { label, .. } => {
                 peer.channels_open = peer.channels_open.saturating_sub(1);
+                if label == ARP_LABEL {
+                    // The ARP connection ends with its channel (its calls
+                    // are cancelled, control released).
+                    for task in peer.arp_tasks.drain(..) {
+                        task.abort();
+                    }
+                }
                 if label == CONTROL_LABEL || peer.channels_open == 0 {
                     self.teardown(
                         &session,
@@ -638,6 +747,9 @@ impl PeerManager {
             "session ended"
         );
         if let Some(task) = peer.task {
+            task.abort();
+        }
+        for task in &peer.arp_tasks {
             task.abort();
         }
         for camera in &peer.watching {
@@ -785,6 +897,65 @@ fn first_mid(sdp: &str) -> Option<String> {
     sdp.lines()
         .find_map(|l| l.trim().strip_prefix("a=mid:"))
         .map(str::to_owned)
+}
+
+/// Wires an `arp` data channel: its frames go to a queue the manager
+/// hands to the ARP handler; opening and closing count like any channel.
+async fn arp_channel(
+    channel: Arc<RTCDataChannel>,
+    session: String,
+    generation: u64,
+    events: mpsc::Sender<PeerEvent>,
+) {
+    let (frames_tx, frames) = mpsc::channel(crate::arp::FRAME_CHANNEL);
+    channel.on_message(Box::new(move |message: DataChannelMessage| {
+        let frames = frames_tx.clone();
+        Box::pin(async move {
+            let text = if message.is_string {
+                String::from_utf8_lossy(&message.data).into_owned()
+            } else {
+                // Not JSON: the handler answers a parse error.
+                String::from("binary frame")
+            };
+            // Backpressure onto SCTP, not a drop.
+            let _ = frames.send(text).await;
+        })
+    }));
+    let open_events = events.clone();
+    let open_session = session.clone();
+    channel.on_open(Box::new(move || {
+        Box::pin(async move {
+            let _ = open_events
+                .send(PeerEvent::ChannelOpen {
+                    session: open_session,
+                    generation,
+                })
+                .await;
+        })
+    }));
+    let close_events = events.clone();
+    let close_session = session.clone();
+    channel.on_close(Box::new(move || {
+        let events = close_events.clone();
+        let session = close_session.clone();
+        Box::pin(async move {
+            let _ = events
+                .send(PeerEvent::ChannelClosed {
+                    session,
+                    generation,
+                    label: ARP_LABEL.to_owned(),
+                })
+                .await;
+        })
+    }));
+    let _ = events
+        .send(PeerEvent::ArpChannel {
+            session,
+            generation,
+            channel,
+            frames,
+        })
+        .await;
 }
 
 /// Aborts a session's camera watchers with it (the session task itself is

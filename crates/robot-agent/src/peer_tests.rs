@@ -854,3 +854,313 @@ async fn a_camera_that_dies_mid_session_is_announced_and_its_return_too() {
     assert!(CameraStats::get(&camera.stats.starts) >= 2);
     viewer.pc.close().await.expect("close");
 }
+
+/// A browser-like offer (a `control` data channel), for tests that only
+/// need the agent to answer.
+async fn offer_sdp(labels: &[&str]) -> (Arc<webrtc::peer_connection::RTCPeerConnection>, String) {
+    let mut settings = SettingEngine::default();
+    settings.set_ice_multicast_dns_mode(MulticastDnsMode::Disabled);
+    settings.set_include_loopback_candidate(true);
+    settings.set_ip_filter(Box::new(|ip: std::net::IpAddr| ip.is_loopback()));
+    let mut media = MediaEngine::default();
+    media.register_default_codecs().expect("codecs");
+    let api = APIBuilder::new()
+        .with_media_engine(media)
+        .with_setting_engine(settings)
+        .build();
+    let pc = Arc::new(
+        api.new_peer_connection(RTCConfiguration::default())
+            .await
+            .expect("pc"),
+    );
+    for label in labels {
+        pc.create_data_channel(label, None).await.expect("channel");
+    }
+    let offer = pc.create_offer(None).await.expect("offer");
+    pc.set_local_description(offer).await.expect("local");
+    let sdp = pc.local_description().await.expect("sdp").sdp;
+    (pc, sdp)
+}
+
+/// Issue 29: one viewer socket sending 16 offers must not lock the
+/// operator out; the agent keeps a slot for the controller.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn viewers_filling_every_slot_leave_one_for_the_operator() {
+    let (driver, _end) = DriverHandle::channel();
+    let limits = SafetyLimits::default();
+    let shared = Shared {
+        controller: controller::spawn(limits.clone(), driver),
+        locations: Arc::new(std::sync::Mutex::new(LocationStore::in_memory(10))),
+        settings: Arc::new(std::sync::Mutex::new(Settings::defaults(&limits))),
+        base_limits: limits,
+        metrics: Arc::new(crate::session::Metrics::default()),
+    };
+    let (sig_tx, mut sig_rx) = mpsc::channel(4096);
+    let manager = PeerManager::new(
+        &PeerOptions {
+            include_loopback_candidates: true,
+            loopback_only: true,
+        },
+        sig_tx,
+        shared,
+    )
+    .expect("manager");
+    let (in_tx, in_rx) = mpsc::channel(64);
+    tokio::spawn(manager.run(in_rx));
+    let (_browser, sdp) = offer_sdp(&["control"]).await;
+    for i in 0..MAX_SESSIONS {
+        in_tx
+            .send(Inbound::Offer {
+                session: format!("viewer-{i}"),
+                sdp: sdp.clone(),
+                role: Role::Viewer,
+                subject: Some("mallory".into()),
+            })
+            .await
+            .expect("offer");
+    }
+    in_tx
+        .send(Inbound::Offer {
+            session: "operator".into(),
+            sdp,
+            role: Role::Operator,
+            subject: Some("alice".into()),
+        })
+        .await
+        .expect("offer");
+    // Every offer is answered or refused, in order; the operator's last.
+    let mut answered = std::collections::HashSet::new();
+    let (mut refused, mut evicted) = (0, 0);
+    let operator = loop {
+        let envelope = tokio::time::timeout(WAIT, sig_rx.recv())
+            .await
+            .expect("signal in time")
+            .expect("open");
+        let v = checked(&envelope);
+        let session = v["payload"]["connectionId"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned();
+        match (v["type"].as_str(), session.starts_with("viewer-")) {
+            (Some("signalling.answer"), true) => {
+                answered.insert(session);
+            }
+            (Some("signalling.disconnected"), true) => {
+                if answered.contains(&session) {
+                    evicted += 1;
+                } else {
+                    refused += 1;
+                }
+            }
+            (Some("signalling.answer" | "signalling.disconnected"), false) => break v,
+            _ => {}
+        }
+    };
+    assert_eq!(
+        operator["type"], "signalling.answer",
+        "the operator's offer was refused: {operator}"
+    );
+    assert!(refused + evicted >= 1, "a viewer gave way");
+    assert!(answered.len() - evicted < MAX_SESSIONS, "a slot was kept");
+
+    // Full now (15 viewers and the operator): another controller's offer
+    // evicts the oldest viewer.
+    in_tx
+        .send(Inbound::Offer {
+            session: "owner".into(),
+            sdp: offer_sdp(&["control"]).await.1,
+            role: Role::Owner,
+            subject: Some("olga".into()),
+        })
+        .await
+        .expect("offer");
+    let mut evicted_viewer = None;
+    let owner = loop {
+        let envelope = tokio::time::timeout(WAIT, sig_rx.recv())
+            .await
+            .expect("signal in time")
+            .expect("open");
+        let v = checked(&envelope);
+        match (v["type"].as_str(), v["payload"]["connectionId"].as_str()) {
+            (Some("signalling.disconnected"), Some(id)) if id.starts_with("viewer-") => {
+                evicted_viewer = Some(id.to_owned());
+            }
+            (Some("signalling.answer" | "signalling.disconnected"), Some("owner")) => break v,
+            _ => {}
+        }
+    };
+    assert_eq!(owner["type"], "signalling.answer", "{owner}");
+    assert_eq!(
+        evicted_viewer.as_deref(),
+        Some("viewer-0"),
+        "the oldest viewer"
+    );
+}
+
+/// The ARP handler on a data channel labelled `arp`: the session's role
+/// (`meta.session.role`) decides, as on the local WebSocket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_arp_data_channel_is_served_with_the_sessions_role() {
+    use signalling_protocol::arp_schema::ArpValidator;
+
+    let (driver, mut end) = DriverHandle::channel();
+    let pose = driver.pose.clone();
+    end.events.send(DriverEvent::Ready).await.expect("ready");
+    let limits = SafetyLimits::default();
+    let shared = Shared {
+        controller: controller::spawn(limits.clone(), driver),
+        locations: Arc::new(std::sync::Mutex::new(LocationStore::in_memory(10))),
+        settings: Arc::new(std::sync::Mutex::new(Settings::defaults(&limits))),
+        base_limits: limits,
+        metrics: Arc::new(crate::session::Metrics::default()),
+    };
+    let arp = crate::arp::ArpServer::new(shared.clone(), pose, crate::arp::ArpOptions::default());
+    let (sig_tx, mut sig_rx) = mpsc::channel(256);
+    let manager = PeerManager::new(
+        &PeerOptions {
+            include_loopback_candidates: true,
+            loopback_only: true,
+        },
+        sig_tx,
+        shared,
+    )
+    .expect("manager")
+    .with_arp(arp);
+    let (in_tx, in_rx) = mpsc::channel(64);
+    tokio::spawn(manager.run(in_rx));
+
+    let (browser, sdp) = offer_sdp(&[]).await;
+    // The channel must exist before the offer: make a fresh offer with it.
+    let channel = browser
+        .create_data_channel("arp", None)
+        .await
+        .expect("arp channel");
+    let offer = browser.create_offer(None).await.expect("offer");
+    browser.set_local_description(offer).await.expect("local");
+    let sdp = browser.local_description().await.map_or(sdp, |d| d.sdp);
+    let (msg_tx, mut msg_rx) = mpsc::channel::<String>(64);
+    channel.on_message(Box::new(move |m: DataChannelMessage| {
+        let tx = msg_tx.clone();
+        Box::pin(async move {
+            let _ = tx.send(String::from_utf8_lossy(&m.data).into_owned()).await;
+        })
+    }));
+    let (open_tx, mut open_rx) = mpsc::channel::<()>(1);
+    channel.on_open(Box::new(move || {
+        Box::pin(async move {
+            let _ = open_tx.send(()).await;
+        })
+    }));
+    let (cand_tx, mut cand_rx) = mpsc::channel::<String>(32);
+    browser.on_ice_candidate(Box::new(move |c: Option<RTCIceCandidate>| {
+        let tx = cand_tx.clone();
+        Box::pin(async move {
+            if let Some(Ok(init)) = c.map(|c| c.to_json()) {
+                let _ = tx.send(init.candidate).await;
+            }
+        })
+    }));
+    in_tx
+        .send(Inbound::Offer {
+            session: "s-arp".into(),
+            sdp,
+            role: Role::Viewer,
+            subject: Some("vera".into()),
+        })
+        .await
+        .expect("offer");
+    let mut early = Vec::new();
+    let answer = next_signal(&mut sig_rx, "signalling.answer", &mut early).await;
+    let sdp = answer["payload"]["sdp"].as_str().expect("sdp").to_owned();
+    browser
+        .set_remote_description(RTCSessionDescription::answer(sdp).expect("answer"))
+        .await
+        .expect("remote");
+    let add = |v: &Value| RTCIceCandidateInit {
+        candidate: v["payload"]["candidate"].as_str().expect("c").to_owned(),
+        sdp_mid: Some("0".into()),
+        sdp_mline_index: Some(0),
+        username_fragment: None,
+    };
+    for v in &early {
+        browser.add_ice_candidate(add(v)).await.expect("candidate");
+    }
+    // Trickle until the arp channel is open.
+    loop {
+        tokio::select! {
+            c = cand_rx.recv() => {
+                let payload = IceCandidatePayload {
+                    connection_id: "s-arp".into(),
+                    candidate: c.expect("browser candidate"),
+                    sdp_mid: "0".into(),
+                    sdp_m_line_index: 0,
+                    username_fragment: None,
+                };
+                in_tx.send(Inbound::RemoteCandidate(payload)).await.expect("candidate");
+            }
+            e = tokio::time::timeout(WAIT, sig_rx.recv()) => {
+                let v = checked(&e.expect("agent signal in time").expect("open"));
+                if v["type"] == "signalling.ice_candidate" {
+                    browser.add_ice_candidate(add(&v)).await.expect("agent candidate");
+                }
+            }
+            o = tokio::time::timeout(WAIT, open_rx.recv()) => {
+                o.expect("arp channel open in time");
+                break;
+            }
+        }
+    }
+    let mut methods = std::collections::HashMap::new();
+    let mut n = 0;
+    let mut call = async |method: &str, params: Value| -> Value {
+        n += 1;
+        methods.insert(n, method.to_owned());
+        let request = json!({"jsonrpc": "2.0", "id": n, "method": method, "params": params});
+        ArpValidator::shared()
+            .validate(&request, None)
+            .expect("valid request");
+        channel.send_text(request.to_string()).await.expect("send");
+        loop {
+            let text = tokio::time::timeout(WAIT, msg_rx.recv())
+                .await
+                .expect("arp answer in time")
+                .expect("channel open");
+            let v: Value = serde_json::from_str(&text).expect("JSON");
+            let answered = v["id"].as_u64().and_then(|id| methods.get(&id)).cloned();
+            ArpValidator::shared()
+                .validate(&v, answered.as_deref())
+                .unwrap_or_else(|e| panic!("invalid ARP from the agent: {e}\n{v}"));
+            if v["id"] == n {
+                return v;
+            }
+        }
+    };
+    let init = call(
+        "arp.initialize",
+        json!({"protocolVersion": "0.1.0", "clientInfo": {"name": "dc", "version": "1"}}),
+    )
+    .await;
+    assert_eq!(init["result"]["protocolVersion"], "0.1.0");
+    let drive = call(
+        "arp.callTool",
+        json!({"name": "drive", "arguments": {"linear": 0.1, "angular": 0, "durationSecs": 1}}),
+    )
+    .await;
+    assert_eq!(drive["error"]["code"], -40001);
+    assert_eq!(drive["error"]["data"]["reason"], "forbidden");
+    let stop = call("arp.emergencyStop", json!({"reason": "viewer saw smoke"})).await;
+    assert_eq!(stop["result"]["stopped"], true);
+    let command = tokio::time::timeout(WAIT, end.commands.recv())
+        .await
+        .expect("driver told in time")
+        .expect("command");
+    assert!(
+        matches!(
+            command,
+            crate::driver::DriverCommand::Stop {
+                reason: StopReason::EmergencyStop
+            }
+        ),
+        "{command:?}"
+    );
+}

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use signalling_protocol::{Envelope, ErrorCode, Location, NavigationStatus};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::driver::{DriverCommand, DriverError, DriverEvent, DriverHandle};
 use crate::messages;
@@ -79,13 +79,33 @@ enum Request {
         reply: oneshot::Sender<Result<bool, Refusal>>,
     },
     StopAll(StopReason),
+    /// An emergency stop asked by a party (ARP `arp.emergencyStop`), not
+    /// the driver: latched exactly the same way.
+    EmergencyStop {
+        reason: String,
+        reply: oneshot::Sender<()>,
+    },
     Status(oneshot::Sender<Status>),
+    /// A driver-declared tool: admitted like a motion command (role, e-stop
+    /// latch, rate), then handed to the driver.
+    DriverTool {
+        role: Role,
+        name: String,
+        arguments: Value,
+        reply: oneshot::Sender<Result<DriverAnswer, Refusal>>,
+    },
 }
+
+/// The driver's eventual answer to a tool call.
+pub type DriverAnswer = oneshot::Receiver<Result<Value, DriverError>>;
 
 /// Cheap, cloneable access to the controller.
 #[derive(Clone)]
 pub struct ControllerHandle {
     tx: mpsc::Sender<Request>,
+    /// The latched e-stop's reason (`None` when clear), for callers that
+    /// must react the moment it latches (running ARP tool calls).
+    estop: watch::Receiver<Option<String>>,
 }
 
 impl ControllerHandle {
@@ -192,6 +212,48 @@ impl ControllerHandle {
             .unwrap_or(Err(Refusal::DriverUnavailable))
     }
 
+    /// Latches an emergency stop from any party (viewers too): the robot
+    /// stops, navigation fails, and motion is refused until an operator
+    /// resets it. Returns once the stop has been handed to the driver.
+    pub async fn emergency_stop(&self, reason: &str) {
+        let (reply, answer) = oneshot::channel();
+        self.ask(
+            Request::EmergencyStop {
+                reason: reason.to_owned(),
+                reply,
+            },
+            answer,
+        )
+        .await;
+    }
+
+    /// Admits and starts a driver-declared tool; the driver's answer comes
+    /// on the returned receiver.
+    pub async fn driver_tool(
+        &self,
+        role: Role,
+        name: &str,
+        arguments: Value,
+    ) -> Result<DriverAnswer, Refusal> {
+        let (reply, answer) = oneshot::channel();
+        self.ask(
+            Request::DriverTool {
+                role,
+                name: name.to_owned(),
+                arguments,
+                reply,
+            },
+            answer,
+        )
+        .await
+        .unwrap_or(Err(Refusal::DriverUnavailable))
+    }
+
+    /// Watches the e-stop latch (its reason while latched).
+    pub fn estop_watch(&self) -> watch::Receiver<Option<String>> {
+        self.estop.clone()
+    }
+
     /// Stops the robot and aborts navigation (e.g. signalling lost).
     pub async fn stop_all(&self, reason: StopReason) {
         let _ = self.tx.send(Request::StopAll(reason)).await;
@@ -214,13 +276,15 @@ struct Controller {
     driver_ready: bool,
     sessions: HashMap<String, mpsc::Sender<Envelope>>,
     nav: Navigation,
+    estop: watch::Sender<Option<String>>,
 }
 
 /// Starts the controller task in front of `driver`.
 pub fn spawn(limits: SafetyLimits, driver: DriverHandle) -> ControllerHandle {
     let (tx, rx) = mpsc::channel(REQUEST_CAPACITY);
-    tokio::spawn(run(limits, driver, rx));
-    ControllerHandle { tx }
+    let (estop_tx, estop) = watch::channel(None);
+    tokio::spawn(run(limits, driver, rx, estop_tx));
+    ControllerHandle { tx, estop }
 }
 
 fn now() -> std::time::Instant {
@@ -228,10 +292,16 @@ fn now() -> std::time::Instant {
     tokio::time::Instant::now().into_std()
 }
 
-async fn run(limits: SafetyLimits, driver: DriverHandle, mut rx: mpsc::Receiver<Request>) {
+async fn run(
+    limits: SafetyLimits,
+    driver: DriverHandle,
+    mut rx: mpsc::Receiver<Request>,
+    estop: watch::Sender<Option<String>>,
+) {
     let DriverHandle {
         commands,
         mut events,
+        ..
     } = driver;
     let (accepted_tx, mut accepted_rx) = mpsc::channel(8);
     let mut c = Controller {
@@ -240,6 +310,7 @@ async fn run(limits: SafetyLimits, driver: DriverHandle, mut rx: mpsc::Receiver<
         driver_ready: false,
         sessions: HashMap::new(),
         nav: Navigation::new(accepted_tx),
+        estop,
     };
     let mut tick = tokio::time::interval(WATCHDOG_TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -324,6 +395,7 @@ impl Controller {
                 let result = self.safety.reset_estop(role);
                 if result == Ok(true) {
                     tracing::warn!(role = role.as_str(), "emergency stop reset by operator");
+                    self.estop.send_replace(None);
                 }
                 let _ = reply.send(result);
             }
@@ -333,6 +405,19 @@ impl Controller {
                     .finish(NavigationStatus::Failed, Some(reason.as_str().into()));
                 self.deliver(notice);
                 self.send_stop(reason);
+            }
+            Request::EmergencyStop { reason, reply } => {
+                tracing::error!(%reason, "emergency stop requested; latched");
+                self.emergency_stop(&reason);
+                let _ = reply.send(());
+            }
+            Request::DriverTool {
+                role,
+                name,
+                arguments,
+                reply,
+            } => {
+                let _ = reply.send(self.driver_tool(role, name, arguments));
             }
             Request::Status(reply) => {
                 let _ = reply.send(Status {
@@ -380,6 +465,27 @@ impl Controller {
                 self.send_stop(StopReason::Watchdog);
                 Refusal::DriverBusy
             })
+    }
+
+    fn driver_tool(
+        &mut self,
+        role: Role,
+        name: String,
+        arguments: Value,
+    ) -> Result<DriverAnswer, Refusal> {
+        if !self.driver_ready {
+            return Err(Refusal::DriverUnavailable);
+        }
+        self.safety.admit(now(), role)?;
+        let (reply, answer) = oneshot::channel();
+        self.driver
+            .try_send(DriverCommand::CallTool {
+                name,
+                arguments,
+                reply,
+            })
+            .map_err(|_| Refusal::DriverBusy)?;
+        Ok(answer)
     }
 
     fn navigate(
@@ -450,30 +556,39 @@ impl Controller {
             }
             DriverEvent::EmergencyStop { reason } => {
                 tracing::error!(%reason, "emergency stop from driver; latched");
-                self.safety.emergency_stop(&reason);
-                self.send_stop(StopReason::EmergencyStop);
-                let notice = self.nav.finish(
-                    NavigationStatus::Failed,
-                    Some(format!("emergency stop: {reason}")),
-                );
-                self.deliver(notice);
-                let sessions: Vec<String> = self.sessions.keys().cloned().collect();
-                for session in sessions {
-                    let envelope = messages::error(
-                        ErrorCode::MovementFailed,
-                        format!("emergency stop: {reason}"),
-                        Some(messages::details(
-                            "emergency_stop",
-                            &[
-                                ("latched", Value::Bool(true)),
-                                ("detail", Value::String(reason.clone())),
-                            ],
-                        )),
-                        None,
-                    );
-                    self.send_to(&session, envelope);
-                }
+                self.emergency_stop(&reason);
             }
+        }
+    }
+
+    /// Stops and latches; every session hears of it.
+    fn emergency_stop(&mut self, reason: &str) {
+        self.safety.emergency_stop(reason);
+        // The stop first: nothing below may delay it.
+        self.send_stop(StopReason::EmergencyStop);
+        // Before the navigation notice, so whoever hears "failed" can tell
+        // it was the e-stop.
+        self.estop.send_replace(Some(reason.to_owned()));
+        let notice = self.nav.finish(
+            NavigationStatus::Failed,
+            Some(format!("emergency stop: {reason}")),
+        );
+        self.deliver(notice);
+        let sessions: Vec<String> = self.sessions.keys().cloned().collect();
+        for session in sessions {
+            let envelope = messages::error(
+                ErrorCode::MovementFailed,
+                format!("emergency stop: {reason}"),
+                Some(messages::details(
+                    "emergency_stop",
+                    &[
+                        ("latched", Value::Bool(true)),
+                        ("detail", Value::String(reason.to_owned())),
+                    ],
+                )),
+                None,
+            );
+            self.send_to(&session, envelope);
         }
     }
 

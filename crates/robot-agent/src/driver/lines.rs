@@ -85,8 +85,27 @@ pub async fn read_lines<R: AsyncBufRead + Unpin>(mut reader: R, tx: mpsc::Sender
     }
 }
 
+/// What waits for a driver's response.
+enum Waiter {
+    Done(Reply),
+    Value(super::ToolReply),
+}
+
+impl Waiter {
+    fn fail(self, error: DriverError) {
+        match self {
+            Waiter::Done(reply) => {
+                let _ = reply.send(Err(error));
+            }
+            Waiter::Value(reply) => {
+                let _ = reply.send(Err(error));
+            }
+        }
+    }
+}
+
 struct Pending {
-    reply: Reply,
+    reply: Waiter,
     deadline: Instant,
 }
 
@@ -105,7 +124,14 @@ pub async fn serve(
             line = lines_in.recv() => {
                 let Some(line) = line else { return ConnectionEnd::Lost };
                 match serde_json::from_str::<Value>(&line) {
-                    Ok(msg) if msg.get("method").and_then(Value::as_str) == Some("ready") => break,
+                    Ok(msg) if msg.get("method").and_then(Value::as_str) == Some("ready") => {
+                        let tools = declared_tools(msg.get("params"));
+                        if !tools.is_empty() {
+                            tracing::info!(tools = tools.len(), "driver declares tools");
+                        }
+                        end.tools.send_replace(tools);
+                        break;
+                    }
                     Ok(_) => tracing::debug!(%line, "driver message before ready; ignored"),
                     Err(e) => tracing::warn!(error = %e, "driver sent invalid JSON"),
                 }
@@ -152,23 +178,29 @@ pub async fn serve(
                         }
                         let id = next_id;
                         next_id += 1;
-                        (request(id, "navigate", params), Some((id, reply)))
+                        (request(id, "navigate", params), Some((id, Waiter::Done(reply), REQUEST_TIMEOUT)))
                     }
                     DriverCommand::CancelNavigation { reply } => {
                         let id = next_id;
                         next_id += 1;
-                        (request(id, "cancel_navigation", json!({})), Some((id, reply)))
+                        (request(id, "cancel_navigation", json!({})), Some((id, Waiter::Done(reply), REQUEST_TIMEOUT)))
+                    }
+                    DriverCommand::CallTool { name, arguments, reply } => {
+                        let id = next_id;
+                        next_id += 1;
+                        let params = json!({ "name": name, "arguments": arguments });
+                        (request(id, "call_tool", params), Some((id, Waiter::Value(reply), super::TOOL_TIMEOUT)))
                     }
                 };
                 // Stops and requests must not be dropped: wait for room.
                 if lines_out.send(line).await.is_err() {
-                    if let Some((_, reply)) = reply {
-                        let _ = reply.send(Err(DriverError::Unavailable));
+                    if let Some((_, reply, _)) = reply {
+                        reply.fail(DriverError::Unavailable);
                     }
                     break ConnectionEnd::Lost;
                 }
-                if let Some((id, reply)) = reply {
-                    pending.insert(id, Pending { reply, deadline: Instant::now() + REQUEST_TIMEOUT });
+                if let Some((id, reply, timeout)) = reply {
+                    pending.insert(id, Pending { reply, deadline: Instant::now() + timeout });
                 }
             }
             line = lines_in.recv() => {
@@ -188,14 +220,14 @@ pub async fn serve(
                     .collect();
                 for id in expired {
                     if let Some(p) = pending.remove(&id) {
-                        let _ = p.reply.send(Err(DriverError::Timeout));
+                        p.reply.fail(DriverError::Timeout);
                     }
                 }
             }
         }
     };
     for (_, p) in pending.drain() {
-        let _ = p.reply.send(Err(DriverError::Unavailable));
+        p.reply.fail(DriverError::Unavailable);
     }
     outcome
 }
@@ -229,6 +261,9 @@ pub async fn wait_out(end: &mut DriverEnd, reason: String, delay: Duration) -> b
 pub fn refuse(command: DriverCommand) {
     match command {
         DriverCommand::Navigate { reply, .. } | DriverCommand::CancelNavigation { reply } => {
+            let _ = reply.send(Err(DriverError::Unavailable));
+        }
+        DriverCommand::CallTool { reply, .. } => {
             let _ = reply.send(Err(DriverError::Unavailable));
         }
         // Nothing to move: the robot is held stopped while no driver runs.
@@ -289,8 +324,8 @@ fn handle_line(
         tracing::debug!(id, "response to no pending request (late or duplicate)");
         return None;
     };
-    let result = match msg.get("error") {
-        Some(error) => Err(DriverError::Refused {
+    match msg.get("error") {
+        Some(error) => p.reply.fail(DriverError::Refused {
             code: error.get("code").and_then(Value::as_i64).unwrap_or(0),
             message: error
                 .get("message")
@@ -298,10 +333,65 @@ fn handle_line(
                 .unwrap_or("refused")
                 .to_owned(),
         }),
-        None => Ok(()),
-    };
-    let _ = p.reply.send(result);
+        None => match p.reply {
+            Waiter::Done(reply) => {
+                let _ = reply.send(Ok(()));
+            }
+            Waiter::Value(reply) => {
+                let _ = reply.send(Ok(msg.get("result").cloned().unwrap_or(Value::Null)));
+            }
+        },
+    }
     None
+}
+
+/// The tools of a `ready` notification's `params.tools`; malformed entries
+/// are skipped with a warning (a driver cannot break the tool list).
+fn declared_tools(params: Option<&Value>) -> Vec<super::DeclaredTool> {
+    let Some(list) = params
+        .and_then(|p| p.get("tools"))
+        .and_then(Value::as_array)
+    else {
+        return Vec::new();
+    };
+    let text = |v: &Value, key: &str| v.get(key).and_then(Value::as_str).map(str::to_owned);
+    list.iter()
+        .filter_map(|t| {
+            let name = text(t, "name").filter(|n| {
+                !n.is_empty()
+                    && n.len() <= 64
+                    && n.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            });
+            let parameters = t
+                .get("parameters")
+                .filter(|p| p.is_object())
+                .cloned()
+                .unwrap_or_else(|| json!({"type": "object"}));
+            let safety = t.get("safety").cloned().unwrap_or(Value::Null);
+            let level = text(&safety, "level").unwrap_or_else(|| "elevated".into());
+            let valid = ["normal", "elevated", "critical"].contains(&level.as_str());
+            let Some(name) = name.filter(|_| valid) else {
+                tracing::warn!(tool = %t, "driver declared a malformed tool; ignored");
+                return None;
+            };
+            Some(super::DeclaredTool {
+                description: text(t, "description").unwrap_or_default(),
+                parameters,
+                requires_confirmation: safety
+                    .get("requiresConfirmation")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false),
+                reversible: safety
+                    .get("reversible")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false),
+                safety_description: text(&safety, "description").unwrap_or_default(),
+                level,
+                name,
+            })
+        })
+        .collect()
 }
 
 fn navigation_status(params: &Value) -> Option<DriverEvent> {

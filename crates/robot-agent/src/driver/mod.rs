@@ -9,7 +9,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use signalling_protocol::{NavigationStatus, Orientation, Position};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::safety::StopReason;
 
@@ -49,6 +49,27 @@ pub enum DriverError {
 /// Result of a driver request, sent back on a oneshot.
 pub type Reply = oneshot::Sender<Result<(), DriverError>>;
 
+/// Result of a driver-declared tool call: whatever the driver answered.
+pub type ToolReply = oneshot::Sender<Result<serde_json::Value, DriverError>>;
+
+/// How long a driver-declared tool may run before the call fails.
+pub const TOOL_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// A tool an `exec:` driver declares in its `ready` notification
+/// (`params.tools`), offered over ARP next to the built-in ones.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeclaredTool {
+    pub name: String,
+    pub description: String,
+    /// JSON Schema of the arguments.
+    pub parameters: serde_json::Value,
+    /// `normal`, `elevated` or `critical`.
+    pub level: String,
+    pub requires_confirmation: bool,
+    pub reversible: bool,
+    pub safety_description: String,
+}
+
 /// What the controller asks of the driver.
 #[derive(Debug)]
 pub enum DriverCommand {
@@ -65,6 +86,12 @@ pub enum DriverCommand {
     },
     /// Abort the current navigation.
     CancelNavigation { reply: Reply },
+    /// Run a tool the driver declared (`exec:` drivers only).
+    CallTool {
+        name: String,
+        arguments: serde_json::Value,
+        reply: ToolReply,
+    },
 }
 
 /// What the driver reports.
@@ -85,10 +112,24 @@ pub enum DriverEvent {
     EmergencyStop { reason: String },
 }
 
+/// Where the robot is, in the driver's odometry frame (`odom`).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Pose {
+    pub x: f64,
+    pub y: f64,
+    /// Heading, radians, counter-clockwise from +x.
+    pub theta: f64,
+}
+
 /// The controller's end of a running driver.
 pub struct DriverHandle {
     pub commands: mpsc::Sender<DriverCommand>,
     pub events: mpsc::Receiver<DriverEvent>,
+    /// The latest pose, for drivers that know it (`None` until then). A
+    /// watch, not the event channel: readers want the newest value only.
+    pub pose: watch::Receiver<Option<Pose>>,
+    /// Tools the driver declared (empty for most drivers).
+    pub tools: watch::Receiver<Vec<DeclaredTool>>,
 }
 
 impl DriverHandle {
@@ -96,14 +137,20 @@ impl DriverHandle {
     pub fn channel() -> (DriverHandle, DriverEnd) {
         let (cmd_tx, cmd_rx) = mpsc::channel(CHANNEL_CAPACITY);
         let (ev_tx, ev_rx) = mpsc::channel(CHANNEL_CAPACITY);
+        let (pose_tx, pose_rx) = watch::channel(None);
+        let (tools_tx, tools_rx) = watch::channel(Vec::new());
         (
             DriverHandle {
                 commands: cmd_tx,
                 events: ev_rx,
+                pose: pose_rx,
+                tools: tools_rx,
             },
             DriverEnd {
                 commands: cmd_rx,
                 events: ev_tx,
+                pose: pose_tx,
+                tools: tools_tx,
             },
         )
     }
@@ -113,6 +160,8 @@ impl DriverHandle {
 pub struct DriverEnd {
     pub commands: mpsc::Receiver<DriverCommand>,
     pub events: mpsc::Sender<DriverEvent>,
+    pub pose: watch::Sender<Option<Pose>>,
+    pub tools: watch::Sender<Vec<DeclaredTool>>,
 }
 
 /// Which driver to run, from `--driver`.
@@ -172,6 +221,8 @@ pub struct DriverOptions {
     pub nav_goal_topic: String,
     pub nav_cancel_topic: String,
     pub nav_status_topic: String,
+    /// `nav_msgs/Odometry` topic the rosbridge driver reads the pose from.
+    pub odom_topic: String,
     /// First delay before restarting a crashed child / reopening a port.
     pub restart_initial: Duration,
     /// Cap of that delay.
@@ -185,6 +236,7 @@ impl Default for DriverOptions {
             nav_goal_topic: "/modulr/nav/goal".into(),
             nav_cancel_topic: "/modulr/nav/cancel".into(),
             nav_status_topic: "/modulr/nav/status".into(),
+            odom_topic: "/odom".into(),
             restart_initial: Duration::from_millis(500),
             restart_max: Duration::from_secs(10),
         }

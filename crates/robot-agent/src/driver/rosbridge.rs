@@ -61,6 +61,8 @@ async fn session(
         json!({"op": "subscribe", "id": "robot-agent-nav-status", "topic": options.nav_status_topic, "type": "std_msgs/String"}),
         // Start from rest whatever the base was doing before we (re)connected.
         twist(&options.cmd_vel_topic, 0.0, 0.0),
+        // The pose for ARP's odometry context; 20 Hz is plenty for it.
+        json!({"op": "subscribe", "id": "robot-agent-odom", "topic": options.odom_topic, "type": "nav_msgs/Odometry", "throttle_rate": 50}),
     ];
     for message in setup {
         ws.send(send(message))
@@ -96,6 +98,10 @@ async fn session(
                         goal = Some(name);
                         (vec![pose(&options.nav_goal_topic, &position, orientation.as_ref())], Some(reply))
                     }
+                    DriverCommand::CallTool { reply, .. } => {
+                        let _ = reply.send(Err(DriverError::Unsupported("tools")));
+                        continue;
+                    }
                     DriverCommand::CancelNavigation { reply } => {
                         goal = None;
                         (vec![empty(&options.nav_cancel_topic), twist(&options.cmd_vel_topic, 0.0, 0.0)], Some(reply))
@@ -122,6 +128,10 @@ async fn session(
                     Some(Ok(Message::Close(_))) => return Ok(Gone::Socket),
                     Some(Ok(_)) => continue,
                 };
+                if let Some(pose) = odometry_pose(&text, &options.odom_topic) {
+                    end.pose.send_replace(Some(pose));
+                    continue;
+                }
                 if let Some(event) = status_event(&text, &options.nav_status_topic, &mut goal) {
                     if end.events.send(event).await.is_err() {
                         return Ok(Gone::Controller);
@@ -178,6 +188,30 @@ fn quaternion(roll: f64, pitch: f64, yaw: f64) -> (f64, f64, f64, f64) {
         cr * cp * sy - sr * sp * cy,
         cr * cp * cy + sr * sp * sy,
     )
+}
+
+/// The pose in a `nav_msgs/Odometry` message on the odometry topic.
+fn odometry_pose(text: &str, topic: &str) -> Option<super::Pose> {
+    let msg: Value = serde_json::from_str(text).ok()?;
+    if msg.get("op").and_then(Value::as_str) != Some("publish")
+        || msg.get("topic").and_then(Value::as_str) != Some(topic)
+    {
+        return None;
+    }
+    let pose = msg.pointer("/msg/pose/pose")?;
+    let number = |pointer: &str| pose.pointer(pointer).and_then(Value::as_f64);
+    let (x, y) = (number("/position/x")?, number("/position/y")?);
+    let (qx, qy, qz, qw) = (
+        number("/orientation/x").unwrap_or(0.0),
+        number("/orientation/y").unwrap_or(0.0),
+        number("/orientation/z").unwrap_or(0.0),
+        number("/orientation/w").unwrap_or(1.0),
+    );
+    let theta = (2.0 * (qw * qz + qx * qy)).atan2(1.0 - 2.0 * (qy * qy + qz * qz));
+    [x, y, theta]
+        .iter()
+        .all(|v| v.is_finite())
+        .then_some(super::Pose { x, y, theta })
 }
 
 /// A navigation event from a status-topic message, for the current goal.
@@ -263,6 +297,12 @@ mod tests {
         let rest = next_json(&mut ws).await;
         assert_eq!(rest["op"], "publish");
         assert_eq!(rest["msg"]["linear"]["x"], 0.0);
+        let odom = next_json(&mut ws).await;
+        assert_eq!(odom["op"], "subscribe");
+        assert_eq!(
+            (odom["topic"].as_str(), odom["type"].as_str()),
+            (Some("/odom"), Some("nav_msgs/Odometry"))
+        );
 
         assert_eq!(
             tokio::time::timeout(WAIT, handle.events.recv())
@@ -330,6 +370,25 @@ mod tests {
                 message: None
             })
         );
+
+        // Odometry becomes the pose ARP reports.
+        let mut pose = handle.pose.clone();
+        ws.send(Message::Text(
+            json!({"op":"publish","topic":"/odom","msg":{"pose":{"pose":{
+                "position":{"x":1.5,"y":-2.0,"z":0.0},
+                "orientation":{"x":0.0,"y":0.0,"z":std::f64::consts::FRAC_1_SQRT_2,"w":std::f64::consts::FRAC_1_SQRT_2}}}}})
+                .to_string()
+                .into(),
+        ))
+        .await
+        .expect("send odometry");
+        tokio::time::timeout(WAIT, pose.wait_for(Option::is_some))
+            .await
+            .expect("pose in time")
+            .expect("driver alive");
+        let p = pose.borrow().expect("pose");
+        assert_eq!((p.x, p.y), (1.5, -2.0));
+        assert!((p.theta - std::f64::consts::FRAC_PI_2).abs() < 1e-9);
 
         // The server goes away: the driver reports it and reconnects.
         drop(ws);

@@ -109,6 +109,9 @@ async fn run(mut end: DriverEnd, config: SimConfig, probe: SimProbe) {
                         });
                         let _ = reply.send(Ok(()));
                     }
+                    DriverCommand::CallTool { reply, .. } => {
+                        let _ = reply.send(Err(super::DriverError::Unsupported("tools")));
+                    }
                     DriverCommand::CancelNavigation { reply } => {
                         goal = None;
                         state.linear = 0.0;
@@ -141,6 +144,11 @@ async fn run(mut end: DriverEnd, config: SimConfig, probe: SimProbe) {
             }
         }
         state.goal = goal.as_ref().map(|g| g.name.clone());
+        end.pose.send_replace(Some(super::Pose {
+            x: state.x,
+            y: state.y,
+            theta: state.theta,
+        }));
         if let Ok(mut shared) = probe.0.lock() {
             *shared = state.clone();
         }

@@ -92,6 +92,10 @@ pub enum StopReason {
     DriverStarted,
     DriverRestarted,
     NavigationCancelled,
+    /// The robot left the workspace box (ARP `workspace_bound`).
+    WorkspaceBound,
+    /// An ARP tool call ended (completed, cancelled, `stop`).
+    CallEnded,
     Shutdown,
 }
 
@@ -106,6 +110,8 @@ impl StopReason {
             StopReason::DriverStarted => "driver_started",
             StopReason::DriverRestarted => "driver_restarted",
             StopReason::NavigationCancelled => "navigation_cancelled",
+            StopReason::WorkspaceBound => "workspace_bound",
+            StopReason::CallEnded => "call_ended",
             StopReason::Shutdown => "shutdown",
         }
     }
