@@ -360,10 +360,7 @@ impl Identity {
             return Err(IdentityError::Revoked);
         }
 
-        let mut bytes = [0u8; CHALLENGE_BYTES];
-        self.rng
-            .fill(&mut bytes)
-            .map_err(|_| IdentityError::Store(StoreError::Corrupt("no randomness")))?;
+        let bytes = self.challenge_bytes()?;
         Ok(Challenge {
             robot_id: robot_id.to_string(),
             message_id: String::new(),
@@ -380,6 +377,14 @@ impl Identity {
         })
     }
 
+    fn challenge_bytes(&self) -> Result<[u8; CHALLENGE_BYTES], IdentityError> {
+        let mut bytes = [0u8; CHALLENGE_BYTES];
+        self.rng
+            .fill(&mut bytes)
+            .map_err(|_| IdentityError::Store(StoreError::Corrupt("no randomness")))?;
+        Ok(bytes)
+    }
+
     /// A challenge like any other for a robot that cannot log in: `refusal` is told after
     /// the response, only to a prover whose signature verifies with `entitled`.
     fn decoy(
@@ -388,10 +393,7 @@ impl Identity {
         refusal: IdentityError,
         entitled: Option<PublicKey>,
     ) -> Result<Challenge, IdentityError> {
-        let mut bytes = [0u8; CHALLENGE_BYTES];
-        self.rng
-            .fill(&mut bytes)
-            .map_err(|_| IdentityError::Store(StoreError::Corrupt("no randomness")))?;
+        let bytes = self.challenge_bytes()?;
         Ok(Challenge {
             robot_id: robot_id.to_string(),
             message_id: String::new(),

@@ -1302,6 +1302,21 @@ mod tests {
         (conn, rx)
     }
 
+    /// Session s1 of alice's socket on node b with the robot `robot` here.
+    fn alice_on_node_b() -> MirrorSession {
+        MirrorSession {
+            session_id: "s1".into(),
+            record_id: "rec".into(),
+            robot_id: "r1".into(),
+            robot_conn: "robot".into(),
+            client_conn: "client-on-b".into(),
+            client_node: "node-b".into(),
+            subject: "alice".into(),
+            role: Role::Operator,
+            offer_id: None,
+        }
+    }
+
     fn open<'a>(session_id: &'a str, role: Role) -> OpenSession<'a> {
         OpenSession {
             session_id,
@@ -1447,17 +1462,7 @@ mod tests {
         let hub = hub();
         let (robot, _robot_rx) = connect(&hub, "robot");
         hub.robot_verified(&robot, "r1", Vec::new(), hub.access_cuts());
-        let mirror = MirrorSession {
-            session_id: "s1".into(),
-            record_id: "rec".into(),
-            robot_id: "r1".into(),
-            robot_conn: "robot".into(),
-            client_conn: "client-on-b".into(),
-            client_node: "node-b".into(),
-            subject: "alice".into(),
-            role: Role::Operator,
-            offer_id: None,
-        };
+        let mirror = alice_on_node_b();
         hub.open_mirror(&mirror).unwrap();
         // The robot's messages go to the client on the other node.
         let route = hub.route(&robot, "s1").unwrap();
@@ -1517,17 +1522,7 @@ mod tests {
         let (mallory, _mallory_rx) = connect(&hub, "mallory");
         hub.robot_verified(&robot, "r1", Vec::new(), hub.access_cuts());
         let alice_on_b = ConnId::from("client-on-b");
-        let mirror = MirrorSession {
-            session_id: "s1".into(),
-            record_id: "rec".into(),
-            robot_id: "r1".into(),
-            robot_conn: "robot".into(),
-            client_conn: "client-on-b".into(),
-            client_node: "node-b".into(),
-            subject: "alice".into(),
-            role: Role::Operator,
-            offer_id: None,
-        };
+        let mirror = alice_on_node_b();
         let mallory_on_c = MirrorSession {
             client_conn: "client-on-c".into(),
             client_node: "node-c".into(),

@@ -10,19 +10,6 @@ use tokio_tungstenite::tungstenite::Message;
 
 use crate::helpers::*;
 
-/// An ICE candidate carrying `size` bytes of candidate text.
-fn big_candidate(session: &str, size: usize) -> serde_json::Value {
-    envelope(
-        "signalling.ice_candidate",
-        Some(json!({
-            "connectionId": session,
-            "candidate": format!("candidate:1 1 UDP 1 127.0.0.1 9 typ host {}", "x".repeat(size)),
-            "sdpMid": "0",
-            "sdpMLineIndex": 0,
-        })),
-    )
-}
-
 /// Item 6: a viewer flooding its own session with big candidates while the robot reads
 /// slowly fills only its own share of the robot's queue: it is told to slow down, the
 /// operator's messages still arrive, and the robot is not dropped.
@@ -51,19 +38,7 @@ async fn a_viewers_flood_does_not_starve_the_operator() {
     for _ in 0..300 {
         carol.send(&flood).await;
     }
-    carol.send(&envelope("signalling.ping", None)).await;
-    let mut throttled = 0;
-    loop {
-        let message = carol.recv().await;
-        match message["type"].as_str() {
-            Some("signalling.pong") => break,
-            Some("signalling.error") => {
-                assert_eq!(message["payload"]["details"]["reason"], "relay_throttled");
-                throttled += 1;
-            }
-            _ => panic!("unexpected message to the flooder: {message}"),
-        }
-    }
+    let throttled = throttled_until_pong(&mut carol).await;
     assert!(
         throttled > 200,
         "the flooder was throttled {throttled} times"

@@ -230,19 +230,7 @@ async fn one_viewers_sockets_together_cannot_get_a_robot_dropped() {
     }
     let mut throttled = 0;
     for (socket, _) in &mut mallory {
-        let ping = envelope("signalling.ping", None);
-        socket.send(&ping).await;
-        loop {
-            let message = socket.recv().await;
-            match message["type"].as_str() {
-                Some("signalling.pong") => break,
-                Some("signalling.error") => {
-                    assert_eq!(message["payload"]["details"]["reason"], "relay_throttled");
-                    throttled += 1;
-                }
-                _ => panic!("unexpected message to a flooder: {message}"),
-            }
-        }
+        throttled += throttled_until_pong(socket).await;
     }
     assert!(
         throttled > 300,
@@ -266,19 +254,6 @@ async fn one_viewers_sockets_together_cannot_get_a_robot_dropped() {
     }
     robot.expect_nothing_pending().await;
     assert!(server.state.hub.is_online("robot-1"));
-}
-
-/// A candidate carrying `size` bytes of candidate text.
-fn big_candidate(session: &str, size: usize) -> serde_json::Value {
-    envelope(
-        "signalling.ice_candidate",
-        Some(serde_json::json!({
-            "connectionId": session,
-            "candidate": format!("candidate:1 1 UDP 1 127.0.0.1 9 typ host {}", "x".repeat(size)),
-            "sdpMid": "0",
-            "sdpMLineIndex": 0,
-        })),
-    )
 }
 
 /// Item 4: one viewer cannot take every place a robot has. Viewing sessions are capped per
@@ -335,23 +310,10 @@ async fn a_stalled_viewer_cannot_get_the_robot_cut_off_for_strikes() {
         .await;
     // carol never reads again; the robot sends far more than her queue and the kernel's
     // buffers hold.
-    let mut throttled = 0;
     for _ in 0..300 {
         robot.send(&big_candidate(&session, 60_000)).await;
     }
-    let ping = envelope("signalling.ping", None);
-    robot.send(&ping).await;
-    loop {
-        let message = robot.recv().await;
-        match message["type"].as_str() {
-            Some("signalling.pong") => break,
-            Some("signalling.error") => {
-                assert_eq!(message["payload"]["details"]["reason"], "relay_throttled");
-                throttled += 1;
-            }
-            _ => panic!("unexpected message to the robot: {message}"),
-        }
-    }
+    let throttled = throttled_until_pong(&mut robot).await;
     assert!(throttled > 5, "throttled {throttled} times");
     assert!(
         server.state.hub.is_online("robot-1"),

@@ -792,19 +792,6 @@ async fn three_nodes_behind_haproxy() {
     let _ = (n3, back);
 }
 
-/// An ICE candidate carrying `size` bytes of candidate text.
-fn big_candidate(session: &str, size: usize) -> Value {
-    envelope(
-        "signalling.ice_candidate",
-        Some(json!({
-            "connectionId": session,
-            "candidate": format!("candidate:1 1 UDP 1 127.0.0.1 9 typ host {}", "x".repeat(size)),
-            "sdpMid": "0",
-            "sdpMLineIndex": 0,
-        })),
-    )
-}
-
 /// One command to Redis in its wire protocol; the reply's first line and, for a bulk
 /// string, its value (`$-1` is nil). The test's own connection, apart from the nodes'.
 async fn redis_command(port: u16, args: &[&str]) -> String {

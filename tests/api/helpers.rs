@@ -363,6 +363,37 @@ pub fn ice(connection_id: &str) -> Value {
     )
 }
 
+/// An ICE candidate carrying `size` bytes of candidate text (floods).
+pub fn big_candidate(connection_id: &str, size: usize) -> Value {
+    envelope(
+        "signalling.ice_candidate",
+        Some(json!({
+            "connectionId": connection_id,
+            "candidate": format!("candidate:1 1 UDP 1 127.0.0.1 9 typ host {}", "x".repeat(size)),
+            "sdpMid": "0",
+            "sdpMLineIndex": 0,
+        })),
+    )
+}
+
+/// Pings `socket` and reads up to the pong: every message before it must be a
+/// `relay_throttled` refusal; returns how many there were.
+pub async fn throttled_until_pong(socket: &mut WsClient) -> usize {
+    socket.send(&envelope("signalling.ping", None)).await;
+    let mut throttled = 0;
+    loop {
+        let message = socket.recv().await;
+        match message["type"].as_str() {
+            Some("signalling.pong") => return throttled,
+            Some("signalling.error") => {
+                assert_eq!(message["payload"]["details"]["reason"], "relay_throttled");
+                throttled += 1;
+            }
+            _ => panic!("unexpected message to a flooder: {message}"),
+        }
+    }
+}
+
 pub struct WsClient {
     ws: WebSocketStream<MaybeTlsStream<TcpStream>>,
     /// The connectionId from the first welcome.
