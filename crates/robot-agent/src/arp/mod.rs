@@ -457,4 +457,4 @@ mod idempotency_tests {
 
 #[cfg(test)]
 #[path = "tests.rs"]
-mod tests;
+pub(crate) mod tests;
