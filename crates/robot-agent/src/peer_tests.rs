@@ -1339,3 +1339,38 @@ async fn a_teleop_offer_is_refused_while_an_arp_operator_holds_control() {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
+
+/// An `arp` channel belongs to its session: the ARP handler, told the
+/// session it rides on (as the peer manager does), shares the control of
+/// a teleop operator session, while another session's channel is busy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_arp_channel_shares_the_control_of_its_own_session() {
+    let mut agent = one_controller().await;
+    let answer = agent.offer("s-op", Role::Operator).await;
+    assert_eq!(answer["type"], "signalling.answer", "{answer}");
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "arp.initialize", "params": arp_init()});
+    let initialize = async |session: &str| -> Value {
+        let (in_tx, in_rx) = mpsc::channel(crate::arp::FRAME_CHANNEL);
+        let (out_tx, mut out_rx) = mpsc::channel(crate::arp::FRAME_CHANNEL);
+        let _handler = agent.arp.server.connect(
+            crate::arp::Peer {
+                key: format!("{session}/arp"),
+                session: Some(session.to_owned()),
+                role: Role::Operator,
+                subject: session.to_owned(),
+            },
+            in_rx,
+            out_tx,
+        );
+        in_tx.send(init.to_string()).await.expect("frame");
+        let text = tokio::time::timeout(WAIT, out_rx.recv())
+            .await
+            .expect("answer in time")
+            .expect("open");
+        serde_json::from_str(&text).expect("JSON")
+    };
+    let other = initialize("s-other").await;
+    assert_eq!(other["error"]["data"]["reason"], "robot_busy", "{other}");
+    let own = initialize("s-op").await;
+    assert!(own.get("result").is_some(), "{own}");
+}
