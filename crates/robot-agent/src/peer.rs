@@ -42,6 +42,7 @@ use webrtc::rtcp::payload_feedbacks::picture_loss_indication::PictureLossIndicat
 use webrtc::rtp_transceiver::rtp_transceiver_direction::RTCRtpTransceiverDirection;
 use webrtc::rtp_transceiver::RTCRtpTransceiverInit;
 
+use crate::controller::control::Claimant;
 use crate::messages;
 use crate::safety::{Role, StopReason};
 use crate::session::{Session, Shared};
@@ -64,8 +65,21 @@ pub enum PeerError {
     WebRtc(#[from] webrtc::Error),
     #[error("too many sessions ({MAX_SESSIONS})")]
     TooManySessions,
+    /// An operator/owner offer while an ARP connection controls the robot.
+    #[error("robot busy: another controller holds the robot")]
+    RobotBusy,
     #[error("no local description after the answer")]
     NoLocalDescription,
+}
+
+impl PeerError {
+    /// `details.reason` of the `disconnected` that refuses the offer.
+    fn reason(&self) -> &'static str {
+        match self {
+            PeerError::RobotBusy => "robot_busy",
+            _ => "error",
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -272,7 +286,7 @@ impl PeerManager {
                         self.send_disconnected(
                             &session,
                             DisconnectReason::Failed,
-                            Some(e.to_string()),
+                            Some((e.reason(), e.to_string())),
                         );
                     }
                 }
@@ -345,6 +359,30 @@ impl PeerManager {
             self.send_answer(session, answer.sdp);
             return Ok(());
         }
+        // One controller: a driving session takes control before anything
+        // is set up (or a viewer evicted) for it, and gives it back if it
+        // cannot be set up.
+        if role.may_drive() {
+            let who = Claimant::Teleop(session.to_owned());
+            if self.shared.controller.take_control(&who).is_err() {
+                return Err(PeerError::RobotBusy);
+            }
+        }
+        let opened = self.open(session, description, role, subject).await;
+        if opened.is_err() {
+            self.shared.controller.release_control(session);
+        }
+        opened
+    }
+
+    /// Sets up a new session's peer connection and answers its offer.
+    async fn open(
+        &mut self,
+        session: &str,
+        description: RTCSessionDescription,
+        role: Role,
+        subject: Option<String>,
+    ) -> Result<(), PeerError> {
         self.make_room(role).await?;
         let generation = self.next_generation;
         self.next_generation += 1;
@@ -676,6 +714,7 @@ impl PeerManager {
                 let handler = arp.connect(
                     crate::arp::Peer {
                         key: format!("{session}/arp"),
+                        session: Some(session.clone()),
                         role: peer.role,
                         subject: peer.subject.clone().unwrap_or_else(|| session.clone()),
                     },
@@ -777,9 +816,15 @@ impl PeerManager {
         }));
     }
 
-    fn send_disconnected(&self, session: &str, reason: DisconnectReason, error: Option<String>) {
-        let details =
-            error.map(|e| messages::details("error", &[("error", serde_json::Value::String(e))]));
+    /// `error` is `(details.reason, message)`.
+    fn send_disconnected(
+        &self,
+        session: &str,
+        reason: DisconnectReason,
+        error: Option<(&str, String)>,
+    ) {
+        let details = error
+            .map(|(why, e)| messages::details(why, &[("error", serde_json::Value::String(e))]));
         self.send(Signalling::Disconnected(DisconnectedPayload {
             connection_id: session.to_owned(),
             reason,

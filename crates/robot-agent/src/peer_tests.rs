@@ -1164,3 +1164,213 @@ async fn an_arp_data_channel_is_served_with_the_sessions_role() {
         "{command:?}"
     );
 }
+
+/// One controller across teleop and ARP: the sim driver, the local ARP
+/// WebSocket and the peer manager on one controller.
+struct OneController {
+    arp: crate::arp::tests::Fixture,
+    in_tx: mpsc::Sender<Inbound>,
+    sig_rx: mpsc::Receiver<Envelope>,
+    /// The browsers' peer connections, kept open while the test runs.
+    browsers: Vec<Arc<webrtc::peer_connection::RTCPeerConnection>>,
+}
+
+async fn one_controller() -> OneController {
+    let arp = crate::arp::tests::fixture(crate::arp::ArpOptions::default()).await;
+    let limits = SafetyLimits::default();
+    let shared = Shared {
+        controller: arp.controller.clone(),
+        locations: Arc::new(std::sync::Mutex::new(LocationStore::in_memory(10))),
+        settings: Arc::new(std::sync::Mutex::new(Settings::defaults(&limits))),
+        base_limits: limits,
+        metrics: Arc::new(crate::session::Metrics::default()),
+    };
+    let (sig_tx, sig_rx) = mpsc::channel(256);
+    let manager = PeerManager::new(
+        &PeerOptions {
+            include_loopback_candidates: true,
+            loopback_only: true,
+        },
+        sig_tx,
+        shared,
+    )
+    .expect("manager")
+    .with_arp(arp.server.clone());
+    let (in_tx, in_rx) = mpsc::channel(64);
+    tokio::spawn(manager.run(in_rx));
+    OneController {
+        arp,
+        in_tx,
+        sig_rx,
+        browsers: Vec::new(),
+    }
+}
+
+impl OneController {
+    /// A teleop offer (a `control` channel); the agent's verdict on it:
+    /// `signalling.answer` or `signalling.disconnected`.
+    async fn offer(&mut self, session: &str, role: Role) -> Value {
+        let (browser, sdp) = offer_sdp(&["control"]).await;
+        self.browsers.push(browser);
+        self.in_tx
+            .send(Inbound::Offer {
+                session: session.into(),
+                sdp,
+                role,
+                subject: Some(format!("{session}-subject")),
+            })
+            .await
+            .expect("offer");
+        loop {
+            let envelope = tokio::time::timeout(WAIT, self.sig_rx.recv())
+                .await
+                .expect("a verdict in time")
+                .expect("signalling open");
+            let v = checked(&envelope);
+            let verdict = matches!(
+                v["type"].as_str(),
+                Some("signalling.answer" | "signalling.disconnected")
+            );
+            if verdict && v["payload"]["connectionId"] == session {
+                return v;
+            }
+        }
+    }
+}
+
+fn arp_init() -> Value {
+    json!({"protocolVersion": "0.1.0", "clientInfo": {"name": "t", "version": "1"}})
+}
+
+/// Teleop first: an ARP operator (or owner) initializing while a teleop
+/// operator session holds control gets -40004 `robot_busy`; viewers are
+/// not busy; when the session ends, control is free again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_arp_operator_is_busy_while_a_teleop_operator_holds_control() {
+    use crate::arp::tests::{Client, OPERATOR, VIEWER};
+    let mut agent = one_controller().await;
+    let answer = agent.offer("teleop-op", Role::Operator).await;
+    assert_eq!(answer["type"], "signalling.answer", "{answer}");
+
+    let mut arp = Client::connect(&agent.arp.url, OPERATOR).await;
+    let busy = arp.call("arp.initialize", arp_init()).await;
+    assert_eq!(busy["error"]["code"], -40004, "{busy}");
+    assert_eq!(busy["error"]["data"]["reason"], "robot_busy");
+    let mut viewer = Client::connect(&agent.arp.url, VIEWER).await;
+    viewer.initialize().await;
+
+    // The session ends: the ARP operator may take control now.
+    agent
+        .in_tx
+        .send(Inbound::Disconnected {
+            session: "teleop-op".into(),
+        })
+        .await
+        .expect("disconnected");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let init = arp.call("arp.initialize", arp_init()).await;
+        if init.get("result").is_some() {
+            break;
+        }
+        assert_eq!(init["error"]["data"]["reason"], "robot_busy", "{init}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "control never freed"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let drive = arp
+        .tool(
+            "drive",
+            json!({"linear": 0.2, "angular": 0, "durationSecs": 0.3}),
+        )
+        .await;
+    assert_eq!(drive["result"]["state"], "completed", "{drive}");
+    assert!(agent.arp.probe.state().x > 0.0, "the ARP operator drove");
+}
+
+/// ARP first: a teleop operator or owner offer while an ARP operator holds
+/// control is refused (`disconnected {reason: "failed"}`, details
+/// `robot_busy`), a non-holder's motion never reaches the sim, viewers
+/// are unaffected; when the ARP connection closes, control is free again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_teleop_offer_is_refused_while_an_arp_operator_holds_control() {
+    use crate::arp::tests::{Client, OPERATOR};
+    let mut agent = one_controller().await;
+    let mut arp = Client::connect(&agent.arp.url, OPERATOR).await;
+    arp.initialize().await;
+
+    for (session, role) in [("teleop-op", Role::Operator), ("teleop-owner", Role::Owner)] {
+        let refused = agent.offer(session, role).await;
+        assert_eq!(refused["type"], "signalling.disconnected", "{refused}");
+        assert_eq!(refused["payload"]["reason"], "failed");
+        assert_eq!(refused["payload"]["details"]["reason"], "robot_busy");
+    }
+    let viewer = agent.offer("teleop-viewer", Role::Viewer).await;
+    assert_eq!(viewer["type"], "signalling.answer", "{viewer}");
+
+    // Whoever is not the holder does not move the robot.
+    assert!(agent
+        .arp
+        .controller
+        .movement("teleop-op", Role::Operator, 1.0, 0.0)
+        .await
+        .is_err());
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let state = agent.arp.probe.state();
+    assert_eq!((state.x, state.linear), (0.0, 0.0), "the sim moved");
+
+    // The ARP operator goes away: a teleop operator gets control.
+    drop(arp);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let mut n = 0;
+    loop {
+        n += 1;
+        let verdict = agent.offer(&format!("teleop-op-{n}"), Role::Operator).await;
+        if verdict["type"] == "signalling.answer" {
+            break;
+        }
+        assert_eq!(verdict["payload"]["details"]["reason"], "robot_busy");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "control never freed"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// An `arp` channel belongs to its session: the ARP handler, told the
+/// session it rides on (as the peer manager does), shares the control of
+/// a teleop operator session, while another session's channel is busy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_arp_channel_shares_the_control_of_its_own_session() {
+    let mut agent = one_controller().await;
+    let answer = agent.offer("s-op", Role::Operator).await;
+    assert_eq!(answer["type"], "signalling.answer", "{answer}");
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "arp.initialize", "params": arp_init()});
+    let initialize = async |session: &str| -> Value {
+        let (in_tx, in_rx) = mpsc::channel(crate::arp::FRAME_CHANNEL);
+        let (out_tx, mut out_rx) = mpsc::channel(crate::arp::FRAME_CHANNEL);
+        let _handler = agent.arp.server.connect(
+            crate::arp::Peer {
+                key: format!("{session}/arp"),
+                session: Some(session.to_owned()),
+                role: Role::Operator,
+                subject: session.to_owned(),
+            },
+            in_rx,
+            out_tx,
+        );
+        in_tx.send(init.to_string()).await.expect("frame");
+        let text = tokio::time::timeout(WAIT, out_rx.recv())
+            .await
+            .expect("answer in time")
+            .expect("open");
+        serde_json::from_str(&text).expect("JSON")
+    };
+    let other = initialize("s-other").await;
+    assert_eq!(other["error"]["data"]["reason"], "robot_busy", "{other}");
+    let own = initialize("s-op").await;
+    assert!(own.get("result").is_some(), "{own}");
+}

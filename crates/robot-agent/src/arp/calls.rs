@@ -588,7 +588,12 @@ impl Call {
     ) -> Result<Ended, ArpError> {
         let controller = self.server.shared().controller.clone();
         let answer = controller
-            .driver_tool(self.peer.role, &self.tool.name, self.arguments.clone())
+            .driver_tool(
+                &self.peer.key,
+                self.peer.role,
+                &self.tool.name,
+                self.arguments.clone(),
+            )
             .await?;
         tokio::pin!(answer);
         let mut cancel = self.cancel.clone();

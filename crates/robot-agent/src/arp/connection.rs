@@ -452,7 +452,7 @@ impl Conn {
             });
         }
         if self.peer.role.may_drive() {
-            self.server.take_control(&self.peer.key)?;
+            self.server.take_control(&self.peer)?;
         }
         self.initialized = true;
         tracing::info!(

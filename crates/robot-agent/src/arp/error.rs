@@ -173,6 +173,7 @@ impl From<Refusal> for ArpError {
             Refusal::DriverBusy => {
                 ArpError::Precondition("the driver cannot keep up with commands".into())
             }
+            Refusal::RobotBusy => ArpError::RobotBusy,
         }
     }
 }

@@ -30,6 +30,7 @@ pub mod error;
 pub mod tools;
 pub mod ws;
 
+use crate::controller::control::Claimant;
 use crate::driver::Pose;
 use crate::safety::{Role, SafetyLimits, StopReason};
 use crate::session::Shared;
@@ -51,6 +52,9 @@ pub const ODOMETRY_RATE: f64 = 20.0;
 pub struct Peer {
     /// Unique per connection; the controller knows the connection by it.
     pub key: String,
+    /// The WebRTC session an `arp` data channel belongs to (`None` for
+    /// the local WebSocket): it shares that session's control.
+    pub session: Option<String>,
     pub role: Role,
     /// Whose idempotency keys these are (a token's or a session's subject).
     pub subject: String,
@@ -129,8 +133,6 @@ impl Idempotency {
 
 #[derive(Default)]
 struct State {
-    /// Key of the connection that holds control (one controller).
-    controller: Option<String>,
     calls: HashMap<String, Running>,
     /// The motion call running now (drive, navigate_to): one at a time.
     motion: Option<String>,
@@ -254,23 +256,23 @@ impl ArpServer {
         self.tools().into_iter().find(|t| t.name == name)
     }
 
-    /// Takes the robot's control for `key`, unless someone else holds it.
-    fn take_control(&self, key: &str) -> Result<(), ArpError> {
-        let mut state = self.state();
-        match &state.controller {
-            Some(holder) if holder != key => Err(ArpError::RobotBusy),
-            _ => {
-                state.controller = Some(key.to_owned());
-                Ok(())
-            }
-        }
+    /// Takes the robot's control for this connection, unless another
+    /// controller (an ARP connection or a teleop session) holds it. The
+    /// lock is the controller's, shared with teleop.
+    fn take_control(&self, peer: &Peer) -> Result<(), ArpError> {
+        let who = Claimant::Arp {
+            key: peer.key.clone(),
+            session: peer.session.clone(),
+        };
+        self.inner
+            .shared
+            .controller
+            .take_control(&who)
+            .map_err(|_| ArpError::RobotBusy)
     }
 
     fn release_control(&self, key: &str) {
-        let mut state = self.state();
-        if state.controller.as_deref() == Some(key) {
-            state.controller = None;
-        }
+        self.inner.shared.controller.release_control(key);
     }
 
     /// The listed constraints, in the spec's shape.
@@ -457,4 +459,4 @@ mod idempotency_tests {
 
 #[cfg(test)]
 #[path = "tests.rs"]
-mod tests;
+pub(crate) mod tests;

@@ -610,7 +610,14 @@ async fn workspace_exits_are_refused_and_a_robot_leaving_anyway_is_stopped() {
         .expect("create");
     let nav = c.tool("navigate_to", json!({"location": "far"})).await;
     assert_eq!(nav["error"]["data"]["constraint"], "workspace_bound");
-    // Teleop (not ARP) drives out anyway: the monitor stops it.
+    // Teleop (not ARP) drives out anyway: the monitor stops it. One
+    // controller: the ARP operator hands control over first.
+    c.result("arp.shutdown", json!({})).await;
+    f.controller
+        .take_control(&crate::controller::control::Claimant::Teleop(
+            "teleop".into(),
+        ))
+        .expect("control is free");
     for _ in 0..200 {
         if f.probe.state().last_stop.as_deref() == Some("workspace_bound") {
             break;
@@ -1051,6 +1058,7 @@ async fn mangled_frames_get_valid_errors_and_the_handler_keeps_serving() {
     let handler = f.server.connect(
         Peer {
             key: "gateway-1".into(),
+            session: None,
             role: Role::Viewer,
             subject: "fuzzer".into(),
         },

@@ -175,6 +175,7 @@ async fn serve(
     let (out_tx, mut out_rx) = mpsc::channel::<String>(FRAME_CHANNEL);
     let peer = Peer {
         key: format!("arp-local-{n}"),
+        session: None,
         role,
         subject,
     };

@@ -13,9 +13,11 @@ use tokio::sync::{mpsc, oneshot, watch};
 use crate::driver::{DriverCommand, DriverError, DriverEvent, DriverHandle};
 use crate::messages;
 
+pub mod control;
 mod navigation;
 
 use crate::safety::{Refusal, Role, SafetyCore, SafetyLimits, StopReason};
+use control::{Busy, Claimant, ControlLock};
 use navigation::{Navigation, Notice};
 
 /// Capacity of the request channel: sessions wait (briefly) when it is full.
@@ -89,6 +91,7 @@ enum Request {
     /// A driver-declared tool: admitted like a motion command (role, e-stop
     /// latch, rate), then handed to the driver.
     DriverTool {
+        session: String,
         role: Role,
         name: String,
         arguments: Value,
@@ -106,9 +109,27 @@ pub struct ControllerHandle {
     /// The latched e-stop's reason (`None` when clear), for callers that
     /// must react the moment it latches (running ARP tool calls).
     estop: watch::Receiver<Option<String>>,
+    /// Who holds the robot's control (one controller across teleop and
+    /// ARP); motion from anyone else is refused below.
+    control: ControlLock,
 }
 
 impl ControllerHandle {
+    /// Takes the robot's control (a teleop session at its offer, an ARP
+    /// connection at `arp.initialize`), unless the other side holds it.
+    pub fn take_control(&self, who: &Claimant) -> Result<(), Busy> {
+        let taken = self.control.take(who);
+        if taken.is_err() {
+            tracing::info!(?who, "control refused: another controller holds the robot");
+        }
+        taken
+    }
+
+    /// Gives control back (no-op for a key that holds none).
+    pub fn release_control(&self, key: &str) {
+        self.control.release(key);
+    }
+
     /// Registers a session's outbox for asynchronous messages (navigation
     /// progress, emergency stops).
     pub async fn attach(&self, session: &str, outbox: mpsc::Sender<Envelope>) {
@@ -121,8 +142,10 @@ impl ControllerHandle {
             .await;
     }
 
-    /// The session is gone; stops the robot if it was the one driving.
+    /// The session is gone; stops the robot if it was the one driving, and
+    /// releases its control.
     pub async fn detach(&self, session: &str, reason: StopReason) {
+        self.control.release(session);
         let _ = self
             .tx
             .send(Request::Detach {
@@ -231,6 +254,7 @@ impl ControllerHandle {
     /// on the returned receiver.
     pub async fn driver_tool(
         &self,
+        session: &str,
         role: Role,
         name: &str,
         arguments: Value,
@@ -238,6 +262,7 @@ impl ControllerHandle {
         let (reply, answer) = oneshot::channel();
         self.ask(
             Request::DriverTool {
+                session: session.to_owned(),
                 role,
                 name: name.to_owned(),
                 arguments,
@@ -277,14 +302,16 @@ struct Controller {
     sessions: HashMap<String, mpsc::Sender<Envelope>>,
     nav: Navigation,
     estop: watch::Sender<Option<String>>,
+    control: ControlLock,
 }
 
 /// Starts the controller task in front of `driver`.
 pub fn spawn(limits: SafetyLimits, driver: DriverHandle) -> ControllerHandle {
     let (tx, rx) = mpsc::channel(REQUEST_CAPACITY);
     let (estop_tx, estop) = watch::channel(None);
-    tokio::spawn(run(limits, driver, rx, estop_tx));
-    ControllerHandle { tx, estop }
+    let control = ControlLock::default();
+    tokio::spawn(run(limits, driver, rx, estop_tx, control.clone()));
+    ControllerHandle { tx, estop, control }
 }
 
 fn now() -> std::time::Instant {
@@ -297,6 +324,7 @@ async fn run(
     driver: DriverHandle,
     mut rx: mpsc::Receiver<Request>,
     estop: watch::Sender<Option<String>>,
+    control: ControlLock,
 ) {
     let DriverHandle {
         commands,
@@ -311,6 +339,7 @@ async fn run(
         sessions: HashMap::new(),
         nav: Navigation::new(accepted_tx),
         estop,
+        control,
     };
     let mut tick = tokio::time::interval(WATCHDOG_TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -412,12 +441,13 @@ impl Controller {
                 let _ = reply.send(());
             }
             Request::DriverTool {
+                session,
                 role,
                 name,
                 arguments,
                 reply,
             } => {
-                let _ = reply.send(self.driver_tool(role, name, arguments));
+                let _ = reply.send(self.driver_tool(&session, role, name, arguments));
             }
             Request::Status(reply) => {
                 let _ = reply.send(Status {
@@ -441,6 +471,7 @@ impl Controller {
         if !role.may_drive() {
             return Err(Refusal::Forbidden(role.as_str()));
         }
+        self.holds_control(session)?;
         if !self.driver_ready {
             return Err(Refusal::DriverUnavailable);
         }
@@ -469,10 +500,15 @@ impl Controller {
 
     fn driver_tool(
         &mut self,
+        session: &str,
         role: Role,
         name: String,
         arguments: Value,
     ) -> Result<DriverAnswer, Refusal> {
+        if !role.may_drive() {
+            return Err(Refusal::Forbidden(role.as_str()));
+        }
+        self.holds_control(session)?;
         if !self.driver_ready {
             return Err(Refusal::DriverUnavailable);
         }
@@ -498,6 +534,7 @@ impl Controller {
         if !role.may_drive() {
             return Err(Refusal::Forbidden(role.as_str()).into());
         }
+        self.holds_control(&session)?;
         self.nav.check_idle()?;
         if !self.driver_ready {
             return Err(Refusal::DriverUnavailable.into());
@@ -508,6 +545,16 @@ impl Controller {
             self.send_stop(StopReason::NavigationCancelled);
         }
         self.nav.start(&self.driver, session, correlation, location)
+    }
+
+    /// One controller: motion from anyone but the holder of control
+    /// (teleop or ARP) never reaches the driver.
+    fn holds_control(&self, session: &str) -> Result<(), Refusal> {
+        if self.control.admits(session) {
+            Ok(())
+        } else {
+            Err(Refusal::RobotBusy)
+        }
     }
 
     fn cancel(&mut self, role: Role) -> Result<String, NavRefusal> {
@@ -711,6 +758,48 @@ mod tests {
             DriverCommand::Stop { reason } => assert_eq!(reason, StopReason::PeerDisconnected),
             other => panic!("unexpected {other:?}"),
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn motion_from_anyone_but_the_holder_never_reaches_the_driver() {
+        let (c, mut end) = setup().await;
+        let arp = Claimant::Arp {
+            key: "arp-local-1".into(),
+            session: None,
+        };
+        c.take_control(&arp).expect("free");
+        assert_eq!(c.take_control(&Claimant::Teleop("s1".into())), Err(Busy));
+        assert_eq!(
+            c.movement("s1", Role::Operator, 0.5, 0.0).await,
+            Err(Refusal::RobotBusy)
+        );
+        assert_eq!(
+            c.navigate("s1", Role::Owner, "n1", location("a")).await,
+            Err(NavRefusal::Refused(Refusal::RobotBusy))
+        );
+        assert!(matches!(
+            c.driver_tool("s1", Role::Operator, "dock", Value::Null)
+                .await,
+            Err(Refusal::RobotBusy)
+        ));
+        assert!(
+            end.commands.try_recv().is_err(),
+            "nothing reached the driver"
+        );
+        c.movement("arp-local-1", Role::Operator, 0.5, 0.0)
+            .await
+            .expect("the holder moves");
+        assert!(matches!(
+            next_command(&mut end).await,
+            DriverCommand::Move { .. }
+        ));
+        // The holder goes away: control is free again.
+        c.detach("arp-local-1", StopReason::SessionEnded).await;
+        c.take_control(&Claimant::Teleop("s1".into()))
+            .expect("free again");
+        c.movement("s1", Role::Operator, 0.5, 0.0)
+            .await
+            .expect("the new holder moves");
     }
 
     #[tokio::test(start_paused = true)]

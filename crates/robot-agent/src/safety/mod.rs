@@ -130,6 +130,8 @@ pub enum Refusal {
     DriverUnavailable,
     #[error("the driver cannot keep up with commands")]
     DriverBusy,
+    #[error("another controller holds the robot")]
+    RobotBusy,
 }
 
 impl Refusal {
@@ -141,6 +143,7 @@ impl Refusal {
             Refusal::RateLimited(_) => "rate_limited",
             Refusal::DriverUnavailable => "driver_unavailable",
             Refusal::DriverBusy => "driver_busy",
+            Refusal::RobotBusy => "robot_busy",
         }
     }
 }
