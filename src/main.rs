@@ -1,3 +1,7 @@
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::process::ExitCode;
+use std::time::Duration;
+
 use anyhow::Context;
 use clap::Parser;
 use signalling_server::config::{Cli, Command, LogFormat};
@@ -13,23 +17,110 @@ use tracing_subscriber::EnvFilter;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.config.log_format);
     // rustls needs one process-wide crypto provider; ring is the one every other crate here uses.
     let _ = rustls::crypto::ring::default_provider().install_default();
+    if let Some(Command::Healthcheck { path, timeout }) = &cli.command {
+        // No logging set up: a container runtime keeps what this prints as the check's output.
+        return healthcheck(&cli.config, path, Duration::from_secs(*timeout)).await;
+    }
+    init_logging(cli.config.log_format);
 
-    match cli.command {
+    let outcome = match cli.command {
         Some(Command::Pki(command)) => signalling_server::dev_pki::run(command),
-        Some(Command::Serve) | None => {
-            let server = Server::bind(cli.config).await.context("cannot start")?;
-            server
-                .run(shutdown_signal())
-                .await
-                .context("server failed")?;
-            Ok(())
+        Some(Command::Serve) | None => serve(cli.config).await,
+        Some(Command::Healthcheck { .. }) => unreachable!("answered above"),
+    };
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            // One line with the whole chain of causes (a container's log shows why it
+            // stopped, not a multi-line dump), then a non-zero exit status.
+            tracing::error!("{}", one_line(&error));
+            ExitCode::FAILURE
         }
     }
+}
+
+async fn serve(config: signalling_server::config::Config) -> anyhow::Result<()> {
+    let server = Server::bind(config).await.context("cannot start")?;
+    server
+        .run(shutdown_signal())
+        .await
+        .context("server failed")?;
+    Ok(())
+}
+
+/// `signalling-server healthcheck`: a plain GET of /readyz (or --path) on the configured
+/// listening port, on loopback when the server listens on every address; https (any
+/// certificate: it is this machine's own server) when --tls-cert is set. 0 on 200, else 1.
+async fn healthcheck(
+    config: &signalling_server::config::Config,
+    path: &str,
+    timeout: Duration,
+) -> ExitCode {
+    let mut addr = config.listen;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(match addr {
+            SocketAddr::V4(_) => Ipv4Addr::LOCALHOST.into(),
+            SocketAddr::V6(_) => Ipv6Addr::LOCALHOST.into(),
+        });
+    }
+    let scheme = if config.tls_cert.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    let path = if path.starts_with('/') {
+        path.to_string()
+    } else {
+        format!("/{path}")
+    };
+    let url = format!("{scheme}://{addr}{path}");
+    let client = match reqwest::Client::builder()
+        .no_proxy()
+        .timeout(timeout)
+        .danger_accept_invalid_certs(true)
+        .build()
+    {
+        Ok(client) => client,
+        Err(error) => {
+            eprintln!("healthcheck: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match client.get(&url).send().await {
+        Ok(answer) if answer.status() == reqwest::StatusCode::OK => {
+            println!("{url}: {}", answer.status());
+            ExitCode::SUCCESS
+        }
+        Ok(answer) => {
+            eprintln!("{url}: {}", answer.status());
+            ExitCode::FAILURE
+        }
+        Err(error) => {
+            eprintln!("{url}: {}", one_line(&error.into()));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// An error and its causes on one line. Many of our errors already print their source
+/// (`"database: {0}"`): a cause whose text was said already is not repeated.
+fn one_line(error: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
 }
 
 fn init_logging(format: LogFormat) {
