@@ -5,7 +5,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use signalling_server::config::{Cli, Command, LogFormat};
-use signalling_server::Server;
+use signalling_server::{Server, StartError};
 use tracing_subscriber::EnvFilter;
 
 /// mimalloc, not glibc's malloc: relaying across nodes keeps many frame buffers alive for a
@@ -25,11 +25,11 @@ async fn main() -> ExitCode {
         // No logging set up: a container runtime keeps what this prints as the check's output.
         return healthcheck(&cli.config, path, Duration::from_secs(*timeout)).await;
     }
-    init_logging(cli.config.log_format);
+    let started = init_logging(cli.config.log_format);
 
     let outcome = match cli.command {
         Some(Command::Pki(command)) => signalling_server::dev_pki::run(command),
-        Some(Command::Serve) | None => serve(cli.config).await,
+        Some(Command::Serve) | None => serve(cli.config, started).await,
         Some(Command::Healthcheck { .. }) => unreachable!("answered above"),
     };
     match outcome {
@@ -43,8 +43,21 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn serve(config: signalling_server::config::Config) -> anyhow::Result<()> {
-    let server = Server::bind(config).await.context("cannot start")?;
+async fn serve(
+    config: signalling_server::config::Config,
+    started: Box<dyn FnOnce()>,
+) -> anyhow::Result<()> {
+    // A database that cannot be opened is named (without its password), since its
+    // driver's message often is not.
+    let database = redact_password(config.database_url());
+    let server = match Server::bind(config).await {
+        Ok(server) => server,
+        Err(error @ StartError::Store(_)) => {
+            return Err(anyhow::Error::new(error).context(format!("cannot start: {database}")))
+        }
+        Err(error) => return Err(anyhow::Error::new(error).context("cannot start")),
+    };
+    started();
     server
         .run(shutdown_signal())
         .await
@@ -123,17 +136,64 @@ fn one_line(error: &anyhow::Error) -> String {
     line
 }
 
-fn init_logging(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,tower_http=warn"));
-    // Colours only for a person at a terminal, not for log files and collectors.
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()));
-    match format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Text => builder.init(),
+/// `scheme://user:secret@host/db` without the secret.
+fn redact_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => match rest[..at].split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***{}", &rest[at..]),
+            None => url.to_string(),
+        },
+        None => url.to_string(),
     }
+}
+
+/// The default log filter (RUST_LOG replaces it).
+const DEFAULT_LOG_FILTER: &str = "info,sqlx=warn,tower_http=warn";
+
+/// Sets up logging. Returns what ends the start phase's filter, which keeps sqlx's
+/// connection pool quiet while the first connection is made: it logs each retry of a
+/// database that cannot open (a read-only folder, …) as an error of its own for 10 s, which
+/// would bury the one line that says why the start failed. RUST_LOG, when set, is used as
+/// it is throughout.
+fn init_logging(format: LogFormat) -> Box<dyn FnOnce()> {
+    let steady = std::env::var("RUST_LOG")
+        .ok()
+        .filter(|f| EnvFilter::try_new(f).is_ok())
+        .unwrap_or_else(|| DEFAULT_LOG_FILTER.to_string());
+    let starting = if std::env::var_os("RUST_LOG").is_some() {
+        steady.clone()
+    } else {
+        format!("{steady},sqlx_core::pool=off")
+    };
+    // Colours only for a person at a terminal, not for log files and collectors.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::new(&starting))
+        .with_ansi(ansi);
+    let reload: Box<dyn FnOnce(EnvFilter) -> Result<(), tracing_subscriber::reload::Error>> =
+        match format {
+            LogFormat::Json => {
+                let builder = builder.json().with_filter_reloading();
+                let handle = builder.reload_handle();
+                builder.init();
+                Box::new(move |filter| handle.reload(filter))
+            }
+            LogFormat::Text => {
+                let builder = builder.with_filter_reloading();
+                let handle = builder.reload_handle();
+                builder.init();
+                Box::new(move |filter| handle.reload(filter))
+            }
+        };
+    Box::new(move || {
+        if let Err(e) = reload(EnvFilter::new(&steady)) {
+            tracing::warn!("log filter: {e}");
+        }
+    })
 }
 
 /// SIGTERM (what orchestrators send) or Ctrl-C.
