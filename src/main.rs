@@ -1,4 +1,6 @@
+use std::fs::OpenOptions;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -50,6 +52,7 @@ async fn serve(
     // A database that cannot be opened is named (without its password), since its
     // driver's message often is not.
     let database = redact_password(config.database_url());
+    sqlite_writable(config.database_url()).with_context(|| format!("cannot start: {database}"))?;
     let server = match Server::bind(config).await {
         Ok(server) => server,
         Err(error @ StartError::Store(_)) => {
@@ -134,6 +137,46 @@ fn one_line(error: &anyhow::Error) -> String {
         line.push_str(&text);
     }
     line
+}
+
+/// SQLite writes in its database's folder (the file, its journal): a read-only folder or
+/// file is said at once, not after the connection pool's 10 s of retries that end in "pool
+/// timed out". A folder that does not exist yet is the store's to create (and report).
+fn sqlite_writable(url: &str) -> anyhow::Result<()> {
+    let Some(path) = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))
+    else {
+        return Ok(());
+    };
+    let path = path.split('?').next().unwrap_or_default();
+    if path.is_empty() || path.starts_with(':') {
+        return Ok(());
+    }
+    let file = Path::new(path);
+    let folder = match file.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    };
+    if !folder.is_dir() {
+        return Ok(());
+    }
+    let probe = folder.join(format!(".write-test-{}", std::process::id()));
+    match OpenOptions::new().write(true).create_new(true).open(&probe) {
+        Ok(_) => {
+            let _ = std::fs::remove_file(&probe);
+        }
+        Err(e) => anyhow::bail!(
+            "the database folder {} is not writable: {e}",
+            folder.display()
+        ),
+    }
+    if file.exists() {
+        if let Err(e) = OpenOptions::new().read(true).write(true).open(file) {
+            anyhow::bail!("the database file {} is not writable: {e}", file.display());
+        }
+    }
+    Ok(())
 }
 
 /// `scheme://user:secret@host/db` without the secret.
