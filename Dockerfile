@@ -1,5 +1,7 @@
 # Multi-stage build of signalling-server: a full Rust toolchain to build, a slim Debian
 # runtime with only the binary, CA certificates (for JWKS over HTTPS) and a non-root user.
+# Data (the default SQLite database) lives in /var/lib/signalling: mount a volume there.
+# CI builds this file unchanged and runs the image (tests/docker/run.sh, docs/deployment.md).
 
 FROM rust:1.95-slim-bookworm AS build
 WORKDIR /src
@@ -28,4 +30,8 @@ WORKDIR /var/lib/signalling
 ENV SIGNALLING_LISTEN=0.0.0.0:8080 \
     SIGNALLING_LOG_FORMAT=json
 EXPOSE 8080
+# The binary asks itself (GET /readyz on SIGNALLING_LISTEN's port): no curl in the image.
+# Set the port with SIGNALLING_LISTEN, not --listen, so that the check finds it.
+HEALTHCHECK --interval=10s --timeout=5s --start-period=15s --retries=3 \
+    CMD ["/usr/local/bin/signalling-server", "healthcheck"]
 ENTRYPOINT ["/usr/local/bin/signalling-server"]

@@ -26,6 +26,17 @@ pub enum Command {
     /// Development PKI: make a CA and robot certificates.
     #[command(subcommand)]
     Pki(PkiCommand),
+    /// Ask the server running with this configuration (its --listen port, on loopback)
+    /// whether it is ready: exit 0 on HTTP 200, else 1 (the image's HEALTHCHECK; no curl
+    /// needed).
+    Healthcheck {
+        /// Path to ask: /readyz (ready to serve) or /healthz (alive).
+        #[arg(long, default_value = "/readyz")]
+        path: String,
+        /// Seconds to wait for the answer.
+        #[arg(long, default_value_t = 3)]
+        timeout: u64,
+    },
 }
 
 #[derive(Debug, Subcommand)]
