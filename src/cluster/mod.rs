@@ -677,23 +677,63 @@ impl Cluster {
     }
 
     /// Registered nodes whose lease expired, other than this one.
-    pub async fn dead_nodes(&self) -> Result<Vec<String>, ClusterError> {
+    ///
+    /// `peers` are the nodes this node has sessions with: one that died is dead for this
+    /// node too even once another survivor took it off the register (the first to notice
+    /// does), which a `dead:` mark says. A node that left by draining is off the register
+    /// without a mark: it ends its sessions itself and tells its peers.
+    pub async fn dead_nodes(&self, peers: &[String]) -> Result<Vec<String>, ClusterError> {
         let mut conn = self.conn.clone();
-        let nodes: Vec<String> = self
+        let registered: Vec<String> = self
             .timed(async { conn.smembers(self.key(&["nodes"])).await })
             .await?;
-        let others: Vec<String> = nodes.into_iter().filter(|n| *n != *self.node).collect();
+        let mut others: Vec<String> = registered
+            .iter()
+            .chain(peers)
+            .filter(|n| **n != *self.node)
+            .cloned()
+            .collect();
+        others.sort();
+        others.dedup();
         let alive = self.alive(&others).await?;
-        Ok(others.into_iter().filter(|n| !alive.contains(n)).collect())
+        let silent: Vec<String> = others.into_iter().filter(|n| !alive.contains(n)).collect();
+        let unregistered: Vec<&String> =
+            silent.iter().filter(|n| !registered.contains(n)).collect();
+        let marked: Vec<bool> = if unregistered.is_empty() {
+            Vec::new()
+        } else {
+            let mut pipe = redis::pipe();
+            for node in &unregistered {
+                pipe.exists(self.key(&["dead:", node]));
+            }
+            self.timed(pipe.query_async(&mut conn)).await?
+        };
+        let dead_elsewhere: Vec<&String> = unregistered
+            .into_iter()
+            .zip(marked)
+            .filter(|(_, marked)| *marked)
+            .map(|(node, _)| node)
+            .collect();
+        Ok(silent
+            .iter()
+            .filter(|n| registered.contains(n) || dead_elsewhere.contains(n))
+            .cloned()
+            .collect())
     }
 
-    /// Takes a dead node off the register; true for exactly one caller (that one ends
-    /// the dead node's session records).
+    /// Marks a dead node as dead (for the survivors that have sessions with it, see
+    /// [`Cluster::dead_nodes`]) and takes it off the register; true for exactly one
+    /// caller (that one ends the dead node's session records).
     pub async fn claim_dead(&self, node: &str) -> Result<bool, ClusterError> {
+        // The mark outlives any survivor's next beats; a node that comes back under the
+        // same id has a live lease again, which `dead_nodes` checks first.
+        let mark_secs = (self.config.node_ttl.as_secs() * 6).max(60);
+        let mut pipe = redis::pipe();
+        pipe.set_ex(self.key(&["dead:", node]), 1, mark_secs)
+            .ignore();
+        pipe.srem(self.key(&["nodes"]), node);
         let mut conn = self.conn.clone();
-        let removed: i64 = self
-            .timed(async { conn.srem(self.key(&["nodes"]), node).await })
-            .await?;
+        let (removed,): (i64,) = self.timed(pipe.query_async(&mut conn)).await?;
         Ok(removed == 1)
     }
 

@@ -292,6 +292,14 @@ impl Hub {
         self.remote_map().get(conn).cloned()
     }
 
+    /// The other nodes that sessions here have an end on.
+    pub fn remote_nodes(&self) -> Vec<String> {
+        let mut nodes: Vec<String> = self.remote_map().values().map(|n| n.to_string()).collect();
+        nodes.sort();
+        nodes.dedup();
+        nodes
+    }
+
     fn state(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock cannot leave the maps half-updated in a way that
         // is worse than losing them, so keep serving with the data as it is.

@@ -343,7 +343,7 @@ async fn beat(
         tracing::error!(robot = %robot, "control lock taken by another holder");
     }
     cluster.probe();
-    let dead = cluster.dead_nodes().await?;
+    let dead = cluster.dead_nodes(&state.hub.remote_nodes()).await?;
     handled.retain(|node| dead.contains(node));
     for node in dead {
         if handled.contains(&node) {

@@ -1423,3 +1423,64 @@ async fn a_session_cannot_be_taken_over_from_another_node() {
     assert_eq!(live[0]["subject"], "alice", "{open:?}");
     stop_without_panics(nodes);
 }
+
+/// A node that dies is taken off the register by the first survivor to notice it; the
+/// other survivors with sessions on it must still end them (found running the Docker
+/// suite: the client's session, and with it the robot's control lock, stayed until the
+/// client left). Here the test takes the dead node off the register as that first
+/// survivor would, right after the kill; the survivor holding the session still ends it
+/// (`node_down`), and the lock is free for the robot's next session.
+#[tokio::test]
+#[ignore = "needs PostgreSQL, Redis and HAProxy: tests/cluster/run.sh runs it"]
+async fn every_survivor_ends_its_sessions_with_a_dead_node() {
+    require_cluster();
+    let (redis, prefix, mut nodes, api) = n_ready_nodes(3, "10").await;
+    let n1 = nodes[0].base();
+    let key = api.enroll(&n1, "rd").await;
+    let robot = robot_on(&nodes[2].ws(), "rd", &key).await;
+    eventually("rd is visible from node 1", WAIT, || async {
+        api.node_of(&n1, "rd").await.is_some()
+    })
+    .await;
+    api.grant(&n1, "rd", "alice", "operator").await;
+    api.grant(&n1, "rd", "bob", "operator").await;
+    let (alice_token, _) = api.token(&n1, "alice").await;
+    let mut alice = WsClient::connect_with_token(&nodes[0].ws(), &alice_token).await;
+    let session = alice.connection_id.clone();
+    alice.send(&offer("rd", &session)).await;
+    let mut robot = robot;
+    robot.recv_type("signalling.offer").await;
+
+    let dead = nodes[2].id.clone();
+    let log = nodes[2].process.take().expect("node 3").stop();
+    drop(robot);
+    assert!(!log.contains("panicked"), "{log}");
+    // Node 2 "noticed first": the dead node is marked and off the register.
+    let marked = redis_command(
+        redis.port,
+        &["SET", &format!("{prefix}dead:{dead}"), "1", "EX", "60"],
+    )
+    .await;
+    assert_eq!(marked, "+OK");
+    redis_command(redis.port, &["SREM", &format!("{prefix}nodes"), &dead]).await;
+
+    alice.wait = Duration::from_secs(15);
+    let told = alice.recv_type("signalling.disconnected").await;
+    assert_eq!(told["payload"]["connectionId"], session.as_str());
+    assert_eq!(told["payload"]["details"]["reason"], "node_down", "{told}");
+
+    // The robot comes back on node 2; bob can drive it (the lock went with the session).
+    let mut robot = robot_on(&nodes[1].ws(), "rd", &key).await;
+    let (bob_token, _) = api.token(&n1, "bob").await;
+    let mut bob = WsClient::connect_with_token(&nodes[0].ws(), &bob_token).await;
+    let bob_session = bob.connection_id.clone();
+    eventually("rd is back, seen from node 1", WAIT, || async {
+        api.node_of(&n1, "rd").await.as_deref() == Some(nodes[1].id.as_str())
+    })
+    .await;
+    bob.send(&offer("rd", &bob_session)).await;
+    let offered = robot.recv_type("signalling.offer").await;
+    assert_eq!(offered["payload"]["connectionId"], bob_session.as_str());
+    nodes.remove(2);
+    stop_without_panics(nodes);
+}

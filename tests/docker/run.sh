@@ -536,24 +536,19 @@ for robot in "${on_victim[@]}"; do
     wait_for 30 "$robot back on another node" back_elsewhere "$robot" "$victim"
 done
 back_ms=$(($(now_ms) - t0))
-# The client's session with the killed node's robot should end (signalling.disconnected,
-# node_down, from the client's node). Known server race, reported with issue 34: only the
-# node that claims the dead node in Redis ends the sessions it holds with it; a client on
-# another node is never told. Logged, not failed, until the server is fixed.
+# The client's session with the killed node's robot ends (signalling.disconnected,
+# node_down) from the client's node, whichever survivor noticed the death first (every
+# survivor with sessions on the dead node ends them; tests/api/cluster.rs
+# every_survivor_ends_its_sessions_with_a_dead_node); its control lock goes with it.
 deadline=$(($(now_ms) + 15000))
 while kill -0 "$held" 2>/dev/null && [ "$(now_ms)" -lt "$deadline" ]; do sleep 0.1; done
 if kill -0 "$held" 2>/dev/null; then
     kill "$held" 2>/dev/null || true
     wait "$held" 2>/dev/null || true
-    told="NOT told within 15 s (known server race: see the comment above)"
-    log "NOTE: the client in a session with the killed node's robot was $told"
-elif wait "$held"; then
-    told="told: $(tail -n1 "$WORK/session-3.out")"
-else
-    told="its session client failed: $(tail -n1 "$WORK/session-3.out")"
+    fail "the client in a session with the killed node's robot was not told within 15 s"
 fi
-# A client that was not told still holds fleet-1's control lock (robot_busy for everyone
-# else) until its socket closes, as a browser's would when its WebRTC link dies.
+wait "$held" || fail "the session client failed: $(tail -n1 "$WORK/session-3.out")"
+told="told: $(tail -n1 "$WORK/session-3.out")"
 new_session() { python3 "$HERE/session.py" "ws://127.0.0.1:$lb_port/ws" "$bob" fleet-1 >"$WORK/session-4.out"; }
 wait_for 20 "a new session with fleet-1 after the kill ($(cat "$WORK/session-4.out" 2>/dev/null))" new_session
 ok "docker kill $victim mid-session: client $told; its ${#on_victim[@]} robots (${on_victim[*]}) back on the others in $back_ms ms, a new session opens"
