@@ -207,7 +207,9 @@ agent() { # agent NAME ARGS...: the host robot-agent, config folder $WORK/agents
     "$TARGET/debug/robot-agent" --config-dir "$WORK/agents/$name" "$@"
 }
 start_agent() { # start_agent NAME: runs it (sim driver) in the background
-    agent "$1" run --driver sim >"$WORK/agent-$1.log" 2>&1 &
+    # The binary itself in the background (not the agent function, whose subshell would be
+    # what $! names and kill ends, leaving the agent behind).
+    "$TARGET/debug/robot-agent" --config-dir "$WORK/agents/$1" run --driver sim >"$WORK/agent-$1.log" 2>&1 &
     AGENT_PIDS+=($!)
 }
 enroll() { # enroll BASE ROBOT [CONFIG_NAME]: creates the robot, enrolls a host agent
