@@ -13,6 +13,7 @@
 
 pub mod agent;
 pub mod arp;
+pub mod budget;
 pub mod config;
 pub mod controller;
 pub mod driver;

@@ -16,6 +16,7 @@ use signalling_protocol::{
     LocationOperation, NavigationStatus, ProtocolError,
 };
 
+use crate::budget::MessageBudget;
 use crate::controller::{ControllerHandle, NavRefusal};
 use crate::locations::{LocationError, LocationStore};
 use crate::messages::{self, details};
@@ -70,8 +71,7 @@ pub struct Session {
     id: String,
     role: Role,
     shared: Shared,
-    budget: f64,
-    budget_at: Option<tokio::time::Instant>,
+    budget: MessageBudget,
     last_limit_error: Option<tokio::time::Instant>,
     /// Freshness of this session's commands (per session: each client has
     /// its own clock and its own path).
@@ -86,8 +86,7 @@ impl Session {
             id: id.into(),
             role,
             shared,
-            budget: MESSAGE_BURST,
-            budget_at: None,
+            budget: MessageBudget::new(MESSAGE_RATE, MESSAGE_BURST),
             last_limit_error: None,
             gate: MotionGate::new(now()),
             stale_run: 0,
@@ -125,7 +124,7 @@ impl Session {
     /// Handles one text message; returns the immediate replies (async
     /// navigation progress arrives through the controller instead).
     pub async fn handle_text(&mut self, text: &str) -> Vec<Envelope> {
-        if !self.within_budget() {
+        if !self.budget.take() {
             return self.rate_limited();
         }
         if text.len() > MAX_MESSAGE_BYTES {
@@ -473,22 +472,6 @@ impl Session {
                     Some(id),
                 )
             }
-        }
-    }
-
-    /// Token bucket over all messages of this session.
-    fn within_budget(&mut self) -> bool {
-        let now = tokio::time::Instant::now();
-        if let Some(at) = self.budget_at {
-            let refill = now.saturating_duration_since(at).as_secs_f64() * MESSAGE_RATE;
-            self.budget = (self.budget + refill).min(MESSAGE_BURST);
-        }
-        self.budget_at = Some(now);
-        if self.budget >= 1.0 {
-            self.budget -= 1.0;
-            true
-        } else {
-            false
         }
     }
 

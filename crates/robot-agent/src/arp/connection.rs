@@ -18,6 +18,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::{lock, timestamp, ArpError, ArpServer, Peer, Workspace};
+use crate::budget::MessageBudget;
 use crate::safety::StopReason;
 
 /// Per-connection message budget (ARP §9): sustained rate and burst.
@@ -97,8 +98,7 @@ pub(super) struct Conn {
     pub(super) link: Link,
     initialized: bool,
     subscriptions: HashMap<String, JoinHandle<()>>,
-    budget: f64,
-    budget_at: Option<Instant>,
+    budget: MessageBudget,
     last_limit_error: Option<Instant>,
 }
 
@@ -147,8 +147,7 @@ pub(super) async fn run(
         },
         initialized: false,
         subscriptions: HashMap::new(),
-        budget: MESSAGE_BURST,
-        budget_at: None,
+        budget: MessageBudget::new(MESSAGE_RATE, MESSAGE_BURST),
         last_limit_error: None,
     };
     loop {
@@ -247,7 +246,7 @@ impl Conn {
             self.link.send(error_response(&Value::Null, &e, None)).await;
             return;
         }
-        if !self.within_budget() {
+        if !self.budget.take() {
             if self.should_report_limit() {
                 let e = ArpError::RateLimited(MESSAGE_RATE as u32);
                 self.link.send(error_response(&Value::Null, &e, None)).await;
@@ -635,22 +634,6 @@ impl Conn {
         let nav = lock(&self.link.nav);
         if let Some(tx) = nav.get(call) {
             let _ = tx.try_send((p.status, p.message));
-        }
-    }
-
-    /// Token bucket over every frame of this connection.
-    fn within_budget(&mut self) -> bool {
-        let now = Instant::now();
-        if let Some(at) = self.budget_at {
-            let refill = now.saturating_duration_since(at).as_secs_f64() * MESSAGE_RATE;
-            self.budget = (self.budget + refill).min(MESSAGE_BURST);
-        }
-        self.budget_at = Some(now);
-        if self.budget >= 1.0 {
-            self.budget -= 1.0;
-            true
-        } else {
-            false
         }
     }
 
