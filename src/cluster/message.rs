@@ -11,7 +11,7 @@
 use axum::extract::ws::Utf8Bytes;
 use serde::{Deserialize, Serialize};
 
-use crate::relay::{ConnId, Kick};
+use crate::relay::{ConnId, Kick, ViewerCap};
 use crate::store::Role;
 
 /// A session as the robot's node learns of it from the client's node, with the offer.
@@ -36,8 +36,7 @@ pub struct MirrorSession {
 pub enum Refusal {
     #[default]
     ConnectionIdInUse,
-    TooManyViewersPerSubject,
-    TooManyViewersPerRobot,
+    TooManyViewers(ViewerCap),
 }
 
 /// A control message between nodes.

@@ -35,12 +35,26 @@ pub enum RelayError {
     TooManySessions { limit: usize },
     /// Viewing sessions are capped per subject and per robot, so viewers cannot take every
     /// place a robot has (its agent serves a bounded number of sessions).
-    #[error("too many viewing sessions with robot {robot_id} ({per})")]
-    TooManyViewers {
-        robot_id: String,
-        /// "per_subject" or "per_robot".
-        per: &'static str,
-    },
+    #[error("too many viewing sessions with robot {robot_id} ({})", per.as_str())]
+    TooManyViewers { robot_id: String, per: ViewerCap },
+}
+
+/// Which cap on viewing sessions an offer ran into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ViewerCap {
+    PerSubject,
+    PerRobot,
+}
+
+impl ViewerCap {
+    /// Its name on the wire (`details.per`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ViewerCap::PerSubject => "per_subject",
+            ViewerCap::PerRobot => "per_robot",
+        }
+    }
 }
 
 /// Per-socket caps and how long an ended session is remembered.
@@ -612,9 +626,9 @@ impl Hub {
         }
         let over = |count: usize, limit: usize| limit > 0 && count >= limit;
         let per = if over(theirs, self.limits.viewers_per_subject) {
-            "per_subject"
+            ViewerCap::PerSubject
         } else if over(all, self.limits.viewers_per_robot) {
-            "per_robot"
+            ViewerCap::PerRobot
         } else {
             return Ok(());
         };
@@ -1596,7 +1610,7 @@ mod tests {
         assert!(matches!(
             hub.open_session(&mallory, viewer("m3", "mallory")),
             Err(RelayError::TooManyViewers {
-                per: "per_subject",
+                per: ViewerCap::PerSubject,
                 ..
             })
         ));
@@ -1604,7 +1618,7 @@ mod tests {
         assert!(matches!(
             hub.open_session(&carol, viewer("c2", "carol")),
             Err(RelayError::TooManyViewers {
-                per: "per_robot",
+                per: ViewerCap::PerRobot,
                 ..
             })
         ));

@@ -17,6 +17,6 @@ pub use bus::{
 };
 pub use hub::{
     EndedSession, FrameShare, GrantScope, Hub, HubLimits, LoggedInWith, OpenSession, RelayError,
-    Route, SessionOpened,
+    Route, SessionOpened, ViewerCap,
 };
 pub use sessions::{EndReason, SessionError, Sessions};

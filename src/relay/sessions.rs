@@ -240,10 +240,7 @@ impl Sessions {
                 tracing::warn!(session = %mirror.session_id, subject = %mirror.subject, node = %origin, "offer naming another's session refused");
                 Some(Refusal::ConnectionIdInUse)
             }
-            Err(RelayError::TooManyViewers { per, .. }) => Some(match per {
-                "per_subject" => Refusal::TooManyViewersPerSubject,
-                _ => Refusal::TooManyViewersPerRobot,
-            }),
+            Err(RelayError::TooManyViewers { per, .. }) => Some(Refusal::TooManyViewers(per)),
             Err(e) => {
                 tracing::debug!(session = %mirror.session_id, error = %e, "session from another node refused");
                 None

@@ -94,16 +94,7 @@ async fn handle(state: &SharedState, cluster: &Cluster, message: PeerMessage) {
             if let Some(client) = state.sessions.refused_by_peer(&origin, &session_id).await {
                 let error = match reason {
                     Refusal::ConnectionIdInUse => RelayError::ConnectionIdInUse(session_id),
-                    Refusal::TooManyViewersPerSubject | Refusal::TooManyViewersPerRobot => {
-                        RelayError::TooManyViewers {
-                            robot_id,
-                            per: if reason == Refusal::TooManyViewersPerSubject {
-                                "per_subject"
-                            } else {
-                                "per_robot"
-                            },
-                        }
-                    }
+                    Refusal::TooManyViewers(per) => RelayError::TooManyViewers { robot_id, per },
                 };
                 tell(state, &client, &WsError::Relay(error), offer_id.as_deref());
             }

@@ -120,7 +120,7 @@ impl WsError {
                 json!({ "reason": "too_many_sessions", "limit": limit })
             }
             WsError::Relay(RelayError::TooManyViewers { robot_id, per }) => {
-                json!({ "reason": "too_many_viewers", "robotId": robot_id, "per": per })
+                json!({ "reason": "too_many_viewers", "robotId": robot_id, "per": per.as_str() })
             }
             WsError::NoGrant(robot) => json!({ "reason": "no_grant", "robotId": robot }),
             WsError::Forbidden { reason, .. } | WsError::Unauthorized { reason, .. } => {
