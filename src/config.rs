@@ -287,8 +287,8 @@ impl Config {
     }
 
     /// What each socket's send queue may hold.
-    pub fn queue_limits(&self) -> crate::relay::QueueLimits {
-        crate::relay::QueueLimits::new(
+    pub fn queue_limits(&self) -> crate::delivery::QueueLimits {
+        crate::delivery::QueueLimits::new(
             self.send_queue,
             self.send_queue_bytes,
             self.relay_bytes_per_sec,

@@ -13,6 +13,7 @@
 //! - [`api`]: the HTTP API (admin, enrollment, health, metrics).
 //! - [`ws`]: the `/ws` endpoint: socket loop and the signalling protocol.
 //! - [`relay`]: presence, sessions and message delivery between sockets.
+//! - [`delivery`]: each socket's bounded queue on this node, and kicks.
 //! - [`cluster`]: several nodes on one Redis (presence, the bus between nodes, control locks).
 //! - [`identity`]: robot login (PKI challenges) and enrollment rules.
 //! - [`pki`]: keys, signatures, X.509 chains, our CA and CRLs.
@@ -30,6 +31,7 @@ pub mod clock;
 pub mod cluster;
 pub mod config;
 pub mod console;
+pub mod delivery;
 pub mod dev_pki;
 mod http_error;
 mod http_serve;

@@ -8,6 +8,24 @@ use signalling_protocol::{
     WelcomePayload, PROTOCOL_VERSION, SUPPORTED_VERSIONS,
 };
 
+/// Which cap on viewing sessions an offer ran into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ViewerCap {
+    PerSubject,
+    PerRobot,
+}
+
+impl ViewerCap {
+    /// Its name on the wire (`details.per`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ViewerCap::PerSubject => "per_subject",
+            ViewerCap::PerRobot => "per_robot",
+        }
+    }
+}
+
 fn envelope(message: Signalling) -> Envelope {
     Envelope::from_body(message, PROTOCOL_VERSION)
 }

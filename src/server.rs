@@ -15,10 +15,12 @@ use crate::lean_io::LeanAcceptor;
 use crate::auth::{random_token, sha256_hex, ClientAuthenticator, JwtConfig, JwtVerifier};
 use crate::cluster::{Cluster, ClusterConfig};
 use crate::config::Config;
+use crate::delivery::Kick;
 use crate::ice::IceConfig;
 use crate::identity::{Identity, IdentityConfig};
 use crate::metrics::Metrics;
 use crate::pki::{CertificateAuthority, TrustStore};
+use crate::relay::Peers;
 use crate::state::{AppState, Components, SharedState};
 use crate::store::{Store, StoreError};
 use crate::tasks::{self, Tasks};
@@ -65,6 +67,108 @@ fn read_file(path: &Path) -> Result<Vec<u8>, StartError> {
     })
 }
 
+/// Robot login: the trust anchors and our own CA, if configured.
+fn build_identity(config: &Config, store: &Store) -> Result<Identity, StartError> {
+    let trust = match &config.trust_anchors {
+        Some(path) => {
+            Some(TrustStore::from_pem(&read_file(path)?).map_err(|e| file_error(path, e))?)
+        }
+        None => None,
+    };
+    let ca = match (&config.ca_cert, &config.ca_key) {
+        (Some(cert), Some(key)) => {
+            let cert_pem = String::from_utf8(read_file(cert)?).map_err(|e| file_error(cert, e))?;
+            let key_pem = String::from_utf8(read_file(key)?).map_err(|e| file_error(key, e))?;
+            Some(
+                CertificateAuthority::from_pem(&cert_pem, &key_pem)
+                    .map_err(|e| file_error(cert, e))?,
+            )
+        }
+        _ => None,
+    };
+    Identity::new(
+        store.clone(),
+        IdentityConfig {
+            challenge_ttl: config.challenge_ttl(),
+            trust,
+            ca,
+            auto_register: config.auto_register,
+            cert_lifetime: Duration::from_secs(u64::from(config.cert_lifetime_days) * 86_400),
+        },
+    )
+    .map_err(|e| StartError::File {
+        path: "--ca-cert".into(),
+        message: e.to_string(),
+    })
+}
+
+/// The link to the other nodes, with `--redis-url`.
+async fn connect_cluster(
+    config: &Config,
+    node_id: &str,
+    metrics: &Metrics,
+) -> Result<Option<Arc<Cluster>>, StartError> {
+    let cluster = match &config.redis_url {
+        Some(url) => {
+            let cluster = Cluster::new(
+                ClusterConfig {
+                    url: url.clone(),
+                    prefix: config.redis_prefix.clone(),
+                    node_id: node_id.to_string(),
+                    node_ttl: Duration::from_secs(config.node_ttl_secs.max(1)),
+                    lock_ttl: Duration::from_secs(config.lock_ttl_secs.max(1)),
+                },
+                metrics.clone(),
+            )?;
+            // Not fatal: the node serves what is local and reports not ready until
+            // Redis answers.
+            if let Err(e) = cluster.ping().await {
+                tracing::error!(error = %e, "redis does not answer at start; retrying in the background");
+            }
+            Some(cluster)
+        }
+        None => None,
+    };
+    Ok(cluster)
+}
+
+/// The background work of a node: the cluster's writer, listener and heartbeat, the end of
+/// sessions not resumed in time, and the CRL watcher.
+async fn spawn_background(state: &SharedState, tasks: &mut Tasks) -> Result<(), StartError> {
+    if let Some(cluster) = state.cluster.clone() {
+        let writer = cluster.clone();
+        tasks.spawn("cluster-writer", move |stop| writer.run_writer(stop));
+        let peers = Arc::new(Peers::new(
+            &state.presence,
+            &state.sessions,
+            cluster.clone(),
+        ));
+        let listener = cluster.clone();
+        tasks.spawn("cluster-listen", move |stop| {
+            crate::cluster::inbound::listen(listener, peers, stop)
+        });
+        let beating = state.clone();
+        tasks.spawn("cluster-heartbeat", move |stop| {
+            tasks::heartbeat::heartbeat(beating, cluster, stop)
+        });
+    }
+    if state.config.session_resume_secs > 0 {
+        let window = std::time::Duration::from_secs(state.config.session_resume_secs);
+        let expiring = state.clone();
+        tasks.spawn("session-resume", move |stop| {
+            tasks::resume::expire(expiring, window, stop)
+        });
+    }
+    if let Some(path) = state.config.crl.clone() {
+        let modified = tasks::crl::load_at_start(state, &path).await?;
+        let watched = state.clone();
+        tasks.spawn("crl-watch", move |stop| {
+            tasks::crl::watch(watched, path, modified, stop)
+        });
+    }
+    Ok(())
+}
+
 fn file_error(path: &Path, e: impl std::fmt::Display) -> StartError {
     StartError::File {
         path: path.display().to_string(),
@@ -103,61 +207,10 @@ impl Server {
             tasks.spawn("jwks-refresh", |stop| tasks::jwks::refresh(verifier, stop));
         }
 
-        let trust = match &config.trust_anchors {
-            Some(path) => {
-                Some(TrustStore::from_pem(&read_file(path)?).map_err(|e| file_error(path, e))?)
-            }
-            None => None,
-        };
-        let ca = match (&config.ca_cert, &config.ca_key) {
-            (Some(cert), Some(key)) => {
-                let cert_pem =
-                    String::from_utf8(read_file(cert)?).map_err(|e| file_error(cert, e))?;
-                let key_pem = String::from_utf8(read_file(key)?).map_err(|e| file_error(key, e))?;
-                Some(
-                    CertificateAuthority::from_pem(&cert_pem, &key_pem)
-                        .map_err(|e| file_error(cert, e))?,
-                )
-            }
-            _ => None,
-        };
-        let identity = Identity::new(
-            store.clone(),
-            IdentityConfig {
-                challenge_ttl: config.challenge_ttl(),
-                trust,
-                ca,
-                auto_register: config.auto_register,
-                cert_lifetime: Duration::from_secs(u64::from(config.cert_lifetime_days) * 86_400),
-            },
-        )
-        .map_err(|e| StartError::File {
-            path: "--ca-cert".into(),
-            message: e.to_string(),
-        })?;
+        let identity = build_identity(&config, &store)?;
 
         let metrics = Metrics::new();
-        let cluster = match &config.redis_url {
-            Some(url) => {
-                let cluster = Cluster::new(
-                    ClusterConfig {
-                        url: url.clone(),
-                        prefix: config.redis_prefix.clone(),
-                        node_id: node_id.clone(),
-                        node_ttl: Duration::from_secs(config.node_ttl_secs.max(1)),
-                        lock_ttl: Duration::from_secs(config.lock_ttl_secs.max(1)),
-                    },
-                    metrics.clone(),
-                )?;
-                // Not fatal: the node serves what is local and reports not ready until
-                // Redis answers.
-                if let Err(e) = cluster.ping().await {
-                    tracing::error!(error = %e, "redis does not answer at start; retrying in the background");
-                }
-                Some(cluster)
-            }
-            None => None,
-        };
+        let cluster = connect_cluster(&config, &node_id, &metrics).await?;
         let ice = IceConfig {
             stun_urls: config.stun_urls.clone(),
             turn_urls: config.turn_urls.clone(),
@@ -189,32 +242,7 @@ impl Server {
             admin_token_hash,
             cluster,
         }));
-        if let Some(cluster) = state.cluster.clone() {
-            let writer = cluster.clone();
-            tasks.spawn("cluster-writer", move |stop| writer.run_writer(stop));
-            let (listened, listener) = (state.clone(), cluster.clone());
-            tasks.spawn("cluster-listen", move |stop| {
-                tasks::cluster::listen(listened, listener, stop)
-            });
-            let beating = state.clone();
-            tasks.spawn("cluster-heartbeat", move |stop| {
-                tasks::cluster::heartbeat(beating, cluster, stop)
-            });
-        }
-        if state.config.session_resume_secs > 0 {
-            let window = std::time::Duration::from_secs(state.config.session_resume_secs);
-            let expiring = state.clone();
-            tasks.spawn("session-resume", move |stop| {
-                tasks::resume::expire(expiring, window, stop)
-            });
-        }
-        if let Some(path) = state.config.crl.clone() {
-            let modified = tasks::crl::load_at_start(&state, &path).await?;
-            let watched = state.clone();
-            tasks.spawn("crl-watch", move |stop| {
-                tasks::crl::watch(watched, path, modified, stop)
-            });
-        }
+        spawn_background(&state, &mut tasks).await?;
         Ok(Server {
             state,
             listener,
@@ -282,7 +310,8 @@ async fn drain(state: &SharedState) {
             Err(e) => tracing::warn!(error = %e, "cannot tell peers this node is leaving"),
         }
     }
-    let sockets = state.sessions.shutdown().await;
+    state.sessions.end_all().await;
+    let sockets = state.presence.close_all(Kick::Shutdown);
     tracing::info!(sockets, "shutting down: closing sockets");
     let grace = Duration::from_secs(state.config.shutdown_grace_secs);
     if tokio::time::timeout(grace, state.sockets_drained())

@@ -13,7 +13,7 @@ use crate::config::Config;
 use crate::ice::IceConfig;
 use crate::identity::Identity;
 use crate::metrics::Metrics;
-use crate::relay::{Hub, HubLimits, LocalBus, Sessions};
+use crate::relay::{self, HubLimits, Presence, Sessions};
 use crate::store::Store;
 
 pub struct AppState {
@@ -22,8 +22,9 @@ pub struct AppState {
     pub store: Store,
     /// The other nodes, when several share a Redis.
     pub cluster: Option<Arc<Cluster>>,
-    /// Presence and the session table; session lives go through `sessions`.
-    pub hub: Arc<Hub>,
+    /// Sockets and robots online here, and closing them (the relay's first door).
+    pub presence: Presence,
+    /// A session's life and its messages (the relay's second door).
     pub sessions: Sessions,
     pub metrics: Metrics,
     pub clients: ClientAuthenticator,
@@ -55,8 +56,7 @@ pub struct Components {
 }
 
 impl AppState {
-    /// Builds the shared state; the hub and the session service are made here so that
-    /// both always share one hub.
+    /// Builds the shared state; the relay's two doors are made here, over one hub.
     pub fn new(parts: Components) -> AppState {
         let limits = HubLimits {
             sessions_per_conn: parts.config.max_sessions_per_connection,
@@ -65,12 +65,13 @@ impl AppState {
             viewers_per_subject: parts.config.max_viewer_sessions_per_subject,
             viewers_per_robot: parts.config.max_viewer_sessions_per_robot,
         };
-        let mut hub = Hub::new(Arc::new(LocalBus::default()), parts.metrics.clone(), limits);
-        if let Some(cluster) = &parts.cluster {
-            hub = hub.with_cluster(cluster.clone());
-        }
-        let hub = Arc::new(hub);
-        let sessions = Sessions::new(hub.clone(), parts.store.clone(), parts.node_id.clone());
+        let (presence, sessions) = relay::build(
+            limits,
+            parts.metrics.clone(),
+            parts.cluster.clone(),
+            parts.store.clone(),
+            parts.node_id.clone(),
+        );
         let admission = Admission::new(
             parts.config.max_connections,
             parts.config.max_connections_per_ip,
@@ -80,7 +81,7 @@ impl AppState {
             config: parts.config,
             node_id: parts.node_id,
             store: parts.store,
-            hub,
+            presence,
             sessions,
             metrics: parts.metrics,
             clients: parts.clients,

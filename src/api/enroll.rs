@@ -69,7 +69,7 @@ pub async fn enroll(
     // The new credential supersedes every earlier one, so a socket that proved an older
     // key must not stay online: close it at once, like revoke (the robot reconnects with
     // its new credential).
-    let disconnected = state.hub.kick_robot(&body.robot_id, Kick::Revoked);
+    let disconnected = state.presence.kick_robot(&body.robot_id, Kick::Revoked);
     tracing::info!(robot = %body.robot_id, csr = certificate.is_some(), disconnected, "robot enrolled");
     Ok((
         StatusCode::CREATED,

@@ -98,19 +98,7 @@ pub async fn list(_: Admin, State(state): State<SharedState>) -> Result<Response
 /// The node each online robot is connected to: this one, or (multi-node) another whose
 /// heartbeat lease is alive. Without Redis, only this node's robots are known.
 pub(super) async fn presence(state: &SharedState, ids: &[&str]) -> HashMap<String, String> {
-    let mut nodes = HashMap::new();
-    if let Some(cluster) = &state.cluster {
-        match cluster.nodes_of(ids).await {
-            Ok(found) => nodes = found,
-            Err(e) => tracing::warn!(error = %e, "robot presence on other nodes unknown"),
-        }
-    }
-    for id in ids {
-        if state.hub.is_online(id) {
-            nodes.insert(id.to_string(), state.node_id.clone());
-        }
-    }
-    nodes
+    state.presence.where_online(ids, &state.node_id).await
 }
 
 /// A robot's view; `node` is where it is connected when online (else where it was last).
@@ -157,7 +145,7 @@ pub async fn delete(
     if !state.store.delete_robot(&id).await? {
         return Err(ApiError::NotFound(format!("no robot {id}")));
     }
-    state.hub.kick_robot(&id, Kick::Revoked);
+    state.presence.kick_robot(&id, Kick::Revoked);
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -198,11 +186,11 @@ pub async fn revoke(
     let Some(revoked) = state.identity.revoke(&id, "admin").await? else {
         return Err(ApiError::NotFound(format!("no robot {id}")));
     };
-    let disconnected = state.hub.kick_robot(&id, Kick::Revoked) || online;
+    let disconnected = state.presence.kick_robot(&id, Kick::Revoked) || online;
     // The same key may have proved another robot id (a fleet certificate for it): that
     // socket goes too.
     state
-        .hub
+        .presence
         .kick_robots_with_credentials(&revoked, Kick::Revoked);
     tracing::warn!(robot = %id, disconnected, "robot credential revoked");
     Ok(Json(Revoked {

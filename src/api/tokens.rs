@@ -109,6 +109,6 @@ pub async fn revoke(
     if !state.store.revoke_client_token(&token_id).await? {
         return Err(ApiError::NotFound(format!("no token {token_id}")));
     }
-    state.hub.kick_token(&token_id);
+    state.presence.kick_token(&token_id);
     Ok(StatusCode::NO_CONTENT)
 }

@@ -11,7 +11,8 @@
 use axum::extract::ws::Utf8Bytes;
 use serde::{Deserialize, Serialize};
 
-use crate::relay::{ConnId, Kick, ViewerCap};
+use crate::delivery::{ConnId, Kick};
+use crate::messages::ViewerCap;
 use crate::store::Role;
 
 /// A session as the robot's node learns of it from the client's node, with the offer.

@@ -265,7 +265,7 @@ mod tests {
 
     use super::*;
     use crate::cluster::message::{decode, PeerMessage, RelayedFrame};
-    use crate::relay::ConnId;
+    use crate::delivery::ConnId;
 
     fn written(out: &Outgoing<'_>) -> Vec<u8> {
         out.io_slices().iter().flat_map(|s| s.to_vec()).collect()

@@ -5,22 +5,14 @@
 //! change the hub, then write the record, then tell the remaining ends. Whoever hears of an
 //! end therefore finds the record already ended. A multi-node bus plugs in below the hub.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use super::bus::{ConnId, Kick, Outbound};
-use super::hub::{EndedSession, GrantScope, Hub, OpenSession, RelayError, Route, SessionOpened};
-use crate::cluster::message::Refusal;
-use crate::cluster::{Cluster, ClusterError, Control, LockOutcome, MirrorSession};
+use super::hub::Hub;
+use super::table::{EndedSession, GrantScope, OpenSession, Route, SessionOpened};
+use super::{RelayError, SessionError};
+use crate::cluster::{Control, MirrorSession};
+use crate::delivery::{ConnId, DeliveryError, Outbound, Sender};
 use crate::store::{Role, Store, StoreError};
-
-#[derive(Debug, thiserror::Error)]
-pub enum SessionError {
-    #[error(transparent)]
-    Relay(#[from] RelayError),
-    #[error(transparent)]
-    Store(#[from] StoreError),
-}
 
 /// Why a session ended, as written in its record (`end_reason`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,42 +43,20 @@ impl EndReason {
     }
 }
 
-/// A control lock this node holds in Redis for one of its sessions.
-struct HeldLock {
-    robot_id: String,
-    value: String,
-}
-
+#[derive(Clone)]
 pub struct Sessions {
     hub: Arc<Hub>,
     store: Store,
     node_id: String,
-    /// Control locks held for sessions owned here, by session id (multi-node).
-    locks: Mutex<HashMap<String, HeldLock>>,
-}
-
-/// The control lock cannot be checked: refuse the session (fail closed).
-fn lock_unavailable(e: ClusterError) -> SessionError {
-    tracing::error!(error = %e, "control lock unavailable");
-    SessionError::Store(StoreError::Background(format!("control lock: {e}")))
 }
 
 impl Sessions {
-    pub fn new(hub: Arc<Hub>, store: Store, node_id: String) -> Sessions {
+    pub(super) fn new(hub: Arc<Hub>, store: Store, node_id: String) -> Sessions {
         Sessions {
             hub,
             store,
             node_id,
-            locks: Mutex::new(HashMap::new()),
         }
-    }
-
-    fn locks(&self) -> std::sync::MutexGuard<'_, HashMap<String, HeldLock>> {
-        self.locks.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn cluster(&self) -> Option<&Arc<Cluster>> {
-        self.hub.cluster()
     }
 
     /// Checks the session rules, reserves the session and writes its record (a record that
@@ -98,14 +68,10 @@ impl Sessions {
         request: OpenSession<'_>,
     ) -> Result<ConnId, SessionError> {
         // A robot not connected here may be on another node.
-        let elsewhere = match self.cluster() {
-            Some(cluster) if !self.hub.is_online(request.robot_id) => {
-                cluster.locate(request.robot_id).await.map_err(|e| {
-                    tracing::warn!(error = %e, "cannot locate robot on other nodes");
-                    RelayError::RobotOffline(request.robot_id.to_string())
-                })?
-            }
-            _ => None,
+        let elsewhere = if self.hub.is_here(request.robot_id) {
+            None
+        } else {
+            self.hub.router.locate(request.robot_id).await?
         };
         match self
             .hub
@@ -115,8 +81,15 @@ impl Sessions {
             SessionOpened::New {
                 record_id,
                 robot_conn,
+                ..
             } => {
-                if let Err(e) = self.take_lock(request).await {
+                let locked = self.hub.router.take_lock(
+                    request.robot_id,
+                    request.session_id,
+                    request.subject,
+                    request.role,
+                );
+                if let Err(e) = locked.await {
                     self.hub.end_session(request.session_id);
                     return Err(e);
                 }
@@ -137,10 +110,10 @@ impl Sessions {
                     }
                     return Err(e.into());
                 }
-                if let (Some(cluster), Some(robot)) = (self.cluster(), &elsewhere) {
+                if let Some(robot) = &elsewhere {
                     // Before the offer, on the same channel: the robot's node knows the
                     // session by the time the offer reaches the robot.
-                    cluster.send(
+                    self.hub.router.tell(
                         &robot.node,
                         &Control::Open(MirrorSession {
                             session_id: request.session_id.to_string(),
@@ -160,110 +133,24 @@ impl Sessions {
         }
     }
 
-    /// Multi-node: a driving session takes the robot's cluster-wide control lock (the hub
-    /// already checked this node's sessions).
-    async fn take_lock(&self, request: OpenSession<'_>) -> Result<(), SessionError> {
-        let Some(cluster) = self.cluster() else {
-            return Ok(());
-        };
-        if !request.role.may_drive() {
-            return Ok(());
-        }
-        match cluster
-            .lock(request.robot_id, request.session_id, request.subject)
-            .await
-            .map_err(lock_unavailable)?
-        {
-            LockOutcome::Acquired(value) => {
-                self.locks().insert(
-                    request.session_id.to_string(),
-                    HeldLock {
-                        robot_id: request.robot_id.to_string(),
-                        value,
-                    },
-                );
-                Ok(())
-            }
-            LockOutcome::Held { subject } => Err(RelayError::RobotBusy {
-                robot_id: request.robot_id.to_string(),
-                locked_by: (request.role == Role::Owner).then_some(subject),
-            }
-            .into()),
-        }
+    pub(super) fn hub(&self) -> &Arc<Hub> {
+        &self.hub
     }
 
     /// Releases the control locks of ended sessions.
     async fn release_locks(&self, ended: &[EndedSession]) {
-        let Some(cluster) = self.cluster() else {
-            return;
-        };
-        let released: Vec<HeldLock> = {
-            let mut locks = self.locks();
-            ended
-                .iter()
-                .filter_map(|e| locks.remove(&e.session_id))
-                .collect()
-        };
-        for lock in released {
-            if let Err(e) = cluster.unlock(&lock.robot_id, &lock.value).await {
-                // It expires by itself within the lock's lifetime.
-                tracing::warn!(robot = %lock.robot_id, error = %e, "cannot release control lock");
-            }
-        }
+        self.hub.router.release_locks(ended).await;
     }
 
-    /// The locks to renew: (robot id, value). Every path that ends a session releases its
-    /// lock (and takes it out of this map) before anyone hears of the end.
+    /// The control locks to renew: (robot id, value).
     pub fn held_locks(&self) -> Vec<(String, String)> {
-        self.locks()
-            .values()
-            .map(|l| (l.robot_id.clone(), l.value.clone()))
-            .collect()
+        self.hub.router.held_locks()
     }
 
-    /// The robot's node learns from `origin` of a session opened there. When it cannot
-    /// take it, `origin` is told to end it: the robot left (a `disconnected` for the
-    /// client), or the id belongs to another session here (refused: FORBIDDEN for the
-    /// client, and the offer that follows is never delivered, see [`Hub::admits_frame`]).
-    pub fn open_mirror(&self, origin: &str, mirror: MirrorSession) {
-        let Some(cluster) = self.cluster() else {
-            return;
-        };
-        // A node speaks for its own clients only.
-        if mirror.client_node != origin {
-            tracing::warn!(session = %mirror.session_id, node = %origin, claimed = %mirror.client_node, "session for another node's client refused");
-            return;
-        }
-        let refusal = match self.hub.open_mirror(&mirror) {
-            Ok(()) => return,
-            Err(RelayError::ConnectionIdInUse(_)) => {
-                tracing::warn!(session = %mirror.session_id, subject = %mirror.subject, node = %origin, "offer naming another's session refused");
-                Some(Refusal::ConnectionIdInUse)
-            }
-            Err(RelayError::TooManyViewers { per, .. }) => Some(Refusal::TooManyViewers(per)),
-            Err(e) => {
-                tracing::debug!(session = %mirror.session_id, error = %e, "session from another node refused");
-                None
-            }
-        };
-        match refusal {
-            Some(reason) => cluster.send(
-                origin,
-                &Control::Refused {
-                    session_id: mirror.session_id,
-                    robot_id: mirror.robot_id,
-                    offer_id: mirror.offer_id,
-                    reason,
-                },
-            ),
-            None => cluster.send(
-                origin,
-                &Control::End {
-                    session_id: mirror.session_id.clone(),
-                    notice: Some(crate::messages::disconnected(&mirror.session_id, None)),
-                },
-            ),
-        }
+    /// The robot's node learns from `origin` of a session opened there (see
+    /// [`super::peers`]).
+    pub(super) fn open_mirror(&self, mirror: &MirrorSession) -> Result<(), RelayError> {
+        self.hub.open_mirror(mirror)
     }
 
     /// The robot's node refused a session opened here (its id is another's there): it
@@ -294,7 +181,7 @@ impl Sessions {
         self.release_locks(std::slice::from_ref(&ended)).await;
         if let Some(text) = notice {
             if let Some(to) = ended.local_end() {
-                let _ = self.hub.deliver_local(None, to, Outbound::text(text));
+                let _ = self.hub.router.deliver_here(None, to, Outbound::text(text));
             }
         }
         ended.local_end().cloned()
@@ -315,6 +202,42 @@ impl Sessions {
         self.hub.route(sender, session_id)
     }
 
+    /// Whether `id` names a live session (or a socket's own id) that is not `conn`'s.
+    pub fn names_another_session(&self, id: &str, conn: &ConnId) -> bool {
+        self.hub.names_another_session(id, conn)
+    }
+
+    /// Queues a frame from `from` about `session_id` for `to`, on this node or another
+    /// (see [`super::routing::Router::deliver`]).
+    pub fn deliver(
+        &self,
+        from: &ConnId,
+        share: Sender<'_>,
+        session_id: &str,
+        to: &ConnId,
+        message: Outbound,
+    ) -> Result<(), DeliveryError> {
+        self.hub
+            .router
+            .deliver(from, share, session_id, to, message)
+    }
+
+    /// Each (robot, subject) with sessions in `scope`, and the highest role among them:
+    /// what a grant check must allow.
+    pub fn session_roles(&self, scope: GrantScope) -> Vec<(String, Arc<str>, Role)> {
+        self.hub.session_roles(scope)
+    }
+
+    /// The other nodes that sessions here have an end on.
+    pub fn remote_nodes(&self) -> Vec<String> {
+        self.hub.router.remote_nodes()
+    }
+
+    /// Forgets sockets on other nodes that no session, live or in its grace period, names.
+    pub fn sweep_remote(&self) {
+        self.hub.sweep_remote();
+    }
+
     /// The robot said the WebRTC link is up.
     pub async fn connected(&self, route: &Route) -> Result<(), StoreError> {
         self.store.session_connected(&route.record_id).await
@@ -332,7 +255,7 @@ impl Sessions {
             self.release_locks(&ended).await;
             // No notices are queued, but another node holding the other end ends its copy
             // before the relayed message reaches it.
-            self.hub.notify(&ended);
+            self.hub.router.notify(&ended);
             written?;
         }
         Ok(())
@@ -364,13 +287,11 @@ impl Sessions {
         allowed: Option<Role>,
         reason: EndReason,
     ) -> Result<usize, StoreError> {
-        if let Some(cluster) = self.cluster() {
-            cluster.broadcast(&Control::EndSessionsOf {
-                robot_id: robot_id.to_string(),
-                subject: subject.to_string(),
-                allowed,
-            });
-        }
+        self.hub.router.announce(&Control::EndSessionsOf {
+            robot_id: robot_id.to_string(),
+            subject: subject.to_string(),
+            allowed,
+        });
         self.end_for_subject_here(robot_id, subject, allowed, reason, GrantScope::Owned)
             .await
     }
@@ -398,16 +319,15 @@ impl Sessions {
             }
         }
         self.release_locks(&ended).await;
-        self.hub.notify(&ended);
+        self.hub.router.notify(&ended);
         written.map(|()| ended.len())
     }
 
-    /// Shutdown: every session ends (records first, then both ends are told), then every
-    /// socket is closed. Returns the number of sockets asked to close.
-    pub async fn shutdown(&self) -> usize {
+    /// Shutdown: every session ends (records first, then both ends are told). The sockets
+    /// are closed next ([`super::Presence::close_all`]).
+    pub async fn end_all(&self) {
         let ended = self.hub.end_all(EndReason::ServerShutdown.as_str());
         self.finish(&ended, EndReason::ServerShutdown).await;
-        self.hub.close_all(Kick::Shutdown)
     }
 
     /// Closes the records of ended sessions, then delivers their notices.
@@ -422,6 +342,6 @@ impl Sessions {
             }
         }
         self.release_locks(ended).await;
-        self.hub.notify(ended);
+        self.hub.router.notify(ended);
     }
 }

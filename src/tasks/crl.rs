@@ -43,7 +43,7 @@ async fn load(state: &SharedState, path: &Path) -> Result<Option<SystemTime>, St
         .await
         .map_err(|e| e.to_string())?;
     let kicked = state
-        .hub
+        .presence
         .kick_robots_with_credentials(&applied.entries, Kick::Revoked);
     tracing::info!(
         lists = applied.lists,

@@ -7,8 +7,8 @@
 //! whatever is still running (the guard habit of mini-redis's `DbDropGuard`), so nothing
 //! outlives the server that started it.
 
-pub mod cluster;
 pub mod crl;
+pub mod heartbeat;
 pub mod jwks;
 pub mod resume;
 

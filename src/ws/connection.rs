@@ -74,7 +74,7 @@ fn recheck_token(state: &SharedState, conn: &ConnId, token_id: String) {
             });
         state.metrics.access_rechecked("client", !withdrawn);
         if withdrawn {
-            state.hub.kick(&conn, Kick::TokenRevoked);
+            state.presence.kick(&conn, Kick::TokenRevoked);
         }
     });
 }
@@ -93,10 +93,10 @@ fn serve(
     let guard = state.socket_guard();
     let config = &state.config;
     let (mailbox, inbox) = Mailbox::new(config.queue_limits());
-    state.hub.attach(conn.clone(), mailbox.clone());
+    state.presence.attach(conn.clone(), mailbox.clone());
     if let Some(identity) = &client {
         let cut_since = state
-            .hub
+            .presence
             .set_client(&conn, identity.token_id.clone(), cuts_seen);
         if let (true, Some(token_id)) = (cut_since, identity.token_id.clone()) {
             recheck_token(&state, &conn, token_id);

@@ -75,9 +75,8 @@ impl WsError {
             WsError::Identity(_) | WsError::Unauthorized { .. } | WsError::TokenExpired => {
                 ErrorCode::Unauthorized
             }
-            WsError::Relay(RelayError::RobotOffline(_)) => ErrorCode::ConnectionFailed,
-            WsError::Relay(_)
-            | WsError::NoGrant(_)
+            WsError::Relay(e) => e.code(),
+            WsError::NoGrant(_)
             | WsError::Forbidden { .. }
             | WsError::RateLimited
             | WsError::Flooding
@@ -91,43 +90,13 @@ impl WsError {
     pub fn details(&self) -> Option<Map<String, Value>> {
         let value = match self {
             WsError::Identity(e) => json!({ "reason": e.reason() }),
-            WsError::Relay(RelayError::RobotOffline(robot)) => {
-                json!({ "reason": "robot_offline", "robotId": robot })
-            }
-            WsError::Relay(RelayError::RobotBusy {
-                robot_id,
-                locked_by,
-            }) => match locked_by {
-                Some(holder) => {
-                    json!({ "reason": "robot_busy", "robotId": robot_id, "lockedBy": holder })
-                }
-                None => json!({ "reason": "robot_busy", "robotId": robot_id }),
-            },
-            WsError::Relay(RelayError::ConnectionIdInUse(id)) => {
-                json!({ "reason": "connection_id_in_use", "connectionId": id })
-            }
-            WsError::Relay(RelayError::SessionRobotMismatch(id)) => {
-                json!({ "reason": "session_robot_mismatch", "connectionId": id })
-            }
-            WsError::Relay(
-                RelayError::NotInSession(id)
-                | RelayError::UnknownSession(id)
-                | RelayError::Ended(id),
-            ) => {
-                json!({ "reason": "not_in_session", "connectionId": id })
-            }
-            WsError::Relay(RelayError::TooManySessions { limit }) => {
-                json!({ "reason": "too_many_sessions", "limit": limit })
-            }
-            WsError::Relay(RelayError::TooManyViewers { robot_id, per }) => {
-                json!({ "reason": "too_many_viewers", "robotId": robot_id, "per": per.as_str() })
-            }
+            WsError::Relay(e) => return Some(e.details()),
             WsError::NoGrant(robot) => json!({ "reason": "no_grant", "robotId": robot }),
             WsError::Forbidden { reason, .. } | WsError::Unauthorized { reason, .. } => {
                 json!({ "reason": reason })
             }
             WsError::RateLimited | WsError::Flooding => json!({ "reason": "rate_limited" }),
-            WsError::Throttled => json!({ "reason": "relay_throttled" }),
+            WsError::Throttled => return Some(RelayError::Throttled.details()),
             WsError::TooLarge { limit } => json!({ "reason": "frame_too_large", "limit": limit }),
             WsError::TokenExpired => json!({ "reason": "token_expired" }),
             _ => return None,

@@ -131,7 +131,7 @@ async fn upgrade(
     };
     let (token, protocol) = find_token(&query, &headers);
     // Read before the token check: see `Hub::set_client`.
-    let cuts_seen = state.hub.access_cuts();
+    let cuts_seen = state.presence.access_cuts();
     let client = match token {
         Some(token) => match state
             .clients

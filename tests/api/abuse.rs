@@ -54,7 +54,7 @@ async fn a_viewers_flood_does_not_starve_the_operator() {
         }
     }
     robot.expect_nothing_pending().await;
-    assert!(server.state.hub.is_online("robot-1"));
+    assert!(server.state.presence.is_online("robot-1"));
 }
 
 /// Item 7: a socket that never reads cannot hold the server's writes and with them its

@@ -237,7 +237,7 @@ async fn one_viewers_sockets_together_cannot_get_a_robot_dropped() {
         "the flooders were throttled {throttled} times"
     );
     assert!(
-        server.state.hub.is_online("robot-1"),
+        server.state.presence.is_online("robot-1"),
         "the robot was dropped"
     );
 
@@ -253,7 +253,7 @@ async fn one_viewers_sockets_together_cannot_get_a_robot_dropped() {
         }
     }
     robot.expect_nothing_pending().await;
-    assert!(server.state.hub.is_online("robot-1"));
+    assert!(server.state.presence.is_online("robot-1"));
 }
 
 /// Item 4: one viewer cannot take every place a robot has. Viewing sessions are capped per
@@ -316,7 +316,7 @@ async fn a_stalled_viewer_cannot_get_the_robot_cut_off_for_strikes() {
     let throttled = throttled_until_pong(&mut robot).await;
     assert!(throttled > 5, "throttled {throttled} times");
     assert!(
-        server.state.hub.is_online("robot-1"),
+        server.state.presence.is_online("robot-1"),
         "the robot was cut off"
     );
     robot.expect_nothing_pending().await;

@@ -174,7 +174,7 @@ async fn there_is_no_legacy_robot_login() {
         .send(&json!({"type": "register", "agentId": "robot-1"}))
         .await;
     socket.expect_error("VALIDATION_FAILED").await;
-    assert!(!server.state.hub.is_online("robot-1"));
+    assert!(!server.state.presence.is_online("robot-1"));
 }
 
 #[tokio::test]

@@ -13,7 +13,7 @@ async fn the_same_subject_takes_its_session_back_from_a_new_socket() {
         .await;
     drop(client);
     until("the closed socket is out of the hub", || {
-        server.state.hub.connection_count() == 1
+        server.state.presence.connection_count() == 1
     })
     .await;
 

@@ -89,7 +89,7 @@ async fn wrong_key_is_refused_and_socket_closed() {
     let (mut robot, error) = server.robot_attempt("robot-1", &impostor).await;
     assert_refused(&error, "bad_signature");
     robot.expect_close_with(1008).await;
-    assert!(!server.state.hub.is_online("robot-1"));
+    assert!(!server.state.presence.is_online("robot-1"));
     assert!(server
         .metrics()
         .await
@@ -135,7 +135,7 @@ async fn replayed_signature_is_refused_on_a_new_connection() {
     attacker.expect_close_with(1008).await;
     // The genuine robot stays online.
     genuine.expect_nothing_pending().await;
-    assert!(server.state.hub.is_online("robot-1"));
+    assert!(server.state.presence.is_online("robot-1"));
 }
 
 #[tokio::test]
@@ -270,7 +270,7 @@ async fn a_new_verified_connection_replaces_the_old_one() {
     // The session on the old connection ends and its client is told.
     let notice = client.recv_type("signalling.disconnected").await;
     assert_eq!(notice["payload"]["connectionId"], session.as_str());
-    assert!(server.state.hub.is_online("robot-1"));
+    assert!(server.state.presence.is_online("robot-1"));
     // The new connection takes offers.
     client.send(&offer("robot-1", &session)).await;
     second.recv_type("signalling.offer").await;

@@ -210,7 +210,7 @@ async fn dead_connections_are_dropped() {
     // notices within ping interval + idle timeout and ends the session.
     let notice = alice.recv_type("signalling.disconnected").await;
     assert_eq!(notice["payload"]["reason"], "closed");
-    assert!(!server.state.hub.is_online("robot-1"));
+    assert!(!server.state.presence.is_online("robot-1"));
     // The server sends a close frame (1008, idle timeout) and closes. This client has
     // pongs pending for the pings it ignored, and tungstenite writes them before reading
     // on: they may hit the closed socket first, so a broken pipe is the other honest end.

@@ -105,7 +105,7 @@ async fn three_sessions_in_a_row_with_the_modulr_agent_end_cleanly() {
             "round {round}: the server answered a late disconnect"
         );
     }
-    assert!(server.state.hub.is_online("robot-1"));
+    assert!(server.state.presence.is_online("robot-1"));
     let records = server.sessions("?robotId=robot-1").await;
     assert_eq!(records.len(), 3);
     for record in &records {
@@ -182,7 +182,7 @@ async fn end_reports_past_the_grace_period_are_never_answered() {
         robot.send(&disconnected(&session)).await;
     }
     robot.expect_nothing_pending().await;
-    assert!(server.state.hub.is_online("robot-1"));
+    assert!(server.state.presence.is_online("robot-1"));
     let metrics = server.metrics().await;
     assert!(
         metrics.contains(r#"signalling_late_messages_total{type="signalling.disconnected"} 150"#),

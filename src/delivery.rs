@@ -1,3 +1,7 @@
+//! Delivery on this node: each socket's bounded queue (its `Mailbox`), the shares senders
+//! get of it, and kicks. Below the relay and the cluster: both name sockets by [`ConnId`]
+//! and close them with a [`Kick`].
+
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};

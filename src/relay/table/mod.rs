@@ -1,0 +1,569 @@
+//! The session table: which sessions exist, who may use a session id, the grace period in
+//! which an ended session is still remembered, sessions waiting for their client to come
+//! back (resume), and copies of sessions owned by other nodes (mirrors). Plain data with no
+//! I/O: the hub holds it behind one lock and acts on what these methods return.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+mod ending;
+
+pub use ending::EndedSession;
+
+use super::presence::ConnEntry;
+use super::RelayError;
+use crate::cluster::MirrorSession;
+use crate::delivery::{ConnId, Sender};
+use crate::messages::ViewerCap;
+use crate::store::Role;
+
+/// Per-socket caps and how long an ended session is remembered.
+#[derive(Debug, Clone, Copy)]
+pub struct HubLimits {
+    /// Live sessions, and session ids claimed (live or recently ended), per socket.
+    pub sessions_per_conn: usize,
+    /// How long after its end a session's two ends may still mention it.
+    pub grace: Duration,
+    /// How long a session outlives its client's socket, waiting for the same subject to
+    /// take it back from a new socket (zero: it ends with the socket).
+    pub resume: Duration,
+    /// Viewing sessions with one robot, per subject and in all (0: no limit).
+    pub viewers_per_subject: usize,
+    pub viewers_per_robot: usize,
+}
+
+impl Default for HubLimits {
+    fn default() -> Self {
+        HubLimits {
+            sessions_per_conn: 16,
+            grace: Duration::from_secs(60),
+            resume: Duration::ZERO,
+            viewers_per_subject: 4,
+            viewers_per_robot: 12,
+        }
+    }
+}
+
+/// A session that ended within the grace period: who its ends were, and whose it was (its
+/// id stays theirs until the grace period is over: a peer that kept the link up may still
+/// act on it).
+struct Ended {
+    client_conn: ConnId,
+    robot_conn: ConnId,
+    subject: Arc<str>,
+    role: Role,
+    at: Instant,
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct Session {
+    /// Shared strings: every relayed message hands them out in its `Route`.
+    record_id: Arc<str>,
+    robot_id: String,
+    robot_conn: ConnId,
+    client_conn: ConnId,
+    subject: Arc<str>,
+    role: Role,
+    /// The node of the end that is not on this node (multi-node).
+    remote: Option<Arc<str>>,
+    /// The client is on another node, which owns the session (its record's node and its
+    /// control lock); this node holds a copy for routing the robot's messages.
+    mirror: bool,
+    /// When the client's socket went away, if the session waits to be resumed.
+    orphaned: Option<Instant>,
+}
+
+/// Presence and sessions under one lock: a socket's sessions and claims change with the
+/// table, and a detach must see both at once.
+pub(super) struct State {
+    pub(super) limits: HubLimits,
+    pub(super) conns: HashMap<ConnId, ConnEntry>,
+    pub(super) robots: HashMap<String, ConnId>,
+    sessions: HashMap<String, Session>,
+    /// Session ids (connectionIds) and the socket that owns each: the first that used it.
+    pub(super) claims: HashMap<String, ConnId>,
+    /// Sessions that ended within the grace period, and their end times in order.
+    ended: HashMap<String, Ended>,
+    ended_order: VecDeque<(Instant, String)>,
+    /// Counts cuts of access (a robot's revocation, re-enrollment or deletion, a token's
+    /// revocation, a grant withdrawn or lowered, a lapse re-check), so a login or an offer
+    /// can tell whether one came between its database check and its registration here
+    /// (see [`super::Presence::access_cuts`]).
+    pub(super) access_cuts: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct OpenSession<'a> {
+    pub session_id: &'a str,
+    pub robot_id: &'a str,
+    pub subject: &'a str,
+    pub role: Role,
+    /// The offer's message id (a refusal from another node names it).
+    pub offer_id: &'a str,
+}
+
+#[derive(Debug)]
+pub enum SessionOpened {
+    /// A new session: its record must be written, then the offer forwarded.
+    New {
+        record_id: String,
+        robot_conn: ConnId,
+        /// The robot's node, when it is not this one.
+        remote: Option<Arc<str>>,
+    },
+    /// A renegotiation offer within an existing session of this client.
+    Existing { robot_conn: ConnId },
+}
+
+/// Whose share of its receiver's queue a frame from another node counts against (see
+/// [`crate::delivery::Sender`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FrameShare {
+    pub share: Arc<str>,
+    pub viewer: bool,
+}
+
+impl FrameShare {
+    pub fn sender(&self) -> Sender<'_> {
+        Sender {
+            share: &self.share,
+            viewer: self.viewer,
+        }
+    }
+}
+
+/// Where a session message goes.
+#[derive(Debug, Clone)]
+pub struct Route {
+    pub target: ConnId,
+    pub record_id: Arc<str>,
+    /// The sender is the robot end of the session.
+    pub from_robot: bool,
+    pub subject: Arc<str>,
+    pub role: Role,
+}
+
+/// Which sessions a grant check covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GrantScope {
+    /// The sessions this node owns. A mirror (the robot's end of a session owned by another
+    /// node) is ended by its owner, which hears of the grant change too and tells this node.
+    Owned,
+    /// Every session with an end here, mirrors too: after a bus lapse the owner's word that
+    /// it ended a session may have been lost on its way here, as the change itself was.
+    /// Ending a mirror tells its owner, which ignores the end of a session it already ended.
+    EveryEndHere,
+}
+
+impl GrantScope {
+    fn covers(self, session: &Session) -> bool {
+        self == GrantScope::EveryEndHere || !session.mirror
+    }
+}
+
+impl State {
+    pub(super) fn new(limits: HubLimits) -> State {
+        State {
+            limits,
+            conns: HashMap::new(),
+            robots: HashMap::new(),
+            sessions: HashMap::new(),
+            claims: HashMap::new(),
+            ended: HashMap::new(),
+            ended_order: VecDeque::new(),
+            access_cuts: 0,
+        }
+    }
+
+    /// Checks the session rules and reserves the session before its record is written;
+    /// `elsewhere` is the robot's socket on another node, when it is not here.
+    pub(super) fn open(
+        &mut self,
+        client_conn: &ConnId,
+        request: OpenSession<'_>,
+        elsewhere: Option<(ConnId, Arc<str>)>,
+    ) -> Result<SessionOpened, RelayError> {
+        self.prune_ended(Instant::now());
+        if let Some(robot_conn) = self.resume(client_conn, &request)? {
+            return Ok(SessionOpened::Existing { robot_conn });
+        }
+        let claimed_already = match self.claims.get(request.session_id) {
+            Some(owner) if owner != client_conn => {
+                return Err(RelayError::ConnectionIdInUse(
+                    request.session_id.to_string(),
+                ))
+            }
+            Some(_) => true,
+            None => false,
+        };
+        if let Some(existing) = self.sessions.get(request.session_id) {
+            return existing.renegotiated_by(client_conn, &request);
+        }
+        if self.ended_for_another(request.session_id, request.subject) {
+            return Err(RelayError::ConnectionIdInUse(
+                request.session_id.to_string(),
+            ));
+        }
+        self.check_session_count(client_conn, claimed_already)?;
+        let (robot_conn, remote) = match (self.robots.get(request.robot_id), elsewhere) {
+            (Some(conn), _) => (conn.clone(), None),
+            (None, Some((conn, node))) => (conn, Some(node)),
+            (None, None) => return Err(RelayError::RobotOffline(request.robot_id.to_string())),
+        };
+        if request.role.may_drive() {
+            self.check_control(&robot_conn, &request)?;
+        } else {
+            self.check_viewers(&robot_conn, request.robot_id, request.subject)?;
+        }
+        let record_id = uuid::Uuid::new_v4().to_string();
+        if !claimed_already {
+            self.claim(request.session_id, client_conn);
+        }
+        self.insert(
+            request.session_id,
+            Session {
+                record_id: Arc::from(record_id.as_str()),
+                robot_id: request.robot_id.to_string(),
+                robot_conn: robot_conn.clone(),
+                client_conn: client_conn.clone(),
+                subject: Arc::from(request.subject),
+                role: request.role,
+                remote: remote.clone(),
+                mirror: false,
+                orphaned: None,
+            },
+        );
+        Ok(SessionOpened::New {
+            record_id,
+            robot_conn,
+            remote,
+        })
+    }
+
+    /// The id ended within the grace period as another subject's session.
+    fn ended_for_another(&self, session_id: &str, subject: &str) -> bool {
+        self.ended
+            .get(session_id)
+            .is_some_and(|ended| *ended.subject != *subject)
+    }
+
+    fn check_session_count(
+        &self,
+        client_conn: &ConnId,
+        claimed_already: bool,
+    ) -> Result<(), RelayError> {
+        let limit = self.limits.sessions_per_conn;
+        match self.conns.get(client_conn) {
+            Some(entry)
+                if entry.sessions.len() >= limit
+                    || (!claimed_already && entry.claimed.len() >= limit) =>
+            {
+                Err(RelayError::TooManySessions { limit })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// One driving session per robot.
+    fn check_control(
+        &self,
+        robot_conn: &ConnId,
+        request: &OpenSession<'_>,
+    ) -> Result<(), RelayError> {
+        let holder = self.conns.get(robot_conn).and_then(|entry| {
+            entry
+                .sessions
+                .iter()
+                .filter_map(|id| self.sessions.get(id))
+                .find(|s| s.role.may_drive())
+        });
+        match holder {
+            Some(holder) => Err(RelayError::RobotBusy {
+                robot_id: request.robot_id.to_string(),
+                locked_by: (request.role == Role::Owner).then(|| holder.subject.to_string()),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Refuses one more viewing session of `subject` with the robot on `robot_conn` past
+    /// the caps. The robot's node sees every session of its robot, mirrors included, so
+    /// its count is the cluster's.
+    fn check_viewers(
+        &self,
+        robot_conn: &ConnId,
+        robot_id: &str,
+        subject: &str,
+    ) -> Result<(), RelayError> {
+        let Some(entry) = self.conns.get(robot_conn) else {
+            return Ok(());
+        };
+        let viewers = entry
+            .sessions
+            .iter()
+            .filter_map(|id| self.sessions.get(id))
+            .filter(|s| !s.role.may_drive());
+        let (mut all, mut theirs) = (0, 0);
+        for session in viewers {
+            all += 1;
+            theirs += usize::from(*session.subject == *subject);
+        }
+        let over = |count: usize, limit: usize| limit > 0 && count >= limit;
+        let per = if over(theirs, self.limits.viewers_per_subject) {
+            ViewerCap::PerSubject
+        } else if over(all, self.limits.viewers_per_robot) {
+            ViewerCap::PerRobot
+        } else {
+            return Ok(());
+        };
+        Err(RelayError::TooManyViewers {
+            robot_id: robot_id.to_string(),
+            per,
+        })
+    }
+
+    fn claim(&mut self, session_id: &str, conn: &ConnId) {
+        self.claims.insert(session_id.to_string(), conn.clone());
+        if let Some(entry) = self.conns.get_mut(conn) {
+            entry.claimed.push(session_id.to_string());
+        }
+    }
+
+    /// Adds a session to the table and to its ends' entries.
+    fn insert(&mut self, session_id: &str, session: Session) {
+        // Reopened under the same id: late messages now belong to the new session.
+        self.ended.remove(session_id);
+        // A mirror's client is a socket of another node: only the robot's end is here.
+        let ends = if session.mirror {
+            vec![&session.robot_conn]
+        } else {
+            vec![&session.client_conn, &session.robot_conn]
+        };
+        for conn in ends {
+            if let Some(entry) = self.conns.get_mut(conn) {
+                entry.sessions.insert(session_id.to_string());
+            }
+        }
+        self.sessions.insert(session_id.to_string(), session);
+    }
+
+    /// A session of `request.subject` whose client socket went away, taken back by the
+    /// new socket `client_conn` (its offer then goes to the robot as a renegotiation).
+    /// None when the session is not waiting for this subject.
+    fn resume(
+        &mut self,
+        client_conn: &ConnId,
+        request: &OpenSession<'_>,
+    ) -> Result<Option<ConnId>, RelayError> {
+        let waiting = self.sessions.get(request.session_id).is_some_and(|s| {
+            s.orphaned.is_some() && *s.subject == *request.subject && s.robot_id == request.robot_id
+        });
+        if !waiting {
+            return Ok(None);
+        }
+        let limit = self.limits.sessions_per_conn;
+        let Some(entry) = self.conns.get_mut(client_conn) else {
+            return Ok(None);
+        };
+        if entry.sessions.len() >= limit || entry.claimed.len() >= limit {
+            return Err(RelayError::TooManySessions { limit });
+        }
+        entry.sessions.insert(request.session_id.to_string());
+        if request.session_id != &**client_conn {
+            entry.claimed.push(request.session_id.to_string());
+        }
+        self.claims
+            .insert(request.session_id.to_string(), client_conn.clone());
+        let Some(session) = self.sessions.get_mut(request.session_id) else {
+            return Ok(None);
+        };
+        session.client_conn = client_conn.clone();
+        session.orphaned = None;
+        tracing::info!(session = %request.session_id, subject = %request.subject, "session resumed by a new socket");
+        Ok(Some(session.robot_conn.clone()))
+    }
+
+    /// The robot's node learns of a session whose client is on `client_node`. Refused
+    /// when the robot's socket is no longer the one named, or the id is taken here.
+    pub(super) fn open_mirror(&mut self, mirror: &MirrorSession) -> Result<ConnId, RelayError> {
+        self.prune_ended(Instant::now());
+        let robot_conn = match self.robots.get(&mirror.robot_id) {
+            Some(conn) if **conn == *mirror.robot_conn => conn.clone(),
+            _ => return Err(RelayError::RobotOffline(mirror.robot_id.clone())),
+        };
+        if self.sessions.contains_key(&mirror.session_id)
+            || self
+                .claims
+                .get(&mirror.session_id)
+                .is_some_and(|owner| **owner != *mirror.client_conn)
+            || self.ended_for_another(&mirror.session_id, &mirror.subject)
+        {
+            return Err(RelayError::ConnectionIdInUse(mirror.session_id.clone()));
+        }
+        if !mirror.role.may_drive() {
+            self.check_viewers(&robot_conn, &mirror.robot_id, &mirror.subject)?;
+        }
+        let client_conn = ConnId::from(mirror.client_conn.as_str());
+        self.insert(
+            &mirror.session_id,
+            Session {
+                record_id: Arc::from(mirror.record_id.as_str()),
+                robot_id: mirror.robot_id.clone(),
+                robot_conn,
+                client_conn: client_conn.clone(),
+                subject: Arc::from(mirror.subject.as_str()),
+                role: mirror.role,
+                remote: Some(Arc::from(mirror.client_node.as_str())),
+                mirror: true,
+                orphaned: None,
+            },
+        );
+        Ok(client_conn)
+    }
+
+    /// Whether `id` names a live session (or a socket's own id) that is not `conn`'s.
+    pub(super) fn names_another_session(&self, id: &str, conn: &ConnId) -> bool {
+        self.claims.get(id).is_some_and(|owner| owner != conn)
+            || self
+                .sessions
+                .get(id)
+                .is_some_and(|s| s.client_conn != *conn && s.robot_conn != *conn)
+    }
+
+    /// Where a message about `session_id` from `sender` goes; only the two ends may talk.
+    pub(super) fn route(&self, sender: &ConnId, session_id: &str) -> Result<Route, RelayError> {
+        let Some(session) = self.sessions.get(session_id) else {
+            return Err(match self.ended.get(session_id) {
+                Some(ended)
+                    if (&ended.client_conn == sender || &ended.robot_conn == sender)
+                        && ended.at.elapsed() < self.limits.grace =>
+                {
+                    RelayError::Ended(session_id.to_string())
+                }
+                _ => RelayError::UnknownSession(session_id.to_string()),
+            });
+        };
+        let (target, from_robot) = if &session.client_conn == sender {
+            (session.robot_conn.clone(), false)
+        } else if &session.robot_conn == sender {
+            (session.client_conn.clone(), true)
+        } else {
+            return Err(RelayError::NotInSession(session_id.to_string()));
+        };
+        Ok(Route {
+            target,
+            record_id: session.record_id.clone(),
+            from_robot,
+            subject: session.subject.clone(),
+            role: session.role,
+        })
+    }
+
+    /// Whether a frame from another node may be delivered: `from` and `to` are the two ends
+    /// of `session_id` here, live or within its grace period (the last `disconnected` of a
+    /// session travels after the session's end). Returns whose share of the receiver's
+    /// queue it counts against.
+    pub(super) fn admits_frame(
+        &self,
+        from: &ConnId,
+        session_id: &str,
+        to: &ConnId,
+    ) -> Option<FrameShare> {
+        let (client, robot, subject, role) = match self.sessions.get(session_id) {
+            Some(s) => (&s.client_conn, &s.robot_conn, &s.subject, s.role),
+            None => {
+                let ended = self.ended.get(session_id)?;
+                if ended.at.elapsed() >= self.limits.grace {
+                    return None;
+                }
+                (
+                    &ended.client_conn,
+                    &ended.robot_conn,
+                    &ended.subject,
+                    ended.role,
+                )
+            }
+        };
+        if client == from && robot == to {
+            Some(FrameShare {
+                share: subject.clone(),
+                viewer: !role.may_drive(),
+            })
+        } else if robot == from && client == to {
+            Some(FrameShare {
+                share: from.clone(),
+                viewer: false,
+            })
+        } else {
+            None
+        }
+    }
+
+    fn ids_where(&self, keep: impl Fn(&Session) -> bool) -> Vec<String> {
+        self.sessions
+            .iter()
+            .filter(|(_, s)| keep(s))
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
+    /// Each (robot, subject) with sessions in `scope`, and the highest role among them.
+    pub(super) fn session_roles(&self, scope: GrantScope) -> Vec<(String, Arc<str>, Role)> {
+        let mut highest: HashMap<(&str, &Arc<str>), Role> = HashMap::new();
+        for session in self.sessions.values().filter(|s| scope.covers(s)) {
+            let role = highest
+                .entry((session.robot_id.as_str(), &session.subject))
+                .or_insert(session.role);
+            *role = (*role).max(session.role);
+        }
+        highest
+            .into_iter()
+            .map(|((robot_id, subject), role)| (robot_id.to_string(), subject.clone(), role))
+            .collect()
+    }
+
+    /// Every socket a session, live or in its grace period, names.
+    pub(super) fn named_conns(&mut self) -> HashSet<ConnId> {
+        self.prune_ended(Instant::now());
+        self.sessions
+            .values()
+            .flat_map(|s| [s.client_conn.clone(), s.robot_conn.clone()])
+            .chain(
+                self.ended
+                    .values()
+                    .flat_map(|e| [e.client_conn.clone(), e.robot_conn.clone()]),
+            )
+            .collect()
+    }
+}
+
+impl Session {
+    /// A second offer under a live session's id: the same client renegotiating, or refused.
+    /// A session whose client is on another node is not claimed here: the id is still that
+    /// client's, cluster-wide.
+    fn renegotiated_by(
+        &self,
+        client_conn: &ConnId,
+        request: &OpenSession<'_>,
+    ) -> Result<SessionOpened, RelayError> {
+        if self.client_conn != *client_conn {
+            return Err(RelayError::ConnectionIdInUse(
+                request.session_id.to_string(),
+            ));
+        }
+        if self.robot_id != request.robot_id {
+            return Err(RelayError::SessionRobotMismatch(
+                request.session_id.to_string(),
+            ));
+        }
+        Ok(SessionOpened::Existing {
+            robot_conn: self.robot_conn.clone(),
+        })
+    }
+
+    /// The node of the end that is not here, if any.
+    pub(super) fn remote(&self) -> Option<&str> {
+        self.remote.as_deref()
+    }
+}

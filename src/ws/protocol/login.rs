@@ -1,0 +1,160 @@
+//! A robot's login on its socket: `register`, the PKI challenge and its response.
+
+use std::time::Instant;
+
+use signalling_protocol::{Envelope, PkiResponsePayload, RegisterPayload};
+
+use super::{Peer, Protocol, WANTS_WELCOME};
+use crate::cluster::PRESENCE_WAIT;
+use crate::identity::IdentityError;
+use crate::messages;
+use crate::ws::error::WsError;
+
+impl Protocol {
+    pub(super) async fn register(&mut self, payload: RegisterPayload) -> Result<(), WsError> {
+        match &self.peer {
+            Peer::Client(_) => {
+                return Err(WsError::Forbidden {
+                    reason: "client_connection",
+                    message:
+                        "connections that logged in with a client token cannot register as robots",
+                })
+            }
+            Peer::Robot { .. } => {
+                return Err(WsError::Forbidden {
+                    reason: "already_registered",
+                    message: "this connection is already a verified robot",
+                })
+            }
+            // One challenge at a time: each costs the server a lookup and randomness (a
+            // chain validation for a certificate robot), so asking again before answering
+            // is refused and earns a strike.
+            Peer::Unverified {
+                challenge: Some(pending),
+            } if Instant::now() < pending.expires_at() => {
+                return Err(WsError::Forbidden {
+                    reason: "challenge_pending",
+                    message: "answer the pending challenge before registering again",
+                })
+            }
+            Peer::Unverified { .. } => {}
+        }
+        if payload
+            .metadata
+            .as_ref()
+            .and_then(|m| m.get(WANTS_WELCOME))
+            .and_then(serde_json::Value::as_bool)
+            == Some(true)
+        {
+            self.wants_welcome = true;
+        }
+        let mut challenge = match self
+            .state
+            .identity
+            .challenge(&payload.agent_id, payload.metadata.as_ref())
+            .await
+        {
+            Ok(challenge) => challenge,
+            Err(e) => {
+                self.state
+                    .metrics
+                    .pki_results
+                    .with_label_values(&[e.reason()])
+                    .inc();
+                return Err(e.into());
+            }
+        };
+        let message = messages::pki_challenge(challenge.encoded.clone());
+        challenge.set_message_id(&message.id);
+        // Read before the login's database check (in `pki_response`), early enough that a
+        // cut while the robot signs counts too: see `Hub::robot_verified`.
+        challenge.access_cuts_seen = self.state.presence.access_cuts();
+        self.replies.push(message.to_json());
+        self.peer = Peer::Unverified {
+            challenge: Some(Box::new(challenge)),
+        };
+        Ok(())
+    }
+
+    pub(super) async fn pki_response(
+        &mut self,
+        envelope: &Envelope,
+        payload: PkiResponsePayload,
+    ) -> Result<(), WsError> {
+        let challenge = match &mut self.peer {
+            // Taking the challenge out makes it single-use whatever happens next.
+            Peer::Unverified { challenge } => challenge.take().map(|c| *c),
+            _ => None,
+        };
+        let state = &self.state;
+        let conn = &self.conn;
+        let result = async {
+            let challenge = challenge.ok_or(IdentityError::NoChallenge)?;
+            let cuts_seen = challenge.access_cuts_seen;
+            let verified = state
+                .identity
+                .verify(
+                    challenge,
+                    envelope.correlation_id.as_deref(),
+                    &payload.signature,
+                    &state.node_id,
+                )
+                .await?;
+            let registered = state.presence.robot_verified(
+                conn,
+                &verified.robot_id,
+                verified.credentials.clone(),
+                cuts_seen,
+            );
+            // A cut came between the check and the registration, and may have missed
+            // this socket: check again (rare; a read). Refused, the socket closes and
+            // leaves the hub like any other.
+            if registered.cut_since {
+                let stands = state
+                    .identity
+                    .login_still_stands(&verified.robot_id, &verified.credentials)
+                    .await?;
+                state.metrics.access_rechecked("robot", stands);
+                if !stands {
+                    return Err(IdentityError::Revoked);
+                }
+            }
+            Ok((verified, registered.presence))
+        }
+        .await;
+        let (verified, presence) = match result {
+            Ok(verified) => verified,
+            Err(e) => {
+                self.state
+                    .metrics
+                    .pki_results
+                    .with_label_values(&[e.reason()])
+                    .inc();
+                return Err(e.into());
+            }
+        };
+        self.state
+            .metrics
+            .pki_results
+            .with_label_values(&["verified"])
+            .inc();
+        // A robot told it is verified can be offered a session from any node at once: its
+        // presence is in Redis before the answer goes out (bounded: a slow Redis delays
+        // the login, it does not block it).
+        if let Some(written) = presence {
+            let _ = tokio::time::timeout(PRESENCE_WAIT, written).await;
+        }
+        tracing::info!(robot = %verified.robot_id, credential = verified.credential_kind, "robot verified");
+        self.replies
+            .push(messages::pki_verified(&verified.robot_id, &envelope.id));
+        self.peer = Peer::Robot {
+            robot_id: verified.robot_id,
+        };
+        // Now that it is proven, the robot may have TURN credentials, if it wants them.
+        if self.wants_welcome {
+            let welcome = self.welcome();
+            self.replies.push(welcome);
+        }
+        Ok(())
+    }
+}
