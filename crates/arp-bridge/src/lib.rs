@@ -1,7 +1,8 @@
 //! The ARP stdio bridge: a child process of an agent runtime that relays
 //! line-delimited JSON-RPC 2.0 on stdin/stdout to an ARP WebSocket
-//! (robot-agent's `--arp-listen` socket or the server's gateway), as is
-//! (`arp` mode, [`relay`]).
+//! (robot-agent's `--arp-listen` socket or the server's gateway), either
+//! as is (`arp` mode, [`relay`]) or as a Model Context Protocol server
+//! (`mcp` mode, [`mcp`]). docs/arp.md, "The stdio bridge and MCP".
 //!
 //! Layers: [`stdio`] (lines, bounded) and [`ws`] (the socket, bounded
 //! channels) frame; [`jsonrpc`] sorts messages; the two modes give them
@@ -13,8 +14,10 @@ use tokio::io::{AsyncBufRead, AsyncWrite};
 use tokio::sync::mpsc;
 
 pub mod jsonrpc;
+pub mod mcp;
 pub mod relay;
 pub mod stdio;
+mod time;
 pub mod ws;
 
 /// Printed once the bridge is usable (or, with `ok: false`, why not).
@@ -28,12 +31,14 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
     Arp,
+    Mcp,
 }
 
 impl Mode {
     pub fn as_str(self) -> &'static str {
         match self {
             Mode::Arp => "arp",
+            Mode::Mcp => "mcp",
         }
     }
 }
@@ -119,6 +124,7 @@ where
         }
         Ok(link) => match config.mode {
             Mode::Arp => relay::run(&config, link, lines, &out).await,
+            Mode::Mcp => mcp::run(&config, link, lines, &out).await,
         },
     };
     // Everything queued reaches the parent before the process ends.

@@ -15,6 +15,8 @@ use clap::{Parser, ValueEnum};
 enum ModeArg {
     /// Relay ARP JSON-RPC as is.
     Arp,
+    /// Serve the robot as a Model Context Protocol server.
+    Mcp,
 }
 
 /// Bridge stdin/stdout (line-delimited JSON-RPC 2.0) to an ARP WebSocket.
@@ -83,6 +85,7 @@ fn config(args: &Args) -> anyhow::Result<Config> {
         },
         mode: match args.mode {
             ModeArg::Arp => Mode::Arp,
+            ModeArg::Mcp => Mode::Mcp,
         },
     })
 }
