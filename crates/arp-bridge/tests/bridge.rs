@@ -826,3 +826,92 @@ async fn mcp_mode_fails_pending_requests_when_the_robot_goes_away() {
     b.notification("arp-bridge.closed").await;
     assert_eq!(b.wait().await.code(), Some(2));
 }
+
+// ---------------------------------------------------------------------
+// wss:// with a private CA (--ca-file).
+
+/// A TLS front on 127.0.0.1:0 for the robot's plain socket, with a
+/// certificate from a fresh CA; returns its port and the CA's PEM.
+async fn tls_front(upstream: String) -> (u16, String, tokio::task::JoinHandle<()>) {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+    let mut ca_params = CertificateParams::default();
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "arp-bridge test CA");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_key = KeyPair::generate().expect("CA key");
+    let ca_pem = ca_params.self_signed(&ca_key).expect("CA").pem();
+    let issuer = Issuer::from_params(&ca_params, &ca_key);
+    let leaf_key = KeyPair::generate().expect("key");
+    let leaf = CertificateParams::new(vec!["127.0.0.1".to_owned()])
+        .expect("params")
+        .signed_by(&leaf_key, &issuer)
+        .expect("leaf");
+    let key = rustls::pki_types::PrivatePkcs8KeyDer::from(leaf_key.serialize_der());
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_no_client_auth()
+        .with_single_cert(vec![leaf.der().clone()], key.into())
+        .expect("server config");
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let task = tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let (acceptor, upstream) = (acceptor.clone(), upstream.clone());
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(stream).await else {
+                    return;
+                };
+                let Ok(mut plain) = tokio::net::TcpStream::connect(&upstream).await else {
+                    return;
+                };
+                let _ = tokio::io::copy_bidirectional(&mut tls, &mut plain).await;
+            });
+        }
+    });
+    (port, ca_pem, task)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wss_with_a_private_ca_needs_the_ca_file() {
+    let robot = robot(&[]).await;
+    let upstream = robot
+        .direct_url
+        .trim_start_matches("ws://")
+        .trim_end_matches('/')
+        .to_owned();
+    let (port, ca_pem, front) = tls_front(upstream).await;
+    let dir = std::env::temp_dir().join(format!("arp-bridge-ca-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ca_file = dir.join("ca.pem");
+    std::fs::write(&ca_file, ca_pem).unwrap();
+    let url = format!("wss://127.0.0.1:{port}/");
+
+    // The system's roots do not know the private CA.
+    let mut b = Bridge::spawn(&["--url", &url], Some(OPERATOR));
+    let ready = b.read().await;
+    assert_eq!(ready["params"]["ok"], false, "{ready}");
+    assert_eq!(ready["params"]["error"]["kind"], "connect");
+    assert_eq!(b.wait().await.code(), Some(1));
+
+    let mut b = Bridge::spawn(
+        &["--url", &url, "--ca-file", ca_file.to_str().unwrap()],
+        Some(OPERATOR),
+    );
+    let ready = b.read().await;
+    assert_eq!(ready["params"]["ok"], true, "{ready}");
+    let init = b
+        .result(
+            json!(1),
+            "arp.initialize",
+            json!({ "protocolVersion": "0.1.0", "clientInfo": { "name": "test", "version": "1" } }),
+        )
+        .await;
+    assert_eq!(init["serverInfo"]["name"], "robot-agent");
+    assert_eq!(b.eof().await.code(), Some(0));
+    front.abort();
+    let _ = std::fs::remove_dir_all(&dir);
+}
