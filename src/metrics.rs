@@ -43,7 +43,7 @@ pub struct Metrics {
     /// Sockets closed for earning too many errors or exceeding the rate limit.
     pub peers_cut_off: IntCounter,
     /// Logins and offers checked again because a cut of access overlapped their check
-    /// (see `Hub::access_cuts`), by what was checked (robot, client, offer) and outcome
+    /// (see `Presence::access_cuts`), by what was checked (robot, client, offer) and outcome
     /// (stands, cut).
     pub access_rechecks: IntCounterVec,
     /// Loaded CRLs past their nextUpdate (still enforced; the issuer owes a newer one).
@@ -64,140 +64,71 @@ pub struct Metrics {
     relay: Arc<[RelayMetrics]>,
 }
 
+/// Makes each metric and registers it in one step: no metric can be made and forgotten.
+struct Registrar {
+    registry: Registry,
+}
+
+impl Registrar {
+    fn register<M: prometheus::core::Collector + Clone + 'static>(&self, metric: M) -> M {
+        self.registry
+            .register(Box::new(metric.clone()))
+            .expect("unique metric names");
+        metric
+    }
+
+    fn counter(&self, name: &str, help: &str) -> IntCounter {
+        self.register(IntCounter::new(name, help).expect("valid metric"))
+    }
+
+    fn counters(&self, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+        self.register(IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric"))
+    }
+
+    fn gauge(&self, name: &str, help: &str) -> IntGauge {
+        self.register(IntGauge::new(name, help).expect("valid metric"))
+    }
+
+    fn gauges(&self, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+        self.register(IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric"))
+    }
+
+    fn histogram(&self, name: &str, help: &str, buckets: Vec<f64>) -> Histogram {
+        let opts = HistogramOpts::new(name, help).buckets(buckets);
+        self.register(Histogram::with_opts(opts).expect("valid metric"))
+    }
+
+    fn histograms(
+        &self,
+        name: &str,
+        help: &str,
+        buckets: Vec<f64>,
+        labels: &[&str],
+    ) -> HistogramVec {
+        let opts = HistogramOpts::new(name, help).buckets(buckets);
+        self.register(HistogramVec::new(opts, labels).expect("valid metric"))
+    }
+}
+
 impl Metrics {
     pub fn new() -> Metrics {
-        let registry = Registry::new();
-        let connections = IntGaugeVec::new(
-            Opts::new(
-                "signalling_connections",
-                "Open WebSocket connections by role",
-            ),
-            &["role"],
-        )
-        .expect("valid metric");
-        let robots_online = IntGauge::new("signalling_robots_online", "Verified robots online")
-            .expect("valid metric");
-        let sessions_active = IntGauge::new("signalling_sessions_active", "Sessions in progress")
-            .expect("valid metric");
-        let messages_relayed = IntCounterVec::new(
-            Opts::new(
-                "signalling_messages_relayed_total",
-                "Messages relayed by type",
-            ),
+        let r = Registrar {
+            registry: Registry::new(),
+        };
+        let messages_relayed = r.counters(
+            "signalling_messages_relayed_total",
+            "Messages relayed by type",
             &["type"],
-        )
-        .expect("valid metric");
-        let relay_latency = HistogramVec::new(
-            HistogramOpts::new(
-                "signalling_relay_latency_seconds",
-                "Time from reading a message to queueing it for its receiver",
-            )
-            .buckets(vec![
+        );
+        let relay_latency = r.histograms(
+            "signalling_relay_latency_seconds",
+            "Time from reading a message to queueing it for its receiver",
+            vec![
                 0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005,
                 0.01, 0.025, 0.05, 0.1,
-            ]),
+            ],
             &["type"],
-        )
-        .expect("valid metric");
-        let pki_results = IntCounterVec::new(
-            Opts::new(
-                "signalling_pki_results_total",
-                "Robot identity proofs by result",
-            ),
-            &["result"],
-        )
-        .expect("valid metric");
-        let errors = IntCounterVec::new(
-            Opts::new(
-                "signalling_errors_total",
-                "signalling.error messages sent by code",
-            ),
-            &["code"],
-        )
-        .expect("valid metric");
-        let late_messages = IntCounterVec::new(
-            Opts::new(
-                "signalling_late_messages_total",
-                "Messages about a just-ended session from one of its ends, accepted silently",
-            ),
-            &["type"],
-        )
-        .expect("valid metric");
-        let peers_cut_off = IntCounter::new(
-            "signalling_peers_cut_off_total",
-            "Sockets closed for too many errors or messages over the rate limit",
-        )
-        .expect("valid metric");
-        let access_rechecks = IntCounterVec::new(
-            Opts::new(
-                "signalling_access_rechecks_total",
-                "Logins and offers checked again because a revocation or grant change overlapped their check",
-            ),
-            &["kind", "outcome"],
-        )
-        .expect("valid metric");
-        let crl_stale = IntGauge::new("signalling_crl_stale", "Loaded CRLs past their nextUpdate")
-            .expect("valid metric");
-        let cluster_up = IntGauge::new(
-            "signalling_cluster_up",
-            "1 while the node's Redis link works (multi-node only)",
-        )
-        .expect("valid metric");
-        let cluster_messages = IntCounterVec::new(
-            Opts::new(
-                "signalling_cluster_messages_total",
-                "Messages between nodes by direction and kind",
-            ),
-            &["direction", "kind"],
-        )
-        .expect("valid metric");
-        let cluster_dropped = IntCounter::new(
-            "signalling_cluster_dropped_total",
-            "Messages to other nodes dropped (Redis unreachable or queue full)",
-        )
-        .expect("valid metric");
-        let cluster_bus_lag = Histogram::with_opts(
-            HistogramOpts::new(
-                "signalling_cluster_bus_lag_seconds",
-                "Time from publishing a probe on the Redis bus to receiving it",
-            )
-            .buckets(vec![
-                0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-                0.5, 1.0,
-            ]),
-        )
-        .expect("valid metric");
-        let cluster_nodes_lost = IntCounter::new(
-            "signalling_cluster_nodes_lost_total",
-            "Other nodes found dead (heartbeat lease expired)",
-        )
-        .expect("valid metric");
-        let cluster_frames_refused = IntCounter::new(
-            "signalling_cluster_frames_refused_total",
-            "Frames from other nodes dropped: sender and receiver are not the ends of the session they name",
-        )
-        .expect("valid metric");
-        for collector in [
-            Box::new(crl_stale.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(cluster_frames_refused.clone()),
-            Box::new(cluster_up.clone()),
-            Box::new(cluster_messages.clone()),
-            Box::new(cluster_dropped.clone()),
-            Box::new(cluster_bus_lag.clone()),
-            Box::new(cluster_nodes_lost.clone()),
-            Box::new(connections.clone()),
-            Box::new(robots_online.clone()),
-            Box::new(sessions_active.clone()),
-            Box::new(messages_relayed.clone()),
-            Box::new(relay_latency.clone()),
-            Box::new(pki_results.clone()),
-            Box::new(errors.clone()),
-            Box::new(late_messages.clone()),
-            Box::new(peers_cut_off.clone()),
-            Box::new(access_rechecks.clone()),
-        ] {
-            registry.register(collector).expect("unique metric names");
-        }
+        );
         let relay = RELAYED_TYPES
             .iter()
             .map(|kind| RelayMetrics {
@@ -207,24 +138,70 @@ impl Metrics {
             .collect();
         Metrics {
             relay,
-            registry,
-            connections,
-            robots_online,
-            sessions_active,
+            connections: r.gauges(
+                "signalling_connections",
+                "Open WebSocket connections by role",
+                &["role"],
+            ),
+            robots_online: r.gauge("signalling_robots_online", "Verified robots online"),
+            sessions_active: r.gauge("signalling_sessions_active", "Sessions in progress"),
             messages_relayed,
             relay_latency,
-            pki_results,
-            errors,
-            late_messages,
-            peers_cut_off,
-            access_rechecks,
-            crl_stale,
-            cluster_up,
-            cluster_messages,
-            cluster_dropped,
-            cluster_bus_lag,
-            cluster_nodes_lost,
-            cluster_frames_refused,
+            pki_results: r.counters(
+                "signalling_pki_results_total",
+                "Robot identity proofs by result",
+                &["result"],
+            ),
+            errors: r.counters(
+                "signalling_errors_total",
+                "signalling.error messages sent by code",
+                &["code"],
+            ),
+            late_messages: r.counters(
+                "signalling_late_messages_total",
+                "Messages about a just-ended session from one of its ends, accepted silently",
+                &["type"],
+            ),
+            peers_cut_off: r.counter(
+                "signalling_peers_cut_off_total",
+                "Sockets closed for too many errors or messages over the rate limit",
+            ),
+            access_rechecks: r.counters(
+                "signalling_access_rechecks_total",
+                "Logins and offers checked again because a revocation or grant change overlapped their check",
+                &["kind", "outcome"],
+            ),
+            crl_stale: r.gauge("signalling_crl_stale", "Loaded CRLs past their nextUpdate"),
+            cluster_up: r.gauge(
+                "signalling_cluster_up",
+                "1 while the node's Redis link works (multi-node only)",
+            ),
+            cluster_messages: r.counters(
+                "signalling_cluster_messages_total",
+                "Messages between nodes by direction and kind",
+                &["direction", "kind"],
+            ),
+            cluster_dropped: r.counter(
+                "signalling_cluster_dropped_total",
+                "Messages to other nodes dropped (Redis unreachable or queue full)",
+            ),
+            cluster_bus_lag: r.histogram(
+                "signalling_cluster_bus_lag_seconds",
+                "Time from publishing a probe on the Redis bus to receiving it",
+                vec![
+                    0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1,
+                    0.25, 0.5, 1.0,
+                ],
+            ),
+            cluster_nodes_lost: r.counter(
+                "signalling_cluster_nodes_lost_total",
+                "Other nodes found dead (heartbeat lease expired)",
+            ),
+            cluster_frames_refused: r.counter(
+                "signalling_cluster_frames_refused_total",
+                "Frames from other nodes dropped: sender and receiver are not the ends of the session they name",
+            ),
+            registry: r.registry,
         }
     }
 

@@ -3,7 +3,7 @@
 //! Every path that starts or ends a session (an offer, a peer's `disconnected`, a socket
 //! closing, a grant withdrawn, shutdown) goes through [`Sessions`], which keeps one order:
 //! change the hub, then write the record, then tell the remaining ends. Whoever hears of an
-//! end therefore finds the record already ended. A multi-node bus plugs in below the hub.
+//! end therefore finds the record already ended. Other nodes are reached through the router.
 
 use std::sync::Arc;
 
@@ -262,7 +262,7 @@ impl Sessions {
     }
 
     /// A socket is gone: its sessions end, their records are closed, the other ends told
-    /// (see [`Hub::detach`] for `resumable`).
+    /// (`resumable`: see the hub's `detach`).
     pub async fn detach(&self, conn: &ConnId, resumable: bool) {
         let ended = self.hub.detach(conn, resumable);
         self.finish(&ended, EndReason::Closed).await;

@@ -1,5 +1,5 @@
 //! Ends the sessions whose client socket went away and did not come back within
-//! `--session-resume-secs` (see `Hub::detach`).
+//! `--session-resume-secs` (see `Sessions::detach`).
 
 use std::time::Duration;
 

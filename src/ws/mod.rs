@@ -130,7 +130,7 @@ async fn upgrade(
         }
     };
     let (token, protocol) = find_token(&query, &headers);
-    // Read before the token check: see `Hub::set_client`.
+    // Read before the token check: see `Presence::set_client`.
     let cuts_seen = state.presence.access_cuts();
     let client = match token {
         Some(token) => match state

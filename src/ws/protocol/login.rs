@@ -67,7 +67,7 @@ impl Protocol {
         let message = messages::pki_challenge(challenge.encoded.clone());
         challenge.set_message_id(&message.id);
         // Read before the login's database check (in `pki_response`), early enough that a
-        // cut while the robot signs counts too: see `Hub::robot_verified`.
+        // cut while the robot signs counts too: see `Presence::robot_verified`.
         challenge.access_cuts_seen = self.state.presence.access_cuts();
         self.replies.push(message.to_json());
         self.peer = Peer::Unverified {

@@ -71,7 +71,7 @@ impl Protocol {
             )
             .into());
         }
-        // Read before the grant: see `Hub::access_cuts`.
+        // Read before the grant: see `Presence::access_cuts`.
         let cuts_seen = self.state.presence.access_cuts();
         let role = self
             .state

@@ -21,9 +21,10 @@ use std::cell::RefCell;
 use rustls_pki_types::{CertificateDer, SignatureVerificationAlgorithm, TrustAnchor, UnixTime};
 use webpki::{CertRevocationList, EndEntityCert, KeyUsage, RevocationOptionsBuilder};
 use x509_parser::certificate::X509Certificate;
-use x509_parser::extensions::{GeneralName, ParsedExtension, X509Extension};
-use x509_parser::oid_registry::OID_X509_EXT_NAME_CONSTRAINTS;
-use x509_parser::x509::{AlgorithmIdentifier, X509Name};
+
+mod fields;
+
+pub(super) use fields::*;
 
 use super::keys::{hex_lower, KeyError, PublicKey};
 
@@ -342,24 +343,7 @@ pub fn verify_chain_with_crls(
         .first()
         .ok_or_else(|| X509Error::Malformed("no certificate in chain".into()))?;
 
-    // Everything below, up to webpki, is names and flags: no public-key operation.
-    if !names_robot(leaf, robot_id)? {
-        return Err(X509Error::NameMismatch);
-    }
-    let (leaf_ca, _) = basic_constraints(leaf)?;
-    if leaf_ca {
-        return Err(X509Error::KeyUsage("leaf certificate is a CA".into()));
-    }
-    if key_usage(leaf)?.is_some_and(|k| !k.digital_signature()) {
-        return Err(X509Error::KeyUsage("leaf lacks digitalSignature".into()));
-    }
-    let leaf_key = PublicKey::from_spki(leaf.public_key())?;
-    let plausible = certs
-        .iter()
-        .any(|c| store.any_may_have_issued(c.issuer().as_raw(), authority_key_id(c.extensions())));
-    if !plausible {
-        return Err(X509Error::Untrusted);
-    }
+    let leaf_key = precheck(&certs, store, robot_id)?;
 
     let leaf_der = CertificateDer::from(ders[0].as_slice());
     let end_entity =
@@ -368,18 +352,7 @@ pub fn verify_chain_with_crls(
         .iter()
         .map(|d| CertificateDer::from(d.as_slice()))
         .collect();
-    let revocation = match RevocationOptionsBuilder::new(crls) {
-        Ok(builder) => Some(
-            builder
-                .with_depth(webpki::RevocationCheckDepth::Chain)
-                // A certificate no CRL speaks for is fine: CRLs are optional.
-                .with_status_policy(webpki::UnknownStatusPolicy::Allow)
-                // A stale CRL still revokes what it lists; staleness is reported elsewhere.
-                .with_expiration_policy(webpki::ExpirationPolicy::Ignore)
-                .build(),
-        ),
-        Err(_) => None,
-    };
+    let revocation = revocation_options(crls);
     let time = UnixTime::since_unix_epoch(std::time::Duration::from_secs(
         u64::try_from(now_unix).unwrap_or(0),
     ));
@@ -432,6 +405,54 @@ pub fn verify_chain_with_crls(
         not_after_unix: leaf.validity().not_after.timestamp(),
         subject_cn: single_common_name(leaf.subject()).map(str::to_string),
     })
+}
+
+/// The checks before any signature work: the leaf names the robot, is no CA, may sign, and
+/// some anchor could have issued something on the chain. Returns the leaf's key.
+fn precheck(
+    certs: &[X509Certificate<'_>],
+    store: &TrustStore,
+    robot_id: &str,
+) -> Result<PublicKey, X509Error> {
+    let leaf = certs
+        .first()
+        .ok_or_else(|| X509Error::Malformed("no certificate in chain".into()))?;
+    // Names and flags only: no public-key operation.
+    if !names_robot(leaf, robot_id)? {
+        return Err(X509Error::NameMismatch);
+    }
+    let (leaf_ca, _) = basic_constraints(leaf)?;
+    if leaf_ca {
+        return Err(X509Error::KeyUsage("leaf certificate is a CA".into()));
+    }
+    if key_usage(leaf)?.is_some_and(|k| !k.digital_signature()) {
+        return Err(X509Error::KeyUsage("leaf lacks digitalSignature".into()));
+    }
+    let leaf_key = PublicKey::from_spki(leaf.public_key())?;
+    let plausible = certs
+        .iter()
+        .any(|c| store.any_may_have_issued(c.issuer().as_raw(), authority_key_id(c.extensions())));
+    if !plausible {
+        return Err(X509Error::Untrusted);
+    }
+    Ok(leaf_key)
+}
+
+/// Revocation as we apply it: every certificate on the path, CRLs optional and never
+/// stale for what they list (None without CRLs).
+fn revocation_options<'a>(
+    crls: &'a [&'a CertRevocationList<'a>],
+) -> Option<webpki::RevocationOptions<'a>> {
+    let builder = RevocationOptionsBuilder::new(crls).ok()?;
+    Some(
+        builder
+            .with_depth(webpki::RevocationCheckDepth::Chain)
+            // A certificate no CRL speaks for is fine: CRLs are optional.
+            .with_status_policy(webpki::UnknownStatusPolicy::Allow)
+            // A stale CRL still revokes what it lists; staleness is reported elsewhere.
+            .with_expiration_policy(webpki::ExpirationPolicy::Ignore)
+            .build(),
+    )
 }
 
 /// The leaf of a chain and the key it certifies, without any verification: used to compare
@@ -556,167 +577,6 @@ fn map_webpki_error(e: &webpki::Error, leaf: &X509Certificate<'_>, now: i64) -> 
         | W::UnknownRevocationStatus => X509Error::Revoked,
         other => X509Error::Malformed(format!("{other:?}")),
     }
-}
-
-/// The DER contents of an AlgorithmIdentifier (OID and parameters), the form webpki's
-/// algorithm table is keyed by.
-pub(super) fn algorithm_id_contents(alg: &AlgorithmIdentifier<'_>) -> Result<Vec<u8>, X509Error> {
-    use x509_parser::asn1_rs::ToDer;
-    let mut out = alg
-        .algorithm
-        .to_der_vec()
-        .map_err(|_| X509Error::Malformed("algorithm identifier".into()))?;
-    if let Some(params) = &alg.parameters {
-        out.extend(
-            params
-                .to_der_vec()
-                .map_err(|_| X509Error::Malformed("algorithm parameters".into()))?,
-        );
-    }
-    Ok(out)
-}
-
-/// Verify a signature made by the key in `spki` (a parsed SubjectPublicKeyInfo) with the
-/// algorithm named by `alg`, using webpki's algorithm table (CSRs, CRLs, CA certificates).
-pub(super) fn verify_signed_data(
-    spki: &x509_parser::x509::SubjectPublicKeyInfo<'_>,
-    alg: &AlgorithmIdentifier<'_>,
-    data: &[u8],
-    sig: &x509_parser::asn1_rs::BitString<'_>,
-) -> Result<(), X509Error> {
-    if sig.unused_bits != 0 || spki.subject_public_key.unused_bits != 0 {
-        return Err(X509Error::Malformed("bit string not byte aligned".into()));
-    }
-    let sig_alg = algorithm_id_contents(alg)?;
-    let key_alg = algorithm_id_contents(&spki.algorithm)?;
-    let mut known = false;
-    for candidate in SIGNATURE_ALGS
-        .iter()
-        .filter(|a| a.signature_alg_id().as_ref() == sig_alg.as_slice())
-    {
-        known = true;
-        if candidate.public_key_alg_id().as_ref() != key_alg.as_slice() {
-            continue;
-        }
-        if candidate
-            .verify_signature(&spki.subject_public_key.data, data, &sig.data)
-            .is_ok()
-        {
-            return Ok(());
-        }
-    }
-    if known {
-        // A known algorithm that fails, or that does not fit the key: no valid signature.
-        Err(X509Error::BadSignature)
-    } else {
-        Err(X509Error::UnsupportedAlgorithm(format!(
-            "signature algorithm {}",
-            alg.algorithm
-        )))
-    }
-}
-
-/// Parse one DER certificate and check structure we rely on later.
-pub(super) fn parse_cert(der: &[u8]) -> Result<X509Certificate<'_>, X509Error> {
-    let (rest, cert) = x509_parser::parse_x509_certificate(der)
-        .map_err(|e| X509Error::Malformed(format!("certificate: {e}")))?;
-    if !rest.is_empty() {
-        return Err(X509Error::Malformed(
-            "trailing data after certificate".into(),
-        ));
-    }
-    // Name constraints would restrict what an issuer may certify, but not the CN our name
-    // binding uses: refuse rather than half-enforce (even if marked non-critical).
-    if cert
-        .extensions()
-        .iter()
-        .any(|e| e.oid == OID_X509_EXT_NAME_CONSTRAINTS)
-    {
-        return Err(X509Error::UnsupportedExtension("nameConstraints".into()));
-    }
-    Ok(cert)
-}
-
-/// (CA flag, pathLenConstraint); absent extension means not a CA.
-pub(super) fn basic_constraints(
-    cert: &X509Certificate<'_>,
-) -> Result<(bool, Option<u32>), X509Error> {
-    let bc = cert
-        .basic_constraints()
-        .map_err(|e| X509Error::Malformed(format!("basicConstraints: {e}")))?;
-    Ok(bc.map_or((false, None), |b| (b.value.ca, b.value.path_len_constraint)))
-}
-
-pub(super) fn key_usage(
-    cert: &X509Certificate<'_>,
-) -> Result<Option<x509_parser::extensions::KeyUsage>, X509Error> {
-    let ku = cert
-        .key_usage()
-        .map_err(|e| X509Error::Malformed(format!("keyUsage: {e}")))?;
-    Ok(ku.map(|k| *k.value))
-}
-
-/// Empty key identifiers carry no information and are treated as absent.
-pub(super) fn authority_key_id<'a>(exts: &'a [X509Extension<'_>]) -> Option<&'a [u8]> {
-    exts.iter()
-        .find_map(|e| match e.parsed_extension() {
-            ParsedExtension::AuthorityKeyIdentifier(aki) => {
-                aki.key_identifier.as_ref().map(|k| k.0)
-            }
-            _ => None,
-        })
-        .filter(|k| !k.is_empty())
-}
-
-pub(super) fn subject_key_id<'a>(cert: &'a X509Certificate<'_>) -> Option<&'a [u8]> {
-    cert.extensions()
-        .iter()
-        .find_map(|e| match e.parsed_extension() {
-            ParsedExtension::SubjectKeyIdentifier(k) => Some(k.0),
-            _ => None,
-        })
-        .filter(|k| !k.is_empty())
-}
-
-/// Key identifiers only disambiguate; when either side lacks one, the
-/// signature check decides.
-pub(super) fn key_ids_match(aki: Option<&[u8]>, ski: Option<&[u8]>) -> bool {
-    match (aki, ski) {
-        (Some(a), Some(s)) => a == s,
-        _ => true,
-    }
-}
-
-/// The subject CN if there is exactly one and it is a text string; several
-/// CNs are ambiguous and are not used for naming.
-pub(super) fn single_common_name<'a>(name: &'a X509Name<'_>) -> Option<&'a str> {
-    let mut cns = name.iter_common_name();
-    let first = cns.next()?;
-    if cns.next().is_some() {
-        return None;
-    }
-    first.as_str().ok()
-}
-
-/// Exact match of `robot_id` against the subject CN or a SAN dNSName/URI.
-pub(super) fn general_names_match(names: &[GeneralName<'_>], robot_id: &str) -> bool {
-    names.iter().any(|n| match n {
-        GeneralName::DNSName(s) | GeneralName::URI(s) => *s == robot_id,
-        _ => false,
-    })
-}
-
-fn names_robot(leaf: &X509Certificate<'_>, robot_id: &str) -> Result<bool, X509Error> {
-    if robot_id.is_empty() {
-        return Ok(false);
-    }
-    if single_common_name(leaf.subject()) == Some(robot_id) {
-        return Ok(true);
-    }
-    let san = leaf
-        .subject_alternative_name()
-        .map_err(|e| X509Error::Malformed(format!("subjectAltName: {e}")))?;
-    Ok(san.is_some_and(|s| general_names_match(&s.value.general_names, robot_id)))
 }
 
 #[cfg(test)]
