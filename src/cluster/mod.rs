@@ -152,7 +152,7 @@ impl Cluster {
                 .with_label_values(&["received", "frame"]),
             metrics,
             scripts: Scripts {
-                delete_if: Script::new(presence::DELETE_IF),
+                delete_if: Script::new(outbox::DELETE_IF),
                 lock: Script::new(locks::LOCK),
                 renew: Script::new(locks::RENEW),
                 locate: Script::new(presence::LOCATE),
@@ -172,6 +172,10 @@ impl Cluster {
         let mut key = self.config.prefix.clone();
         key.push_str(&parts.concat());
         key
+    }
+
+    fn presence_value(&self, conn: &str) -> String {
+        format!("{}\n{}", self.node, conn)
     }
 
     fn alive_prefix(&self) -> String {

@@ -10,7 +10,6 @@ use tokio::sync::oneshot;
 
 use super::link::Publisher;
 use super::message::{self, Control, FrameOut};
-use super::presence::DELETE_IF;
 use super::resp::Outgoing;
 use super::Cluster;
 use crate::delivery::{ConnId, Kick};
@@ -20,8 +19,13 @@ use crate::shutdown::StopSignal;
 /// (counted) rather than growing memory while Redis is slow or away.
 pub(super) const OUTBOX: usize = 65_536;
 
+/// Deletes a key only while it still holds the given value (a newer owner keeps it).
+pub(super) const DELETE_IF: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0";
+
 /// Largest pipeline the writer sends at once.
-pub(super) const BATCH: usize = 512;
+const BATCH: usize = 512;
 
 /// Largest PUBLISH payload of frames batched for one node (a bigger frame goes alone): well
 /// under Redis's pub/sub output limits, and under glibc's default mmap threshold (128 KiB)
@@ -52,6 +56,32 @@ pub(super) enum Op {
 }
 
 impl Cluster {
+    /// The robot is now verified on this node: other nodes' sockets of it are replaced.
+    /// The answer resolves once Redis holds the presence (or the write failed); None when
+    /// Redis is known to be away, so there is nothing worth waiting for.
+    pub fn presence_up(&self, robot_id: &str, conn: &ConnId) -> Option<oneshot::Receiver<()>> {
+        let (written, answer) = oneshot::channel();
+        self.enqueue(
+            Op::PresenceUp {
+                robot_id: robot_id.to_string(),
+                conn: conn.clone(),
+                written: Some(written),
+            },
+            "presence",
+        );
+        self.is_healthy().then_some(answer)
+    }
+
+    pub fn presence_down(&self, robot_id: &str, conn: &ConnId) {
+        self.enqueue(
+            Op::PresenceDown {
+                robot_id: robot_id.to_string(),
+                conn: conn.clone(),
+            },
+            "presence",
+        );
+    }
+
     pub(super) fn enqueue(&self, op: Op, kind: &'static str) {
         if self.try_enqueue(op) {
             self.metrics

@@ -5,16 +5,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use redis::AsyncCommands;
-use tokio::sync::oneshot;
 
-use super::outbox::Op;
 use super::{parse_presence, Cluster, ClusterError, RemoteRobot};
-use crate::delivery::ConnId;
 
-/// Deletes a key only while it still holds the given value (a newer owner keeps it).
-pub(super) const DELETE_IF: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0";
+/// Robots written per pipeline when this node writes its presence again after a lapse.
+const REASSERT_BATCH: usize = 512;
+use crate::delivery::ConnId;
 
 /// Writes a robot's presence unless another node has written a newer one.
 pub(super) const SET_UNLESS_ELSEWHERE: &str = r"
@@ -33,36 +29,6 @@ if node and redis.call('EXISTS', ARGV[1] .. node) == 1 then return v end
 return false";
 
 impl Cluster {
-    /// The robot is now verified on this node: other nodes' sockets of it are replaced.
-    /// The answer resolves once Redis holds the presence (or the write failed); None when
-    /// Redis is known to be away, so there is nothing worth waiting for.
-    pub fn presence_up(&self, robot_id: &str, conn: &ConnId) -> Option<oneshot::Receiver<()>> {
-        let (written, answer) = oneshot::channel();
-        self.enqueue(
-            Op::PresenceUp {
-                robot_id: robot_id.to_string(),
-                conn: conn.clone(),
-                written: Some(written),
-            },
-            "presence",
-        );
-        self.is_healthy().then_some(answer)
-    }
-
-    pub fn presence_down(&self, robot_id: &str, conn: &ConnId) {
-        self.enqueue(
-            Op::PresenceDown {
-                robot_id: robot_id.to_string(),
-                conn: conn.clone(),
-            },
-            "presence",
-        );
-    }
-
-    pub(super) fn presence_value(&self, conn: &str) -> String {
-        format!("{}\n{}", self.node, conn)
-    }
-
     /// The node and socket of a robot online on another node whose lease is alive.
     pub async fn locate(&self, robot_id: &str) -> Result<Option<RemoteRobot>, ClusterError> {
         let mut conn = self.conn.clone();
@@ -119,7 +85,7 @@ impl Cluster {
 
     /// Writes the presence of every robot connected here (after a lapse).
     pub async fn assert_presence(&self, robots: &[(String, ConnId)]) -> Result<(), ClusterError> {
-        for chunk in robots.chunks(super::outbox::BATCH) {
+        for chunk in robots.chunks(REASSERT_BATCH) {
             let mut pipe = redis::pipe();
             for (robot_id, conn) in chunk {
                 // A robot that moved to another node meanwhile keeps its newer entry.

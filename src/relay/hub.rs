@@ -6,10 +6,10 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use super::presence::ConnKind;
 use super::routing::Router;
 use super::table::{
-    EndedSession, FrameShare, GrantScope, HubLimits, OpenSession, Route, SessionOpened, State,
+    ConnKind, EndedSession, FrameShare, GrantScope, HubLimits, OpenSession, Route, SessionOpened,
+    State,
 };
 use super::RelayError;
 use crate::cluster::{MirrorSession, RemoteRobot};

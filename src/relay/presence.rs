@@ -6,22 +6,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use super::hub::Hub;
+use super::table::{ConnEntry, ConnKind};
 use crate::cluster::Control;
 use crate::delivery::{ConnId, Kick, Mailbox};
-
-/// What a socket is, once known.
-#[derive(Debug, Clone)]
-pub(super) enum ConnKind {
-    Pending,
-    /// A verified robot and the revocation entries of the credential it proved.
-    Robot {
-        robot_id: String,
-        credentials: Vec<String>,
-    },
-    Client {
-        token_id: Option<String>,
-    },
-}
 
 /// How a socket proved who it is, for checking it again (see [`Presence::local_logins`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,14 +18,6 @@ pub enum LoggedInWith {
         credentials: Vec<String>,
     },
     Token(String),
-}
-
-pub(super) struct ConnEntry {
-    pub(super) kind: ConnKind,
-    pub(super) sessions: HashSet<String>,
-    /// Session ids claimed besides its own connection id, live or within the grace period
-    /// (at most the per-socket session limit): what its detach must release.
-    pub(super) claimed: Vec<String>,
 }
 
 /// A robot registered by [`Presence::robot_verified`].

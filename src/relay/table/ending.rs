@@ -6,10 +6,9 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::{Ended, GrantScope, Session, State};
+use super::{ConnEntry, ConnKind, Ended, GrantScope, Session, State};
 use crate::delivery::ConnId;
 use crate::messages;
-use crate::relay::presence::{ConnEntry, ConnKind};
 use crate::store::Role;
 
 /// A session that ended: its record must be closed, then `notices` delivered by the router

@@ -11,7 +11,6 @@ mod ending;
 
 pub use ending::EndedSession;
 
-use super::presence::ConnEntry;
 use super::RelayError;
 use crate::cluster::MirrorSession;
 use crate::delivery::{ConnId, Sender};
@@ -43,6 +42,29 @@ impl Default for HubLimits {
             viewers_per_robot: 12,
         }
     }
+}
+
+/// What a socket is, once known.
+#[derive(Debug, Clone)]
+pub(in crate::relay) enum ConnKind {
+    Pending,
+    /// A verified robot and the revocation entries of the credential it proved.
+    Robot {
+        robot_id: String,
+        credentials: Vec<String>,
+    },
+    Client {
+        token_id: Option<String>,
+    },
+}
+
+/// A socket of this node: what it is, its sessions and the ids it claimed.
+pub(in crate::relay) struct ConnEntry {
+    pub(in crate::relay) kind: ConnKind,
+    pub(in crate::relay) sessions: HashSet<String>,
+    /// Session ids claimed besides its own connection id, live or within the grace period
+    /// (at most the per-socket session limit): what its detach must release.
+    pub(in crate::relay) claimed: Vec<String>,
 }
 
 /// A session that ended within the grace period: who its ends were, and whose it was (its

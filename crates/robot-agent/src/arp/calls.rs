@@ -40,8 +40,15 @@ struct Call {
     cancel: watch::Receiver<bool>,
 }
 
+impl Conn {
+    /// `arp.callTool`: admits a call; its response is sent by the call's task (`Ok(None)`).
+    pub(super) fn call_tool(&self, id: &Value, params: &Value) -> Result<Option<Value>, ArpError> {
+        start(self, id, params)
+    }
+}
+
 /// Admits a call; its response is sent by the call's task (`Ok(None)`).
-pub(super) fn start(conn: &Conn, id: &Value, params: &Value) -> Result<Option<Value>, ArpError> {
+fn start(conn: &Conn, id: &Value, params: &Value) -> Result<Option<Value>, ArpError> {
     let p: CallParams = parse(params)?;
     let arguments = p.arguments.unwrap_or_else(|| json!({}));
     if !arguments.is_object() {

@@ -401,7 +401,7 @@ impl Conn {
                 let tools: Vec<Value> = self.server.tools().iter().map(|t| t.to_json()).collect();
                 Ok(Some(json!({ "tools": tools })))
             }
-            method::CALL_TOOL => super::calls::start(self, id, params),
+            method::CALL_TOOL => self.call_tool(id, params),
             method::CANCEL_TOOL => self.cancel(params).map(Some),
             method::LIST_CONTEXT => Ok(Some(json!({ "sources": self.server.context_sources() }))),
             method::SUBSCRIBE_CONTEXT => self.subscribe(params).map(Some),
