@@ -20,6 +20,7 @@ pub fn router(state: SharedState) -> Router {
     Router::new()
         .merge(api::router())
         .merge(crate::ws::router())
+        .merge(crate::arp::router())
         .merge(crate::console::router())
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
         .method_not_allowed_fallback(|| async {

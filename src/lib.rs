@@ -12,6 +12,8 @@
 //!   [`shutdown::StopSignal`].
 //! - [`api`]: the HTTP API (admin, enrollment, health, metrics).
 //! - [`ws`]: the `/ws` endpoint: socket loop and the signalling protocol.
+//! - [`arp`]: the ARP gateway, `/v1/robots/{id}/arp`: programs drive robots under the same
+//!   rules as people, every call on record.
 //! - [`relay`]: presence, sessions and message delivery between sockets.
 //! - [`delivery`]: each socket's bounded queue on this node, and kicks.
 //! - [`cluster`]: several nodes on one Redis (presence, the bus between nodes, control locks).
@@ -26,6 +28,7 @@
 pub mod admission;
 pub mod api;
 pub mod app;
+pub mod arp;
 pub mod auth;
 pub mod clock;
 pub mod cluster;

@@ -8,6 +8,66 @@ use signalling_protocol::{
     WelcomePayload, PROTOCOL_VERSION, SUPPORTED_VERSIONS,
 };
 
+/// Now, as an envelope's `timestamp` (RFC 3339, UTC, milliseconds).
+pub fn timestamp() -> String {
+    let now = time::OffsetDateTime::now_utc();
+    format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
+        now.year(),
+        u8::from(now.month()),
+        now.day(),
+        now.hour(),
+        now.minute(),
+        now.second(),
+        now.millisecond()
+    )
+}
+
+/// The envelope type that carries ARP frames on a robot's signalling socket.
+pub const ARP_FRAME: &str = "arp.frame";
+
+/// Key of `register.metadata` by which a robot declares the ARP version it serves.
+pub const ARP_METADATA: &str = "arp";
+
+/// An `arp.frame` for the robot: one ARP JSON-RPC frame of session `connection_id`, with
+/// who calls in `meta.session` (docs/protocol.md, "ARP sessions").
+pub fn arp_frame(connection_id: &str, frame: Value, subject: &str, role: Role) -> String {
+    serde_json::json!({
+        "type": ARP_FRAME,
+        "version": PROTOCOL_VERSION,
+        "id": uuid::Uuid::new_v4().to_string(),
+        "timestamp": timestamp(),
+        "payload": { "connectionId": connection_id, "frame": frame },
+        "meta": { "session": { "subject": subject, "role": role.as_str() } },
+    })
+    .to_string()
+}
+
+/// The frames that e-stop a robot from the API, on `subject`'s word: an `arp.emergencyStop`
+/// notification in a session of its own, then that session's end.
+pub fn arp_emergency_stop(subject: &str) -> [String; 2] {
+    let connection_id = format!("estop-{}", uuid::Uuid::new_v4());
+    let stop = serde_json::json!({
+        "jsonrpc": "2.0",
+        "method": "arp.emergencyStop",
+        "params": { "reason": format!("emergency stop from the API by {subject}") },
+    });
+    [
+        arp_frame(&connection_id, stop, subject, Role::Owner),
+        disconnected(&connection_id, Some("closed")),
+    ]
+}
+
+/// What a session carries: WebRTC signalling between a browser and the robot (teleop), or
+/// the ARP frames of a program through the gateway (docs/protocol.md, "ARP sessions").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionKind {
+    #[default]
+    Teleop,
+    Arp,
+}
+
 /// Which cap on viewing sessions an offer ran into.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -22,7 +22,7 @@ use crate::metrics::Metrics;
 use crate::pki::{CertificateAuthority, TrustStore};
 use crate::relay::Peers;
 use crate::state::{AppState, Components, SharedState};
-use crate::store::{Store, StoreError};
+use crate::store::{AuditLog, Store, StoreError};
 use crate::tasks::{self, Tasks};
 
 #[derive(Debug, thiserror::Error)]
@@ -231,11 +231,14 @@ impl Server {
             addr: config.listen,
             source,
         })?;
+        let (audit, audit_writer) = AuditLog::new(store.clone());
+        tasks.spawn("audit-writer", move |stop| audit_writer.run(stop));
         let state = Arc::new(AppState::new(Components {
             config,
             node_id,
             store,
             metrics,
+            audit,
             clients,
             identity,
             ice,

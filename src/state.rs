@@ -14,7 +14,7 @@ use crate::ice::IceConfig;
 use crate::identity::Identity;
 use crate::metrics::Metrics;
 use crate::relay::{self, HubLimits, Presence, Sessions};
-use crate::store::Store;
+use crate::store::{AuditLog, Store};
 
 pub struct AppState {
     pub config: Config,
@@ -27,6 +27,8 @@ pub struct AppState {
     /// A session's life and its messages (the relay's second door).
     pub sessions: Sessions,
     pub metrics: Metrics,
+    /// What programs did to robots, on record (the ARP gateway, e-stops).
+    pub audit: AuditLog,
     pub clients: ClientAuthenticator,
     pub identity: Identity,
     pub ice: IceConfig,
@@ -47,6 +49,7 @@ pub struct Components {
     pub node_id: String,
     pub store: Store,
     pub metrics: Metrics,
+    pub audit: AuditLog,
     pub clients: ClientAuthenticator,
     pub identity: Identity,
     pub ice: IceConfig,
@@ -84,6 +87,7 @@ impl AppState {
             presence,
             sessions,
             metrics: parts.metrics,
+            audit: parts.audit,
             clients: parts.clients,
             identity: parts.identity,
             ice: parts.ice,

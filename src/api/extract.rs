@@ -87,3 +87,47 @@ impl FromRequestParts<SharedState> for Client {
         Ok(Client(identity))
     }
 }
+
+/// Who may read a robot's records or stop it from the API: the admin, or a client holding
+/// the owner's grant on it.
+pub enum OwnerOrAdmin {
+    Admin,
+    Owner(ClientIdentity),
+}
+
+impl OwnerOrAdmin {
+    /// The subject to put on record.
+    pub fn subject(&self) -> &str {
+        match self {
+            OwnerOrAdmin::Admin => "admin",
+            OwnerOrAdmin::Owner(who) => &who.subject,
+        }
+    }
+
+    pub async fn check(
+        state: &SharedState,
+        headers: &axum::http::HeaderMap,
+        robot_id: &str,
+    ) -> Result<OwnerOrAdmin, ApiError> {
+        let token = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim)
+            .ok_or_else(|| ApiError::Unauthorized("bearer token required".into()))?;
+        let presented = sha256_hex(token.as_bytes());
+        if constant_time_eq(presented.as_bytes(), state.admin_token_hash.as_bytes()) {
+            return Ok(OwnerOrAdmin::Admin);
+        }
+        let identity = state
+            .clients
+            .authenticate(token, crate::store::now_ms())
+            .await?;
+        match state.store.grant(robot_id, &identity.subject).await? {
+            Some(crate::store::Role::Owner) => Ok(OwnerOrAdmin::Owner(identity)),
+            _ => Err(ApiError::Forbidden(format!(
+                "only robot {robot_id}'s owners and the admin may do this"
+            ))),
+        }
+    }
+}

@@ -1,5 +1,7 @@
 //! The HTTP API (contract section 2): admin resources, enrollment, health and metrics.
 
+mod audit;
+mod emergency;
 mod enroll;
 mod error;
 mod extract;
@@ -35,6 +37,8 @@ pub fn router() -> Router<SharedState> {
             post(robots::new_enrollment_token),
         )
         .route("/v1/robots/{id}/revoke", post(robots::revoke))
+        .route("/v1/robots/{id}/audit", get(audit::list))
+        .route("/v1/robots/{id}/emergency-stop", post(emergency::stop))
         .route("/v1/robots/{id}/grants", get(robots::grants))
         .route(
             "/v1/robots/{id}/grants/{subject}",

@@ -10,7 +10,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use super::error::ErrorBody;
-use super::{enroll, me, robots, sessions, tokens, views};
+use super::{audit, emergency, enroll, me, robots, sessions, tokens, views};
 
 struct Security;
 
@@ -59,6 +59,8 @@ impl Modify for Security {
         tokens::list,
         tokens::revoke,
         sessions::list,
+        audit::list,
+        emergency::stop,
         me::me,
         me::robots,
     ),

@@ -12,7 +12,7 @@ use axum::extract::ws::Utf8Bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::delivery::{ConnId, Kick};
-use crate::messages::ViewerCap;
+use crate::messages::{SessionKind, ViewerCap};
 use crate::store::Role;
 
 /// A session as the robot's node learns of it from the client's node, with the offer.
@@ -29,6 +29,9 @@ pub struct MirrorSession {
     /// The offer's message id, so that a refusal can name it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub offer_id: Option<String>,
+    /// Teleop (absent, from older nodes) or ARP.
+    #[serde(default)]
+    pub kind: SessionKind,
 }
 
 /// Why the robot's node refused a session.
@@ -38,6 +41,8 @@ pub enum Refusal {
     #[default]
     ConnectionIdInUse,
     TooManyViewers(ViewerCap),
+    /// An ARP session with a robot that did not declare ARP when it registered.
+    ArpUnsupported,
 }
 
 /// A control message between nodes.
@@ -70,6 +75,8 @@ pub enum Control {
     KickRobot { robot_id: String, reason: Kick },
     /// Broadcast: close the sockets that logged in with this token.
     KickToken { token_id: String },
+    /// Broadcast: the node of this robot e-stops it, on `subject`'s word.
+    EmergencyStop { robot_id: String, subject: String },
     /// Broadcast: close robots that proved one of these revoked credentials.
     KickCredentials {
         credentials: Vec<String>,
@@ -101,6 +108,7 @@ impl Control {
             Control::Kick { .. } => "kick",
             Control::KickRobot { .. } => "kick_robot",
             Control::KickToken { .. } => "kick_token",
+            Control::EmergencyStop { .. } => "emergency_stop",
             Control::KickCredentials { .. } => "kick_credentials",
             Control::EndSessionsOf { .. } => "end_sessions_of",
             Control::NodeLeaving => "node_leaving",

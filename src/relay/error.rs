@@ -36,6 +36,13 @@ pub enum RelayError {
     /// place a robot has (its agent serves a bounded number of sessions).
     #[error("too many viewing sessions with robot {robot_id} ({})", per.as_str())]
     TooManyViewers { robot_id: String, per: ViewerCap },
+    /// An ARP session with a robot that did not declare ARP when it registered: no ARP
+    /// frame ever reaches it.
+    #[error("robot {0} does not serve ARP")]
+    ArpUnsupported(String),
+    /// A message of one kind of session naming a session of the other kind.
+    #[error("session {0} is not of this kind")]
+    WrongSessionKind(String),
     /// The sender has its share of the receiver's queue filled: it must slow down (the
     /// receiver is left alone).
     #[error("too much relayed to that peer at once; slow down")]
@@ -82,6 +89,12 @@ impl RelayError {
                 json!({ "reason": "too_many_viewers", "robotId": robot_id, "per": per.as_str() })
             }
             RelayError::Throttled => json!({ "reason": "relay_throttled" }),
+            RelayError::ArpUnsupported(robot) => {
+                json!({ "reason": "arp_unsupported", "robotId": robot })
+            }
+            RelayError::WrongSessionKind(id) => {
+                json!({ "reason": "wrong_session_kind", "connectionId": id })
+            }
         };
         match value {
             Value::Object(map) => map,
@@ -94,6 +107,8 @@ impl RelayError {
 pub enum SessionError {
     #[error(transparent)]
     Relay(#[from] RelayError),
+    #[error("no grant for robot {0}")]
+    NoGrant(String),
     #[error(transparent)]
     Store(#[from] StoreError),
 }

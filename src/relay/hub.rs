@@ -40,6 +40,11 @@ impl Hub {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// How many cuts of access this node has seen (see `Presence::access_cuts`).
+    pub(super) fn access_cuts(&self) -> u64 {
+        self.state().access_cuts
+    }
+
     /// Whether the robot is connected to this node.
     pub(super) fn is_here(&self, robot_id: &str) -> bool {
         self.state().robots.contains_key(robot_id)
@@ -287,7 +292,7 @@ mod tests {
             creds: Vec<String>,
             seen: u64,
         ) -> RobotVerified {
-            self.presence.robot_verified(conn, id, creds, seen)
+            self.presence.robot_verified(conn, id, creds, false, seen)
         }
         fn set_client(&self, conn: &ConnId, token: Option<String>, seen: u64) -> bool {
             self.presence.set_client(conn, token, seen)
@@ -347,6 +352,7 @@ mod tests {
             subject: "alice".into(),
             role: Role::Operator,
             offer_id: None,
+            kind: crate::messages::SessionKind::Teleop,
         }
     }
 
@@ -357,6 +363,7 @@ mod tests {
             subject: "alice",
             role,
             offer_id: "offer-1",
+            kind: crate::messages::SessionKind::Teleop,
         }
     }
 

@@ -55,6 +55,7 @@ impl Peers {
                         Refusal::TooManyViewers(per) => {
                             RelayError::TooManyViewers { robot_id, per }
                         }
+                        Refusal::ArpUnsupported => RelayError::ArpUnsupported(robot_id),
                     };
                     self.tell(&client, &error, offer_id.as_deref());
                 }
@@ -65,6 +66,9 @@ impl Peers {
             }
             Control::KickToken { token_id } => {
                 self.presence.kick_token_here(&token_id);
+            }
+            Control::EmergencyStop { robot_id, subject } => {
+                self.presence.emergency_stop_here(&robot_id, &subject);
             }
             Control::KickCredentials {
                 credentials,
@@ -127,6 +131,7 @@ impl Peers {
                 Some(Refusal::ConnectionIdInUse)
             }
             Err(RelayError::TooManyViewers { per, .. }) => Some(Refusal::TooManyViewers(per)),
+            Err(RelayError::ArpUnsupported(_)) => Some(Refusal::ArpUnsupported),
             Err(e) => {
                 tracing::debug!(session = %mirror.session_id, error = %e, "session from another node refused");
                 None

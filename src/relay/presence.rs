@@ -8,7 +8,7 @@ use std::sync::Arc;
 use super::hub::Hub;
 use super::table::{ConnEntry, ConnKind};
 use crate::cluster::Control;
-use crate::delivery::{ConnId, Kick, Mailbox};
+use crate::delivery::{ConnId, Kick, Mailbox, Outbound};
 
 /// How a socket proved who it is, for checking it again (see [`Presence::local_logins`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,6 +96,7 @@ impl Presence {
         conn: &ConnId,
         robot_id: &str,
         credentials: Vec<String>,
+        serves_arp: bool,
         cuts_seen: u64,
     ) -> RobotVerified {
         let (replaced, cut_since) = {
@@ -105,6 +106,7 @@ impl Presence {
                 entry.kind = ConnKind::Robot {
                     robot_id: robot_id.to_string(),
                     credentials,
+                    serves_arp,
                 };
             }
             (
@@ -135,6 +137,7 @@ impl Presence {
                     ConnKind::Robot {
                         robot_id,
                         credentials,
+                        ..
                     } => LoggedInWith::Robot {
                         robot_id: robot_id.clone(),
                         credentials: credentials.clone(),
@@ -276,6 +279,46 @@ impl Presence {
             self.hub.router.kick_here(conn, reason);
         }
         conns.len()
+    }
+
+    /// E-stops the robot through its ARP server, on whichever node it is; true if it is
+    /// here and serves ARP (another node that has it does the same).
+    pub fn emergency_stop(&self, robot_id: &str, subject: &str) -> bool {
+        self.hub.router.announce(&Control::EmergencyStop {
+            robot_id: robot_id.to_string(),
+            subject: subject.to_string(),
+        });
+        self.emergency_stop_here(robot_id, subject)
+    }
+
+    /// E-stops the robot if it is connected here and declared ARP.
+    pub fn emergency_stop_here(&self, robot_id: &str, subject: &str) -> bool {
+        let robot = {
+            let state = self.hub.state();
+            state.robots.get(robot_id).cloned().filter(|conn| {
+                state.conns.get(conn).is_some_and(|entry| {
+                    matches!(
+                        entry.kind,
+                        ConnKind::Robot {
+                            serves_arp: true,
+                            ..
+                        }
+                    )
+                })
+            })
+        };
+        let Some(robot) = robot else {
+            return false;
+        };
+        tracing::warn!(robot = %robot_id, by = %subject, "emergency stop from the API");
+        for text in crate::messages::arp_emergency_stop(subject) {
+            // Past every queue limit: a stop must not wait behind a sender's share.
+            let _ = self
+                .hub
+                .router
+                .deliver_here(None, &robot, Outbound::text(text));
+        }
+        true
     }
 
     /// Asks every socket to close; returns how many were asked.

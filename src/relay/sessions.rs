@@ -125,6 +125,7 @@ impl Sessions {
                             subject: request.subject.to_string(),
                             role: request.role,
                             offer_id: Some(request.offer_id.to_string()),
+                            kind: request.kind,
                         }),
                     );
                 }
@@ -135,6 +136,50 @@ impl Sessions {
 
     pub(super) fn hub(&self) -> &Arc<Hub> {
         &self.hub
+    }
+
+    /// [`Sessions::open`] with the role `request.subject`'s grant gives (`request.role` is
+    /// ignored). A grant withdrawn or lowered after the grant was read but before the
+    /// session was registered found no session to end: the grant is read again then, and
+    /// the session ended as that change would have (`Ok(None)`: both ends were told).
+    /// Returns the robot's socket and the role.
+    pub async fn open_with_grant(
+        &self,
+        client_conn: &ConnId,
+        request: OpenSession<'_>,
+    ) -> Result<Option<(ConnId, Role)>, SessionError> {
+        // Read before the grant: see `Presence::access_cuts`.
+        let cuts_seen = self.hub.access_cuts();
+        let role = self
+            .store
+            .grant(request.robot_id, request.subject)
+            .await?
+            .ok_or_else(|| SessionError::NoGrant(request.robot_id.to_string()))?;
+        let robot_conn = self
+            .open(client_conn, OpenSession { role, ..request })
+            .await?;
+        // Counts only grow, so comparing after the session is in suffices.
+        if self.hub.access_cuts() != cuts_seen {
+            let granted = self.store.grant(request.robot_id, request.subject).await?;
+            let stands = granted.is_some_and(|granted| granted >= role);
+            self.hub.metrics.access_rechecked("offer", stands);
+            if !stands {
+                let reason = match granted {
+                    Some(_) => EndReason::GrantChanged,
+                    None => EndReason::GrantRevoked,
+                };
+                self.end_for_subject_here(
+                    request.robot_id,
+                    request.subject,
+                    granted,
+                    reason,
+                    GrantScope::Owned,
+                )
+                .await?;
+                return Ok(None);
+            }
+        }
+        Ok(Some((robot_conn, role)))
     }
 
     /// Releases the control locks of ended sessions.

@@ -4,6 +4,7 @@
 //! written once in the common dialect (`$N` placeholders, TEXT/BIGINT columns, times in unix
 //! milliseconds).
 
+mod audit;
 mod grants;
 mod group_commit;
 mod revocations;
@@ -19,6 +20,7 @@ use std::time::Duration;
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
 use sqlx::{AnyPool, Executor};
 
+pub use audit::{bounded, AuditLog, AuditQuery, AuditRecord, AuditWriter, MAX_PARAMS_BYTES};
 pub use grants::{Grant, Role};
 pub use robots::{Credential, NewRobot, RobotRecord};
 pub use sessions::{SessionFilter, SessionRecord};

@@ -62,6 +62,7 @@ impl From<SessionError> for WsError {
     fn from(e: SessionError) -> Self {
         match e {
             SessionError::Relay(e) => e.into(),
+            SessionError::NoGrant(robot) => WsError::NoGrant(robot),
             SessionError::Store(e) => e.into(),
         }
     }

@@ -77,7 +77,7 @@ impl IntoResponse for UpgradeError {
 }
 
 #[derive(Debug, Deserialize)]
-pub struct WsQuery {
+pub(crate) struct WsQuery {
     token: Option<String>,
 }
 
@@ -85,7 +85,7 @@ pub struct WsQuery {
 const BEARER_PROTOCOL: &str = "bearer.";
 
 /// Where the client put its token, if anywhere.
-fn find_token(query: &WsQuery, headers: &HeaderMap) -> (Option<String>, Option<String>) {
+pub(crate) fn find_token(query: &WsQuery, headers: &HeaderMap) -> (Option<String>, Option<String>) {
     if let Some(token) = query.token.as_deref().filter(|t| !t.is_empty()) {
         return (Some(token.to_string()), None);
     }

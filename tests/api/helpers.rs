@@ -11,6 +11,7 @@ use futures_util::{SinkExt, StreamExt};
 use ring::rand::SystemRandom;
 use ring::signature::{EcdsaKeyPair, Ed25519KeyPair, KeyPair};
 use serde_json::{json, Value};
+use signalling_protocol::arp_schema::ArpValidator;
 use signalling_protocol::schema::SchemaValidator;
 use signalling_server::{Config, Server};
 use tokio::net::TcpStream;
@@ -590,11 +591,26 @@ impl WsClient {
     /// The login sequence up to the server's verdict, which is returned unchecked: a
     /// refusal of the register itself, or the answer to the signed challenge.
     pub async fn try_prove(&mut self, robot_id: &str, signer: &dyn Signer) -> Value {
+        self.try_prove_with(robot_id, signer, json!({})).await
+    }
+
+    /// [`WsClient::try_prove`] with more `register.metadata` (e.g. `{"arp": "0.1.0"}`).
+    pub async fn try_prove_with(
+        &mut self,
+        robot_id: &str,
+        signer: &dyn Signer,
+        extra: Value,
+    ) -> Value {
         // Like robot-agent, ask for the welcome that carries TURN credentials.
         let mut payload = json!({ "agentId": robot_id, "metadata": { "wantsWelcome": true } });
         if let Some(chain) = signer.chain() {
             payload["metadata"] =
                 json!({ "certificate": chain, "model": "MR-5000", "wantsWelcome": true });
+        }
+        if let (Some(metadata), Some(extra)) =
+            (payload["metadata"].as_object_mut(), extra.as_object())
+        {
+            metadata.extend(extra.clone());
         }
         self.send(&envelope("signalling.register", Some(payload)))
             .await;
@@ -646,10 +662,45 @@ pub struct Closed {
 fn validated(text: &str) -> Value {
     let value: Value =
         serde_json::from_str(text).unwrap_or_else(|e| panic!("server sent non-JSON ({e}): {text}"));
+    if value["type"] == "arp.frame" {
+        check_arp_frame(&value);
+        return value;
+    }
     if let Err(e) = SchemaValidator::shared().validate(&value) {
         panic!("server sent a message that breaks the spec: {e}\n{value}");
     }
     value
+}
+
+/// An `arp.frame` envelope, checked against docs/protocol.md ("ARP sessions") and its frame
+/// against the ARP schema.
+pub fn check_arp_frame(value: &Value) {
+    for field in ["version", "id", "timestamp"] {
+        assert!(
+            value[field].is_string(),
+            "arp.frame without {field}: {value}"
+        );
+    }
+    let connection = value["payload"]["connectionId"].as_str().unwrap_or("");
+    assert!(
+        !connection.is_empty(),
+        "arp.frame without connectionId: {value}"
+    );
+    let session = &value["meta"]["session"];
+    assert!(
+        session["subject"].is_string(),
+        "arp.frame without meta.session.subject: {value}"
+    );
+    assert!(
+        matches!(
+            session["role"].as_str(),
+            Some("viewer" | "operator" | "owner")
+        ),
+        "arp.frame with a bad meta.session.role: {value}"
+    );
+    if let Err(e) = ArpValidator::shared().validate(&value["payload"]["frame"], None) {
+        panic!("arp.frame carries a frame that breaks the ARP schema: {e}\n{value}");
+    }
 }
 
 /// The bytes of a pki_challenge, checked against the contract: padded standard base64 of

@@ -6,6 +6,7 @@ mod helpers;
 mod abuse;
 mod abuse2;
 mod admin_api;
+mod arp_gateway;
 mod client_auth;
 mod cluster;
 mod fleet_ca;

@@ -14,7 +14,7 @@ pub use ending::EndedSession;
 use super::RelayError;
 use crate::cluster::MirrorSession;
 use crate::delivery::{ConnId, Sender};
-use crate::messages::ViewerCap;
+use crate::messages::{SessionKind, ViewerCap};
 use crate::store::Role;
 
 /// Per-socket caps and how long an ended session is remembered.
@@ -52,6 +52,8 @@ pub(in crate::relay) enum ConnKind {
     Robot {
         robot_id: String,
         credentials: Vec<String>,
+        /// It declared ARP when it registered (`register.metadata.arp`).
+        serves_arp: bool,
     },
     Client {
         token_id: Option<String>,
@@ -94,6 +96,7 @@ pub(super) struct Session {
     mirror: bool,
     /// When the client's socket went away, if the session waits to be resumed.
     orphaned: Option<Instant>,
+    kind: SessionKind,
 }
 
 /// Presence and sessions under one lock: a socket's sessions and claims change with the
@@ -123,6 +126,7 @@ pub struct OpenSession<'a> {
     pub role: Role,
     /// The offer's message id (a refusal from another node names it).
     pub offer_id: &'a str,
+    pub kind: SessionKind,
 }
 
 #[derive(Debug)]
@@ -164,6 +168,7 @@ pub struct Route {
     pub from_robot: bool,
     pub subject: Arc<str>,
     pub role: Role,
+    pub kind: SessionKind,
 }
 
 /// Which sessions a grant check covers.
@@ -233,6 +238,9 @@ impl State {
             (None, Some((conn, node))) => (conn, Some(node)),
             (None, None) => return Err(RelayError::RobotOffline(request.robot_id.to_string())),
         };
+        if request.kind == SessionKind::Arp && !self.serves_arp(&robot_conn, &remote) {
+            return Err(RelayError::ArpUnsupported(request.robot_id.to_string()));
+        }
         if request.role.may_drive() {
             self.check_control(&robot_conn, &request)?;
         } else {
@@ -254,6 +262,7 @@ impl State {
                 remote: remote.clone(),
                 mirror: false,
                 orphaned: None,
+                kind: request.kind,
             },
         );
         Ok(SessionOpened::New {
@@ -261,6 +270,17 @@ impl State {
             robot_conn,
             remote,
         })
+    }
+
+    /// Whether the robot on `robot_conn` declared ARP. A robot on another node (`remote`)
+    /// is checked by its own node, which refuses the session's mirror.
+    fn serves_arp(&self, robot_conn: &ConnId, remote: &Option<Arc<str>>) -> bool {
+        if remote.is_some() {
+            return true;
+        }
+        self.conns.get(robot_conn).is_some_and(
+            |entry| matches!(entry.kind, ConnKind::Robot { serves_arp, .. } if serves_arp),
+        )
     }
 
     /// The id ended within the grace period as another subject's session.
@@ -423,6 +443,9 @@ impl State {
         {
             return Err(RelayError::ConnectionIdInUse(mirror.session_id.clone()));
         }
+        if mirror.kind == SessionKind::Arp && !self.serves_arp(&robot_conn, &None) {
+            return Err(RelayError::ArpUnsupported(mirror.robot_id.clone()));
+        }
         if !mirror.role.may_drive() {
             self.check_viewers(&robot_conn, &mirror.robot_id, &mirror.subject)?;
         }
@@ -439,6 +462,7 @@ impl State {
                 remote: Some(Arc::from(mirror.client_node.as_str())),
                 mirror: true,
                 orphaned: None,
+                kind: mirror.kind,
             },
         );
         Ok(client_conn)
@@ -479,6 +503,7 @@ impl State {
             from_robot,
             subject: session.subject.clone(),
             role: session.role,
+            kind: session.kind,
         })
     }
 

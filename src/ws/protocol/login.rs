@@ -48,6 +48,12 @@ impl Protocol {
         {
             self.wants_welcome = true;
         }
+        self.serves_arp = payload
+            .metadata
+            .as_ref()
+            .and_then(|m| m.get(messages::ARP_METADATA))
+            .and_then(serde_json::Value::as_str)
+            == Some(signalling_protocol::arp::ARP_VERSION);
         let mut challenge = match self
             .state
             .identity
@@ -88,6 +94,7 @@ impl Protocol {
         };
         let state = &self.state;
         let conn = &self.conn;
+        let serves_arp = self.serves_arp;
         let result = async {
             let challenge = challenge.ok_or(IdentityError::NoChallenge)?;
             let cuts_seen = challenge.access_cuts_seen;
@@ -104,6 +111,7 @@ impl Protocol {
                 conn,
                 &verified.robot_id,
                 verified.credentials.clone(),
+                serves_arp,
                 cuts_seen,
             );
             // A cut came between the check and the registration, and may have missed

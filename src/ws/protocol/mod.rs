@@ -15,7 +15,7 @@ use super::error::WsError;
 use super::legacy;
 use crate::auth::ClientIdentity;
 use crate::identity::{Challenge, IdentityError};
-use crate::messages;
+use crate::messages::{self, ARP_FRAME};
 use crate::relay::ConnId;
 use crate::state::SharedState;
 
@@ -111,6 +111,8 @@ pub struct Protocol {
     /// A token-less socket asked for welcomes (`ready`, or `register` with
     /// `metadata.wantsWelcome`): it gets a fresh one, with TURN credentials, once verified.
     wants_welcome: bool,
+    /// The robot declared ARP when it registered (`register.metadata.arp`).
+    serves_arp: bool,
     /// The client speaks Modulr's older flat dialect (see `legacy`): its replies are
     /// rendered flat by the writer.
     pub legacy: bool,
@@ -138,6 +140,7 @@ impl Protocol {
             token_deadline,
             replies: Vec::new(),
             wants_welcome: false,
+            serves_arp: false,
             legacy: false,
             credentials_issued: None,
         }
@@ -307,6 +310,9 @@ impl Protocol {
             Err(e) => return Err((e.into(), raw_id(text))),
         };
         let id = envelope.id.clone();
+        if envelope.kind == ARP_FRAME {
+            return self.arp_frame(text, &envelope).map_err(|e| (e, Some(id)));
+        }
         self.dispatch(envelope, received)
             .await
             .map_err(|e| (e, Some(id)))

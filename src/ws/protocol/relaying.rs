@@ -4,11 +4,12 @@
 use std::time::Instant;
 
 use axum::extract::ws::Utf8Bytes;
-use signalling_protocol::{DisconnectReason, ProtocolError, Relayed, RelayedKind};
+use signalling_protocol::{DisconnectReason, Envelope, ProtocolError, Relayed, RelayedKind, Role};
 
 use super::{Forward, Peer, Protocol, Relay};
+use crate::messages::{SessionKind, ARP_FRAME};
 use crate::relay::{
-    ConnId, DeliveryError, EndReason, GrantScope, OpenSession, Outbound, RelayError, Route, Sender,
+    ConnId, DeliveryError, EndReason, OpenSession, Outbound, RelayError, Route, Sender,
 };
 use crate::ws::error::WsError;
 
@@ -71,53 +72,26 @@ impl Protocol {
             )
             .into());
         }
-        // Read before the grant: see `Presence::access_cuts`.
-        let cuts_seen = self.state.presence.access_cuts();
-        let role = self
-            .state
-            .store
-            .grant(robot_id, &identity.subject)
-            .await?
-            .ok_or_else(|| WsError::NoGrant(robot_id.to_string()))?;
-        let robot_conn = self
+        let opened = self
             .state
             .sessions
-            .open(
+            .open_with_grant(
                 &self.conn,
                 OpenSession {
                     session_id,
                     robot_id,
                     subject: &identity.subject,
-                    role,
+                    // The grant's, read by `open_with_grant`.
+                    role: Role::Viewer,
                     offer_id: forward.id(),
+                    kind: SessionKind::Teleop,
                 },
             )
             .await?;
-        // A grant withdrawn or lowered after the read above, before the session was in the
-        // hub, found no session to end: read it again and end the session as that change
-        // would have. Counts only grow, so comparing after the session is in suffices.
-        if self.state.presence.access_cuts() != cuts_seen {
-            let granted = self.state.store.grant(robot_id, &identity.subject).await?;
-            let stands = granted.is_some_and(|granted| granted >= role);
-            self.state.metrics.access_rechecked("offer", stands);
-            if !stands {
-                let reason = match granted {
-                    Some(_) => EndReason::GrantChanged,
-                    None => EndReason::GrantRevoked,
-                };
-                self.state
-                    .sessions
-                    .end_for_subject_here(
-                        robot_id,
-                        &identity.subject,
-                        granted,
-                        reason,
-                        GrantScope::Owned,
-                    )
-                    .await?;
-                return Ok(());
-            }
-        }
+        // Ended at once: a grant withdrawn or lowered meanwhile; both ends were told.
+        let Some((robot_conn, role)) = opened else {
+            return Ok(());
+        };
         let metrics = self.state.metrics.relay(forward.kind());
         let text = forward.into_robot(&identity.subject, role);
         let share = Sender {
@@ -203,6 +177,10 @@ impl Protocol {
             }
             Err(e) => return Err(e.into()),
         };
+        // An ARP session carries `arp.frame`s; only its end is said the usual way.
+        if route.kind == SessionKind::Arp && !matches!(kind, Relay::Ends(_)) {
+            return Err(RelayError::WrongSessionKind(session_id.to_string()).into());
+        }
         if matches!(kind, Relay::FromRobot) && !route.from_robot {
             return Err(WsError::Forbidden {
                 reason: "wrong_direction",
@@ -210,6 +188,43 @@ impl Protocol {
             });
         }
         Ok(Some(route))
+    }
+
+    /// An `arp.frame` from a robot: one ARP frame of one of its gateway sessions, passed on
+    /// unchanged to the gateway connection at the other end (docs/protocol.md, "ARP
+    /// sessions"). Late frames of an ended session are dropped quietly.
+    pub(super) fn arp_frame(&self, text: &str, envelope: &Envelope) -> Result<(), WsError> {
+        if !matches!(self.peer, Peer::Robot { .. }) {
+            return Err(WsError::Forbidden {
+                reason: "robots_only",
+                message: "arp.frame is sent by robots; programs use /v1/robots/{robotId}/arp",
+            });
+        }
+        let session_id = envelope
+            .payload
+            .as_ref()
+            .and_then(|p| p.get("connectionId"))
+            .and_then(serde_json::Value::as_str)
+            .ok_or_else(|| {
+                ProtocolError::InvalidPayload("arp.frame needs payload.connectionId".into())
+            })?;
+        let route = match self.state.sessions.route(&self.conn, session_id) {
+            Ok(route) => route,
+            Err(RelayError::Ended(_) | RelayError::UnknownSession(_)) => {
+                self.late(ARP_FRAME);
+                return Ok(());
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if route.kind != SessionKind::Arp {
+            return Err(RelayError::WrongSessionKind(session_id.to_string()).into());
+        }
+        let share = Sender {
+            share: &self.conn,
+            viewer: false,
+        };
+        let text = Utf8Bytes::from(text.to_string());
+        self.deliver(&route.target, share, session_id, None, text, Instant::now())
     }
 
     /// Counts a late message about a session that is over; nothing to relay.

@@ -1,0 +1,654 @@
+//! One program's gateway connection: one task that reads the program's frames, applies the
+//! rules, forwards them to the robot as `arp.frame`s of its session, and writes back what
+//! the robot (or the server, for the session's end) sends. Writes to the program have a
+//! deadline, so a program that stops reading cannot hold the task.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{json, Value};
+use signalling_protocol::arp::{method, reason, ArpCode};
+use signalling_protocol::Role;
+use tracing::Instrument;
+
+use super::rules;
+use crate::admission::Permit;
+use crate::auth::ClientIdentity;
+use crate::messages::{SessionKind, ARP_FRAME};
+use crate::rate_limit::RateLimiter;
+use crate::relay::{
+    ConnId, DeliveryError, Kick, Mailbox, OpenSession, Outbound, RelayError, Sender, SessionError,
+};
+use crate::state::SharedState;
+use crate::store::{bounded, AuditRecord, MAX_PARAMS_BYTES};
+
+/// How long a write to the program may take before the connection is given up.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Starts the connection's task (from axum's upgrade task, which ends right after).
+pub fn start(
+    state: SharedState,
+    socket: WebSocket,
+    identity: ClientIdentity,
+    robot_id: String,
+    cuts_seen: u64,
+    permit: Permit,
+) {
+    let conn: ConnId = Arc::from(format!("arp-{}", uuid::Uuid::new_v4()));
+    let span = tracing::info_span!("arp", conn = %conn, robot = %robot_id);
+    let task = async move {
+        let _permit = permit;
+        let _guard = state.socket_guard();
+        let (mailbox, mut inbox) = Mailbox::new(state.config.queue_limits());
+        state.presence.attach(conn.clone(), mailbox);
+        if state
+            .presence
+            .set_client(&conn, identity.token_id.clone(), cuts_seen)
+        {
+            // A revocation overlapped the login: check the token again, failing closed.
+            if let Some(token_id) = &identity.token_id {
+                let withdrawn = state
+                    .store
+                    .client_token_withdrawn(token_id)
+                    .await
+                    .unwrap_or(true);
+                if withdrawn {
+                    state.presence.kick(&conn, Kick::TokenRevoked);
+                }
+            }
+        }
+        tracing::info!(subject = %identity.subject, "program connected to the ARP gateway");
+        let mut gateway = Gateway::new(state.clone(), conn.clone(), identity, robot_id);
+        gateway.run(socket, &mut inbox).await;
+        gateway.finish();
+        state.sessions.detach(&conn, false).await;
+    };
+    tokio::spawn(task.instrument(span));
+}
+
+/// A request of the program the robot has not answered yet.
+struct Pending {
+    method: String,
+    started: Instant,
+    /// For a tool call: its record, completed when the answer comes.
+    record: Option<AuditRecord>,
+}
+
+/// Why the loop ended, and what to tell the program.
+enum Ending {
+    /// The program closed, or its socket failed.
+    Program,
+    /// Kicked (token revoked, shutdown, ...).
+    Kicked(Kick),
+    /// The session ended on the server's side (grant withdrawn, robot gone, ...).
+    SessionEnded(String),
+    /// A write to the program failed or took too long.
+    WriteFailed,
+}
+
+struct Gateway {
+    state: SharedState,
+    conn: ConnId,
+    subject: String,
+    robot_id: String,
+    /// The role the session opened with (the grant's); before that, viewer.
+    role: Role,
+    token_expires_at: Option<i64>,
+    /// The robot's socket, once `arp.initialize` opened the session.
+    robot: Option<ConnId>,
+    /// The id of the `arp.initialize` waiting for the robot.
+    initializing: Option<Value>,
+    /// The program said it answers confirmations itself.
+    confirms_itself: bool,
+    pending: HashMap<String, Pending>,
+    calls: RateLimiter,
+    /// Frames for the program, written by the loop in order.
+    out: Vec<String>,
+}
+
+impl Gateway {
+    fn new(state: SharedState, conn: ConnId, identity: ClientIdentity, robot_id: String) -> Self {
+        Gateway {
+            state,
+            conn,
+            subject: identity.subject,
+            robot_id,
+            role: Role::Viewer,
+            token_expires_at: identity.expires_at,
+            robot: None,
+            initializing: None,
+            confirms_itself: false,
+            pending: HashMap::new(),
+            calls: RateLimiter::new(rules::CALLS_PER_SECOND, rules::CALL_BURST, Instant::now()),
+            out: Vec::new(),
+        }
+    }
+
+    async fn run(&mut self, socket: WebSocket, inbox: &mut crate::relay::MailboxReceiver) {
+        let (mut sink, mut stream) = socket.split();
+        let expiry = self.token_expires_at.map(|at| {
+            let left = (at - crate::store::now_ms()).max(0) as u64;
+            tokio::time::Instant::now() + Duration::from_millis(left)
+        });
+        let ending = loop {
+            let event = tokio::select! {
+                biased;
+                kick = inbox.kick.kicked() => Err(Ending::Kicked(kick)),
+                _ = sleep_until_opt(expiry) => Err(Ending::Kicked(Kick::TokenRevoked)),
+                frame = inbox.queue.recv() => match frame {
+                    Some(Outbound::Text(text)) => Ok(self.robot_side(&text)),
+                    Some(Outbound::Ping) => Ok(None),
+                    None => Err(Ending::Program),
+                },
+                message = stream.next() => match message {
+                    Some(Ok(Message::Text(text))) => Ok(self.program_frame(text.as_str()).await),
+                    Some(Ok(Message::Binary(_))) => {
+                        let error = rules::error(&Value::Null, ArpCode::InvalidRequest, "binary frames are not JSON-RPC; send text", None);
+                        self.out.push(error.to_string());
+                        Ok(None)
+                    }
+                    Some(Ok(Message::Ping(_) | Message::Pong(_))) => Ok(None),
+                    Some(Ok(Message::Close(_))) | Some(Err(_)) | None => Err(Ending::Program),
+                },
+            };
+            let ended = match event {
+                Ok(ended) => ended,
+                Err(ending) => break ending,
+            };
+            if !self.flush(&mut sink).await {
+                break Ending::WriteFailed;
+            }
+            if let Some(ending) = ended {
+                break ending;
+            }
+        };
+        self.close(&mut sink, ending).await;
+    }
+
+    /// Writes what is waiting for the program, within the write deadline.
+    async fn flush(
+        &mut self,
+        sink: &mut futures_util::stream::SplitSink<WebSocket, Message>,
+    ) -> bool {
+        if self.out.is_empty() {
+            return true;
+        }
+        let frames = std::mem::take(&mut self.out);
+        let write = async {
+            for frame in frames {
+                sink.feed(Message::Text(Utf8Bytes::from(frame))).await?;
+            }
+            sink.flush().await
+        };
+        matches!(tokio::time::timeout(WRITE_TIMEOUT, write).await, Ok(Ok(())))
+    }
+
+    /// Answers what is still pending, then closes the program's socket.
+    async fn close(
+        &mut self,
+        sink: &mut futures_util::stream::SplitSink<WebSocket, Message>,
+        ending: Ending,
+    ) {
+        let (code, text, cause) = match &ending {
+            Ending::Program | Ending::WriteFailed => return,
+            Ending::Kicked(kick) => {
+                let (code, text) = kick.close_frame();
+                (code, text.to_string(), text.to_string())
+            }
+            Ending::SessionEnded(cause) => (1000, format!("session ended: {cause}"), cause.clone()),
+        };
+        for (id, _) in std::mem::take(&mut self.pending) {
+            let id: Value = serde_json::from_str(&id).unwrap_or(Value::Null);
+            let error = rules::error(
+                &id,
+                ArpCode::InternalError,
+                "the session ended before the robot answered",
+                Some(json!({ "reason": "session_ended", "cause": cause })),
+            );
+            self.out.push(error.to_string());
+        }
+        if self.flush(sink).await {
+            let frame = CloseFrame {
+                code,
+                reason: Utf8Bytes::from(bounded(&text, 120)),
+            };
+            let _ =
+                tokio::time::timeout(WRITE_TIMEOUT, sink.send(Message::Close(Some(frame)))).await;
+        }
+    }
+
+    /// Calls that never got an answer are on record too.
+    fn finish(&mut self) {
+        for (_, pending) in self.pending.drain() {
+            if let Some(mut record) = pending.record {
+                record.outcome = "unanswered".into();
+                record.duration_ms = Some(pending.started.elapsed().as_millis() as i64);
+                self.state.audit.record(record);
+            }
+        }
+    }
+
+    /// One frame from the program. Returns an ending when the connection must close.
+    async fn program_frame(&mut self, text: &str) -> Option<Ending> {
+        let value: Value = match serde_json::from_str(text) {
+            Ok(value) => value,
+            Err(e) => {
+                let error = rules::error(
+                    &Value::Null,
+                    ArpCode::ParseError,
+                    &format!("not JSON: {e}"),
+                    None,
+                );
+                self.out.push(error.to_string());
+                return None;
+            }
+        };
+        let Value::Object(frame) = &value else {
+            let message = if value.is_array() {
+                "batches are not supported: send one request per frame"
+            } else {
+                "a JSON-RPC message is an object"
+            };
+            let error = rules::error(&Value::Null, ArpCode::InvalidRequest, message, None);
+            self.out.push(error.to_string());
+            return None;
+        };
+        let id = frame.get("id").cloned();
+        let Some(method) = frame.get("method").and_then(Value::as_str) else {
+            // The program's answer to a request of the robot (a confirmation).
+            if self.robot.is_some() && id.is_some() {
+                self.forward(value.clone());
+            }
+            return None;
+        };
+        let method = method.to_string();
+        let id_or_null = id.clone().unwrap_or(Value::Null);
+        // Only ARP 0.1.0 reaches a robot: an unknown method or a malformed request is
+        // answered here, so the robot never reads what it does not understand.
+        if let Some(refusal) = rules::check_request(&id_or_null, &method, &value) {
+            if id.is_some() {
+                self.out.push(refusal.to_string());
+            }
+            return None;
+        }
+        if method == method::INITIALIZE {
+            return self.initialize(&id_or_null, value.clone()).await;
+        }
+        if self.robot.is_none() {
+            if id.is_some() {
+                let error = rules::error(
+                    &id_or_null,
+                    ArpCode::NotInitialized,
+                    "call arp.initialize first",
+                    None,
+                );
+                self.out.push(error.to_string());
+            }
+            return None;
+        }
+        if !rules::allowed(self.role, &method) {
+            if id.is_some() {
+                self.out
+                    .push(rules::forbidden(&id_or_null, &method, self.role).to_string());
+            }
+            return None;
+        }
+        if let Some(refusal) = self.admit(&method, &id, frame) {
+            self.out.push(refusal.to_string());
+            return None;
+        }
+        self.forward(value)
+    }
+
+    /// The limits a request must pass; the refusal, if any. An admitted request with an
+    /// id is remembered until the robot answers.
+    fn admit(
+        &mut self,
+        method: &str,
+        id: &Option<Value>,
+        frame: &serde_json::Map<String, Value>,
+    ) -> Option<Value> {
+        let id_or_null = id.clone().unwrap_or(Value::Null);
+        let is_call = method == method::CALL_TOOL;
+        if is_call {
+            if !self.calls.allow(Instant::now()) {
+                return Some(rules::rate_limited(&id_or_null, "tool calls"));
+            }
+            let running = self
+                .pending
+                .values()
+                .filter(|p| p.method == method::CALL_TOOL)
+                .count();
+            if running >= rules::CONCURRENT_CALLS {
+                return Some(rules::rate_limited(&id_or_null, "tool calls at once"));
+            }
+            if !self.state.audit.has_room() {
+                return Some(rules::internal(
+                    &id_or_null,
+                    "audit_unavailable",
+                    "the call cannot be put on record now; try again",
+                ));
+            }
+        }
+        if method == method::EMERGENCY_STOP {
+            self.state
+                .audit
+                .record(self.record("emergency_stop", None, None, "sent"));
+        }
+        let Some(id) = id else {
+            return None;
+        };
+        if self.pending.len() >= rules::PENDING_REQUESTS {
+            return Some(rules::rate_limited(
+                &id_or_null,
+                "requests waiting for an answer",
+            ));
+        }
+        let key = id.to_string();
+        if self.pending.contains_key(&key) {
+            return Some(rules::error(
+                id,
+                ArpCode::InvalidRequest,
+                "this id is already waiting for an answer",
+                None,
+            ));
+        }
+        let record = is_call.then(|| {
+            let params = frame.get("params");
+            let tool = params
+                .and_then(|p| p.get("name"))
+                .and_then(Value::as_str)
+                .map(str::to_string);
+            let arguments = params
+                .and_then(|p| p.get("arguments"))
+                .map(Value::to_string);
+            let action = if tool.as_deref() == Some("reset_emergency_stop") {
+                "reset_emergency_stop"
+            } else {
+                "tool_call"
+            };
+            let mut record = self.record(action, tool, arguments, "pending");
+            record.idempotency_key = params
+                .and_then(|p| p.get("idempotencyKey"))
+                .and_then(Value::as_str)
+                .map(|k| bounded(k, 256));
+            record
+        });
+        self.pending.insert(
+            key,
+            Pending {
+                method: method.to_string(),
+                started: Instant::now(),
+                record,
+            },
+        );
+        None
+    }
+
+    fn record(
+        &self,
+        action: &str,
+        tool: Option<String>,
+        params: Option<String>,
+        outcome: &str,
+    ) -> AuditRecord {
+        AuditRecord {
+            id: uuid::Uuid::new_v4().to_string(),
+            at: crate::store::now_ms(),
+            robot_id: self.robot_id.clone(),
+            subject: self.subject.clone(),
+            role: self.role.as_str().to_string(),
+            node: self.state.node_id.clone(),
+            action: action.to_string(),
+            tool,
+            params: params.map(|p| bounded(&p, MAX_PARAMS_BYTES)),
+            outcome: outcome.to_string(),
+            error_code: None,
+            duration_ms: None,
+            idempotency_key: None,
+            confirmed_by: None,
+            session_id: Some(self.conn.to_string()),
+        }
+    }
+
+    /// `arp.initialize`: opens the session (the grant's role, the control lock for a
+    /// driver), then passes the request on.
+    async fn initialize(&mut self, id: &Value, frame: Value) -> Option<Ending> {
+        if self.robot.is_some() || self.initializing.is_some() {
+            let error = rules::error(id, ArpCode::InvalidRequest, "already initialized", None);
+            self.out.push(error.to_string());
+            return None;
+        }
+        let opened = self
+            .state
+            .sessions
+            .open_with_grant(
+                &self.conn,
+                OpenSession {
+                    session_id: &self.conn,
+                    robot_id: &self.robot_id,
+                    subject: &self.subject,
+                    role: Role::Viewer,
+                    offer_id: "arp.initialize",
+                    kind: SessionKind::Arp,
+                },
+            )
+            .await;
+        match opened {
+            Ok(Some((robot, role))) => {
+                self.robot = Some(robot);
+                self.role = role;
+            }
+            Ok(None) | Err(SessionError::NoGrant(_)) => {
+                self.out
+                    .push(rules::forbidden(id, method::INITIALIZE, self.role).to_string());
+                return Some(Ending::SessionEnded("grant_revoked".into()));
+            }
+            Err(e) => {
+                self.out.push(refusal(id, &e).to_string());
+                return None;
+            }
+        }
+        self.confirms_itself = frame
+            .pointer("/params/capabilities/confirmation")
+            .and_then(Value::as_bool)
+            == Some(true);
+        self.initializing = Some(id.clone());
+        self.pending.insert(
+            id.to_string(),
+            Pending {
+                method: method::INITIALIZE.to_string(),
+                started: Instant::now(),
+                record: None,
+            },
+        );
+        self.forward(frame)
+    }
+
+    /// Sends one ARP frame to the robot in an `arp.frame` of this session, with who calls
+    /// (`meta.session`, from the server's records only).
+    fn forward(&mut self, frame: Value) -> Option<Ending> {
+        let robot = self.robot.clone()?;
+        let id = frame_id(&frame);
+        let text = crate::messages::arp_frame(&self.conn, frame, &self.subject, self.role);
+        let share = Sender {
+            share: &self.subject,
+            viewer: !self.role.may_drive(),
+        };
+        let delivered = self.state.sessions.deliver(
+            &self.conn,
+            share,
+            &self.conn,
+            &robot,
+            Outbound::text(text),
+        );
+        match delivered {
+            Ok(()) => None,
+            Err(DeliveryError::SenderThrottled) => {
+                if let Some(id) = id {
+                    self.pending.remove(&id.to_string());
+                    self.out
+                        .push(rules::rate_limited(&id, "frames queued for the robot").to_string());
+                }
+                None
+            }
+            Err(DeliveryError::Full | DeliveryError::Gone) => {
+                Some(Ending::SessionEnded("robot_offline".into()))
+            }
+        }
+    }
+
+    /// A frame for the program from the robot's side: an `arp.frame` of the robot, or the
+    /// server's word that the session ended or was refused.
+    fn robot_side(&mut self, text: &str) -> Option<Ending> {
+        let Ok(envelope) = serde_json::from_str::<Value>(text) else {
+            return None;
+        };
+        match envelope.get("type").and_then(Value::as_str) {
+            Some(ARP_FRAME) => {
+                let frame = envelope.pointer("/payload/frame")?.clone();
+                self.robot_arp_frame(frame);
+                None
+            }
+            Some("signalling.disconnected") => {
+                let cause = envelope
+                    .pointer("/payload/details/reason")
+                    .and_then(Value::as_str)
+                    .unwrap_or("closed")
+                    .to_string();
+                self.robot = None;
+                Some(Ending::SessionEnded(cause))
+            }
+            Some("signalling.error") => {
+                // Another node refused the session (its id, the viewer caps, no ARP).
+                let why = envelope
+                    .pointer("/payload/details/reason")
+                    .and_then(Value::as_str)
+                    .unwrap_or("refused")
+                    .to_string();
+                if let Some(id) = self.initializing.take() {
+                    self.pending.remove(&id.to_string());
+                    self.robot = None;
+                    let message = envelope
+                        .pointer("/payload/message")
+                        .and_then(Value::as_str)
+                        .unwrap_or("refused");
+                    self.out
+                        .push(rules::internal(&id, &why, message).to_string());
+                }
+                None
+            }
+            _ => None,
+        }
+    }
+
+    fn robot_arp_frame(&mut self, frame: Value) {
+        let is_request = frame.get("method").is_some();
+        if is_request {
+            if frame.get("method").and_then(Value::as_str) == Some(method::REQUEST_CONFIRMATION)
+                && !self.confirms_itself
+            {
+                self.confirmation_unanswerable(&frame);
+                return;
+            }
+            self.out.push(frame.to_string());
+            return;
+        }
+        if let Some(id) = frame.get("id") {
+            if let Some(pending) = self.pending.remove(&id.to_string()) {
+                if self.initializing.as_ref() == Some(id) {
+                    self.initializing = None;
+                }
+                self.complete(pending, &frame);
+            }
+        }
+        self.out.push(frame.to_string());
+    }
+
+    /// A tool call's answer: its record completed and written.
+    fn complete(&mut self, pending: Pending, frame: &Value) {
+        let Some(mut record) = pending.record else {
+            return;
+        };
+        record.duration_ms = Some(pending.started.elapsed().as_millis() as i64);
+        match frame.get("error") {
+            Some(error) => {
+                record.outcome = "failed".into();
+                record.error_code = error.get("code").and_then(Value::as_i64);
+            }
+            None => {
+                record.outcome = frame
+                    .pointer("/result/state")
+                    .and_then(Value::as_str)
+                    .unwrap_or("completed")
+                    .to_string();
+            }
+        }
+        self.state.audit.record(record);
+    }
+
+    /// The robot asks for a person's approval and the program did not say it answers them:
+    /// until the console takes them, nobody here can approve, so the answer is no (the call
+    /// then fails with -40006 and is on record).
+    fn confirmation_unanswerable(&mut self, request: &Value) {
+        let Some(id) = request.get("id") else {
+            return;
+        };
+        let answer = json!({
+            "jsonrpc": "2.0",
+            "id": id,
+            "result": { "confirmed": false, "confirmedBy": null, "timestamp": crate::messages::timestamp() },
+        });
+        self.forward(answer);
+    }
+}
+
+/// The id of a JSON-RPC request frame, if it has one.
+fn frame_id(frame: &Value) -> Option<Value> {
+    frame.get("id").cloned()
+}
+
+/// The JSON-RPC error for a session the relay would not open.
+fn refusal(id: &Value, error: &SessionError) -> Value {
+    match error {
+        SessionError::Relay(RelayError::RobotOffline(robot)) => rules::error(
+            id,
+            ArpCode::InternalError,
+            &format!("robot {robot} is offline"),
+            Some(json!({ "reason": reason::ROBOT_OFFLINE, "robotId": robot })),
+        ),
+        SessionError::Relay(RelayError::RobotBusy {
+            robot_id,
+            locked_by,
+        }) => {
+            let mut data = json!({ "reason": reason::ROBOT_BUSY, "robotId": robot_id });
+            if let Some(holder) = locked_by {
+                data["lockedBy"] = json!(holder);
+            }
+            rules::error(id, ArpCode::ToolBusy, &error.to_string(), Some(data))
+        }
+        SessionError::Relay(e) => {
+            let details = e.details();
+            let why = details
+                .get("reason")
+                .and_then(Value::as_str)
+                .unwrap_or("refused");
+            rules::internal(id, why, &e.to_string())
+        }
+        SessionError::NoGrant(_) => rules::forbidden(id, method::INITIALIZE, Role::Viewer),
+        SessionError::Store(e) => {
+            tracing::error!(error = %e, "cannot open an ARP session");
+            rules::internal(id, "internal", "internal error")
+        }
+    }
+}
+
+async fn sleep_until_opt(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,504 @@
+//! The ARP gateway (`/v1/robots/{id}/arp`) over real sockets: a program on one side, a robot
+//! that declared ARP on the other (answering as a test peer, every frame it receives checked
+//! against docs/protocol.md and the ARP schema, every frame the program receives against the
+//! ARP schema with the method it answers).
+
+use std::collections::HashMap;
+
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{json, Value};
+use signalling_protocol::arp_schema::ArpValidator;
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::http::HeaderValue;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+use crate::helpers::*;
+
+/// A program on the gateway.
+pub struct ArpClient {
+    ws: WebSocketStream<MaybeTlsStream<TcpStream>>,
+    /// Methods of requests sent, by id, to validate their answers.
+    asked: HashMap<String, String>,
+    next_id: u64,
+}
+
+/// What the upgrade answered when it was refused.
+pub async fn arp_refused(server: &TestServer, robot_id: &str, token: Option<&str>) -> u16 {
+    let url = server
+        .ws_url()
+        .replace("/ws", &format!("/v1/robots/{robot_id}/arp"));
+    let mut request = url.into_client_request().expect("request");
+    if let Some(token) = token {
+        request.headers_mut().insert(
+            "authorization",
+            HeaderValue::from_str(&format!("Bearer {token}")).expect("header"),
+        );
+    }
+    match tokio_tungstenite::connect_async(request).await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => response.status().as_u16(),
+        other => panic!(
+            "the upgrade was not refused: {:?}",
+            other.map(|(_, r)| r.status())
+        ),
+    }
+}
+
+impl ArpClient {
+    pub async fn connect(server: &TestServer, robot_id: &str, token: &str) -> ArpClient {
+        let url = server
+            .ws_url()
+            .replace("/ws", &format!("/v1/robots/{robot_id}/arp"));
+        let mut request = url.into_client_request().expect("request");
+        request.headers_mut().insert(
+            "authorization",
+            HeaderValue::from_str(&format!("Bearer {token}")).expect("header"),
+        );
+        let (ws, _) = tokio::time::timeout(WAIT, tokio_tungstenite::connect_async(request))
+            .await
+            .expect("connect in time")
+            .expect("upgrade");
+        ArpClient {
+            ws,
+            asked: HashMap::new(),
+            next_id: 0,
+        }
+    }
+
+    /// Sends a request; returns its id.
+    pub async fn request(&mut self, method: &str, params: Value) -> Value {
+        self.next_id += 1;
+        let id = json!(self.next_id);
+        self.asked.insert(id.to_string(), method.to_string());
+        let frame = json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params });
+        self.send_text(frame.to_string()).await;
+        id
+    }
+
+    pub async fn send_text(&mut self, text: String) {
+        self.ws
+            .send(Message::Text(text.into()))
+            .await
+            .expect("send");
+    }
+
+    /// The next frame, validated against the ARP schema (an answer with its method).
+    pub async fn recv(&mut self) -> Value {
+        loop {
+            let message = tokio::time::timeout(WAIT, self.ws.next())
+                .await
+                .expect("a frame in time")
+                .expect("the socket is open")
+                .expect("a frame");
+            let Message::Text(text) = message else {
+                if let Message::Close(close) = message {
+                    panic!("closed while waiting for a frame: {close:?}");
+                }
+                continue;
+            };
+            let value: Value = serde_json::from_str(text.as_str()).expect("JSON");
+            let answered = value
+                .get("id")
+                .filter(|_| value.get("method").is_none())
+                .and_then(|id| self.asked.get(&id.to_string()))
+                .cloned();
+            if let Err(e) = ArpValidator::shared().validate(&value, answered.as_deref()) {
+                panic!("the gateway sent a frame that breaks the ARP schema: {e}\n{value}");
+            }
+            return value;
+        }
+    }
+
+    /// The answer to `id`, skipping notifications.
+    pub async fn answer(&mut self, id: &Value) -> Value {
+        loop {
+            let frame = self.recv().await;
+            if frame.get("method").is_none() && &frame["id"] == id {
+                return frame;
+            }
+        }
+    }
+
+    /// The close frame's code, after any frames still on their way.
+    pub async fn closed(&mut self) -> (u16, Vec<Value>) {
+        let mut before = Vec::new();
+        loop {
+            let message = tokio::time::timeout(WAIT, self.ws.next())
+                .await
+                .expect("closed in time");
+            match message {
+                Some(Ok(Message::Text(text))) => {
+                    before.push(serde_json::from_str(text.as_str()).expect("JSON"))
+                }
+                Some(Ok(Message::Close(Some(close)))) => return (close.code.into(), before),
+                Some(Ok(_)) => {}
+                Some(Err(_)) | None => return (0, before),
+            }
+        }
+    }
+}
+
+/// A robot that declared ARP, logged in.
+async fn arp_robot(server: &TestServer, robot_id: &str) -> WsClient {
+    let key = server.enrolled_robot(robot_id).await;
+    let mut robot = WsClient::connect(&server.ws_url()).await;
+    let verified = robot
+        .try_prove_with(robot_id, &key, json!({ "arp": "0.1.0" }))
+        .await;
+    assert_eq!(verified["type"], "signalling.pki_verified", "{verified}");
+    robot.recv_type("signalling.welcome").await;
+    robot
+}
+
+/// The robot's side: the next `arp.frame`'s connection id and frame.
+async fn robot_frame(robot: &mut WsClient) -> (String, Value, Value) {
+    let message = robot.recv_type("arp.frame").await;
+    let connection = message["payload"]["connectionId"]
+        .as_str()
+        .expect("connectionId")
+        .to_string();
+    (
+        connection,
+        message["payload"]["frame"].clone(),
+        message["meta"]["session"].clone(),
+    )
+}
+
+/// The robot answers a frame of `connection`.
+async fn robot_answers(robot: &mut WsClient, connection: &str, frame: Value) {
+    robot
+        .send(&envelope(
+            "arp.frame",
+            Some(json!({ "connectionId": connection, "frame": frame })),
+        ))
+        .await;
+}
+
+fn initialize_result() -> Value {
+    json!({
+        "protocolVersion": "0.1.0",
+        "serverInfo": { "name": "test-robot", "version": "1" },
+        "capabilities": { "tools": true, "context": true, "constraints": true, "planning": false, "confirmation": true },
+    })
+}
+
+/// A program of `subject` with `role` on the robot, initialized; the robot's side of it.
+async fn initialized(
+    server: &TestServer,
+    robot: &mut WsClient,
+    subject: &str,
+    role: &str,
+) -> (ArpClient, String) {
+    server.grant("robot-1", subject, role).await;
+    let token = server.client_token(subject).await;
+    let mut program = ArpClient::connect(server, "robot-1", &token).await;
+    let id = program
+        .request("arp.initialize", json!({ "protocolVersion": "0.1.0", "clientInfo": { "name": "planner", "version": "1" }, "capabilities": {} }))
+        .await;
+    let (connection, frame, session) = robot_frame(robot).await;
+    assert_eq!(frame["method"], "arp.initialize");
+    assert_eq!(session, json!({ "subject": subject, "role": role }));
+    robot_answers(
+        robot,
+        &connection,
+        json!({ "jsonrpc": "2.0", "id": frame["id"], "result": initialize_result() }),
+    )
+    .await;
+    let answer = program.answer(&id).await;
+    assert_eq!(answer["result"]["protocolVersion"], "0.1.0", "{answer}");
+    (program, connection)
+}
+
+#[tokio::test]
+async fn a_program_reaches_the_robot_and_back_with_the_callers_identity_from_the_server() {
+    let server = TestServer::start().await;
+    let mut robot = arp_robot(&server, "robot-1").await;
+    let (mut program, connection) = initialized(&server, &mut robot, "planner-7", "operator").await;
+    assert!(connection.starts_with("arp-"), "{connection}");
+    // A frame that is not ARP 0.1.0 (here: a member of its own, `meta`) is answered by the
+    // gateway; the robot never reads it.
+    program
+        .send_text(
+            json!({ "jsonrpc": "2.0", "id": 49, "method": "arp.listTools", "params": {},
+                    "meta": { "session": { "subject": "root", "role": "owner" } } })
+            .to_string(),
+        )
+        .await;
+    assert_eq!(program.answer(&json!(49)).await["error"]["code"], -32600);
+    let id = program.request("arp.fly", json!({})).await;
+    assert_eq!(program.answer(&id).await["error"]["code"], -32601);
+    // The robot learns who calls from the server alone.
+    program
+        .send_text(
+            json!({ "jsonrpc": "2.0", "id": 50, "method": "arp.listTools", "params": {} })
+                .to_string(),
+        )
+        .await;
+    let (_, frame, session) = robot_frame(&mut robot).await;
+    assert_eq!(frame["method"], "arp.listTools");
+    assert_eq!(
+        session,
+        json!({ "subject": "planner-7", "role": "operator" })
+    );
+    let tools = json!({ "tools": [] });
+    robot_answers(
+        &mut robot,
+        &connection,
+        json!({ "jsonrpc": "2.0", "id": 50, "result": tools }),
+    )
+    .await;
+    let answer = program.answer(&json!(50)).await;
+    assert_eq!(answer["result"], tools);
+    // Progress notifications pass through too.
+    let progress = json!({ "jsonrpc": "2.0", "method": "arp.toolProgress",
+        "params": { "callId": "c1", "progress": 0.5, "message": "half", "state": "running" } });
+    robot_answers(&mut robot, &connection, progress.clone()).await;
+    assert_eq!(program.recv().await, progress);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_upgrade_needs_a_token_and_a_grant() {
+    let server = TestServer::start().await;
+    server.create_robot("robot-1").await;
+    assert_eq!(arp_refused(&server, "robot-1", None).await, 401);
+    let token = server.client_token("stranger").await;
+    assert_eq!(arp_refused(&server, "robot-1", Some(&token)).await, 403);
+    assert_eq!(
+        arp_refused(&server, "robot-1", Some("sct_not-a-token")).await,
+        401
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_offline_robot_is_said_at_initialize_not_a_hang() {
+    let server = TestServer::start().await;
+    server.create_robot("robot-1").await;
+    server.grant("robot-1", "planner", "operator").await;
+    let token = server.client_token("planner").await;
+    let mut program = ArpClient::connect(&server, "robot-1", &token).await;
+    let id = program
+        .request("arp.initialize", json!({ "protocolVersion": "0.1.0", "clientInfo": { "name": "planner", "version": "1" }, "capabilities": {} }))
+        .await;
+    let answer = program.answer(&id).await;
+    assert_eq!(answer["error"]["code"], -32603, "{answer}");
+    assert_eq!(answer["error"]["data"]["reason"], "robot_offline");
+    // Anything else before a session: not initialized.
+    let id = program.request("arp.listTools", json!({})).await;
+    assert_eq!(program.answer(&id).await["error"]["code"], -40009);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_robot_that_did_not_declare_arp_never_receives_a_frame() {
+    let server = TestServer::start().await;
+    let (mut robot, _key) = server.online_robot("robot-1").await;
+    server.grant("robot-1", "planner", "owner").await;
+    let token = server.client_token("planner").await;
+    let mut program = ArpClient::connect(&server, "robot-1", &token).await;
+    let id = program
+        .request("arp.initialize", json!({ "protocolVersion": "0.1.0", "clientInfo": { "name": "planner", "version": "1" }, "capabilities": {} }))
+        .await;
+    let answer = program.answer(&id).await;
+    assert_eq!(
+        answer["error"]["data"]["reason"], "arp_unsupported",
+        "{answer}"
+    );
+    robot.expect_nothing_pending().await;
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_viewer_reads_and_stops_but_never_drives() {
+    let server = TestServer::start().await;
+    let mut robot = arp_robot(&server, "robot-1").await;
+    let (mut program, connection) = initialized(&server, &mut robot, "watcher", "viewer").await;
+    let refused = [
+        ("arp.callTool", json!({ "name": "drive", "arguments": {} })),
+        ("arp.cancelTool", json!({ "callId": "c1" })),
+    ];
+    for (method, params) in refused {
+        let id = program.request(method, params).await;
+        let answer = program.answer(&id).await;
+        assert_eq!(answer["error"]["code"], -40001, "{answer}");
+        assert_eq!(answer["error"]["data"]["reason"], "forbidden");
+    }
+    robot.expect_nothing_pending().await;
+    // Anyone may stop the robot.
+    let id = program
+        .request(
+            "arp.emergencyStop",
+            json!({ "reason": "a person in the way" }),
+        )
+        .await;
+    let (on, frame, session) = robot_frame(&mut robot).await;
+    assert_eq!(
+        (on.as_str(), frame["method"].as_str()),
+        (connection.as_str(), Some("arp.emergencyStop"))
+    );
+    assert_eq!(session["role"], "viewer");
+    robot_answers(
+        &mut robot,
+        &connection,
+        json!({ "jsonrpc": "2.0", "id": id, "result": { "stopped": true } }),
+    )
+    .await;
+    assert_eq!(program.answer(&id).await["result"]["stopped"], true);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn one_controller_programs_and_people_alike() {
+    let server = TestServer::start().await;
+    let mut robot = arp_robot(&server, "robot-1").await;
+    let (_program, _) = initialized(&server, &mut robot, "planner", "operator").await;
+    // A second program, and a person, find the robot busy.
+    server.grant("robot-1", "other", "operator").await;
+    let token = server.client_token("other").await;
+    let mut other = ArpClient::connect(&server, "robot-1", &token).await;
+    let id = other
+        .request("arp.initialize", json!({ "protocolVersion": "0.1.0", "clientInfo": { "name": "planner", "version": "1" }, "capabilities": {} }))
+        .await;
+    let answer = other.answer(&id).await;
+    assert_eq!(answer["error"]["code"], -40004, "{answer}");
+    assert_eq!(answer["error"]["data"]["reason"], "robot_busy");
+    let mut person = server.client_for("robot-1", "alice", "operator").await;
+    person.send(&offer("robot-1", "s-alice")).await;
+    let refused = person.expect_error("FORBIDDEN").await;
+    assert_eq!(refused["payload"]["details"]["reason"], "robot_busy");
+    robot.expect_nothing_pending().await;
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_grant_removed_mid_call_cuts_the_program_off_and_tells_the_robot() {
+    let server = TestServer::start().await;
+    let mut robot = arp_robot(&server, "robot-1").await;
+    let (mut program, connection) = initialized(&server, &mut robot, "planner", "operator").await;
+    let call = program
+        .request("arp.callTool", json!({ "name": "drive", "arguments": { "linear": 0.2, "angular": 0.0, "durationSecs": 5 } }))
+        .await;
+    let (_, frame, _) = robot_frame(&mut robot).await;
+    assert_eq!(frame["method"], "arp.callTool");
+    let (status, _) = server
+        .admin(
+            reqwest::Method::DELETE,
+            "/v1/robots/robot-1/grants/planner",
+            None,
+        )
+        .await;
+    assert_eq!(status, 204);
+    // The robot hears the session end (and stops: robot-agent's rule); the program gets
+    // an answer for its call and the socket closes.
+    let end = robot.recv_type("signalling.disconnected").await;
+    assert_eq!(end["payload"]["connectionId"], connection.as_str());
+    let (code, before) = program.closed().await;
+    assert_eq!(code, 1000);
+    let answer = before
+        .iter()
+        .find(|f| f["id"] == call)
+        .expect("the call answered");
+    assert_eq!(
+        answer["error"]["data"]["reason"], "session_ended",
+        "{answer}"
+    );
+    assert_eq!(answer["error"]["data"]["cause"], "grant_revoked");
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn teleop_and_arp_messages_stay_in_their_own_sessions() {
+    let server = TestServer::start().await;
+    let mut robot = arp_robot(&server, "robot-1").await;
+    let (_program, connection) = initialized(&server, &mut robot, "planner", "viewer").await;
+    // The robot answering an ARP session with WebRTC signalling is refused.
+    robot
+        .send(&envelope(
+            "signalling.answer",
+            Some(json!({ "connectionId": connection, "sdp": "v=0\r\n", "sdpType": "answer" })),
+        ))
+        .await;
+    let refused = robot.expect_error("FORBIDDEN").await;
+    assert_eq!(
+        refused["payload"]["details"]["reason"],
+        "wrong_session_kind"
+    );
+    // A browser client cannot send arp.frame.
+    let mut person = server.client_for("robot-1", "alice", "viewer").await;
+    person
+        .send(&envelope(
+            "arp.frame",
+            Some(json!({ "connectionId": connection, "frame": { "jsonrpc": "2.0", "method": "arp.emergencyStop" } })),
+        ))
+        .await;
+    person.expect_error("FORBIDDEN").await;
+    robot.expect_nothing_pending().await;
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn calls_are_limited_and_on_record() {
+    let server = TestServer::start().await;
+    let mut robot = arp_robot(&server, "robot-1").await;
+    let (mut program, connection) = initialized(&server, &mut robot, "planner", "operator").await;
+    let first = program
+        .request(
+            "arp.callTool",
+            json!({ "name": "drive", "arguments": { "linear": 0.1 }, "idempotencyKey": "k-1" }),
+        )
+        .await;
+    let (_, frame, _) = robot_frame(&mut robot).await;
+    robot_answers(
+        &mut robot,
+        &connection,
+        json!({ "jsonrpc": "2.0", "id": frame["id"],
+        "result": { "callId": "c1", "state": "completed", "result": {} } }),
+    )
+    .await;
+    assert_eq!(program.answer(&first).await["result"]["state"], "completed");
+    // Sixteen calls running at once; the seventeenth is refused by the gateway.
+    let mut ids = Vec::new();
+    for _ in 0..16 {
+        ids.push(
+            program
+                .request("arp.callTool", json!({ "name": "stop", "arguments": {} }))
+                .await,
+        );
+    }
+    let over = program
+        .request("arp.callTool", json!({ "name": "stop", "arguments": {} }))
+        .await;
+    let answer = program.answer(&over).await;
+    assert_eq!(
+        answer["error"]["data"]["reason"], "rate_limited",
+        "{answer}"
+    );
+    // The completed call is on record, with its caller, tool, key and outcome.
+    // Written by the node's audit writer, a moment after the answer: poll, bounded.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let page = loop {
+        let (status, page) = server
+            .admin(reqwest::Method::GET, "/v1/robots/robot-1/audit", None)
+            .await;
+        assert_eq!(status, 200, "{page}");
+        if page["records"].as_array().is_some_and(|r| !r.is_empty()) {
+            break page;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no audit record in time"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    };
+    let record = &page["records"][0];
+    assert_eq!(record["subject"], "planner");
+    assert_eq!(record["role"], "operator");
+    assert_eq!(record["tool"], "drive");
+    assert_eq!(record["outcome"], "completed");
+    assert_eq!(record["idempotencyKey"], "k-1");
+    assert_eq!(record["sessionId"], connection.as_str());
+    drop(ids);
+    server.shutdown().await;
+}
