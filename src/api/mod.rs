@@ -1,6 +1,7 @@
 //! The HTTP API (contract section 2): admin resources, enrollment, health and metrics.
 
 mod audit;
+mod confirmations;
 mod emergency;
 mod enroll;
 mod error;
@@ -51,6 +52,8 @@ pub fn router() -> Router<SharedState> {
         )
         .route("/v1/sessions", get(sessions::list))
         .route("/v1/me", get(me::me))
+        .route("/v1/confirmations", get(confirmations::list))
+        .route("/v1/confirmations/{id}", post(confirmations::answer))
         .route("/v1/me/robots", get(me::robots))
         .route("/v1/openapi.json", get(openapi::serve))
 }

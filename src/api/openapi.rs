@@ -10,7 +10,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use super::error::ErrorBody;
-use super::{audit, emergency, enroll, me, robots, sessions, tokens, views};
+use super::{audit, confirmations, emergency, enroll, me, robots, sessions, tokens, views};
 
 struct Security;
 
@@ -63,6 +63,8 @@ impl Modify for Security {
         emergency::stop,
         me::me,
         me::robots,
+        confirmations::list,
+        confirmations::answer,
     ),
     components(schemas(ErrorBody, views::RoleName)),
     modifiers(&Security),

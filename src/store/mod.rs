@@ -5,6 +5,7 @@
 //! milliseconds).
 
 mod audit;
+mod confirmations;
 mod grants;
 mod group_commit;
 mod revocations;
@@ -21,6 +22,7 @@ use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
 use sqlx::{AnyPool, Executor};
 
 pub use audit::{bounded, AuditLog, AuditQuery, AuditRecord, AuditWriter, MAX_PARAMS_BYTES};
+pub use confirmations::{Confirmation, Decision};
 pub use grants::{Grant, Role};
 pub use robots::{Credential, NewRobot, RobotRecord};
 pub use sessions::{SessionFilter, SessionRecord};
