@@ -19,6 +19,7 @@
 //! waits on a slow connection (a full queue refuses the frame).
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use serde_json::{json, Value};
 use signalling_protocol::arp::{method, reason, ArpCode, ArpFramePayload};
@@ -51,18 +52,32 @@ struct Connection {
     generation: u64,
     role: Role,
     frames: mpsc::Sender<String>,
+    /// Closed (false) the moment the connection leaves the table: its pump
+    /// sends nothing after, not even what its handler says as it ends
+    /// (a call's `cancelled` answer), though an abort lands later.
+    open: Gate,
     handler: AbortHandle,
     pump: JoinHandle<()>,
 }
 
 impl Drop for Connection {
-    /// However the connection leaves the table, its handler stops (and
-    /// cleans up: calls cancelled, control released, the robot stopped if
-    /// it followed it) and nothing more is sent for it.
+    /// However the connection leaves the table, nothing more is sent for
+    /// it, and its handler stops (and cleans up: calls cancelled, control
+    /// released, the robot stopped if it followed it).
     fn drop(&mut self) {
+        *lock(&self.open) = false;
         self.handler.abort();
         self.pump.abort();
     }
+}
+
+/// Whether a connection's frames may still go to the server; checked and
+/// used under its lock, so a close is never overtaken.
+type Gate = Arc<Mutex<bool>>;
+
+fn lock(gate: &Gate) -> std::sync::MutexGuard<'_, bool> {
+    // A bool cannot be left half-written.
+    gate.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// The gateway's ARP sessions, by `connectionId`.
@@ -170,11 +185,16 @@ impl Gateway {
         let (outbound, out_rx) = mpsc::channel(FRAME_CHANNEL);
         let handler = self.server.connect(peer, inbound, outbound);
         let abort = handler.abort_handle();
+        let open: Gate = Arc::new(Mutex::new(true));
+        let link = Link {
+            signalling: self.signalling.clone(),
+            open: open.clone(),
+            connection: connection.clone(),
+        };
         let pump = tokio::spawn(pump(
             handler,
             out_rx,
-            self.signalling.clone(),
-            connection.clone(),
+            link,
             generation,
             self.ended_tx.clone(),
         ));
@@ -187,6 +207,7 @@ impl Gateway {
                 generation,
                 role,
                 frames,
+                open,
                 handler: abort,
                 pump,
             },
@@ -300,8 +321,7 @@ fn is_emergency_stop(frame: &Value) -> bool {
 async fn pump(
     mut handler: JoinHandle<()>,
     mut out: mpsc::Receiver<String>,
-    signalling: mpsc::Sender<Envelope>,
-    connection: String,
+    link: Link,
     generation: u64,
     ended: mpsc::Sender<(String, u64)>,
 ) {
@@ -309,16 +329,16 @@ async fn pump(
         tokio::select! {
             frame = out.recv() => {
                 let Some(text) = frame else { break };
-                if !forward(&signalling, &connection, &text).await {
+                if !link.forward(&text).await {
                     break;
                 }
             }
             result = &mut handler => {
-                if let Err(e) = result {
-                    tracing::error!(%connection, error = %e, "gateway ARP handler failed");
+                if let Some(e) = result.as_ref().err().filter(|e| !e.is_cancelled()) {
+                    tracing::error!(connection = %link.connection, error = %e, "gateway ARP handler failed");
                 }
                 while let Ok(text) = out.try_recv() {
-                    if !forward(&signalling, &connection, &text).await {
+                    if !link.forward(&text).await {
                         break;
                     }
                 }
@@ -326,23 +346,41 @@ async fn pump(
             }
         }
     }
-    let _ = ended.send((connection, generation)).await;
+    let _ = ended.send((link.connection, generation)).await;
 }
 
-/// One frame the robot sends, as an `arp.frame`; `false` once the
-/// signalling client is gone.
-async fn forward(signalling: &mpsc::Sender<Envelope>, connection: &str, text: &str) -> bool {
-    let frame: Value = match serde_json::from_str(text) {
-        Ok(frame) => frame,
-        Err(e) => {
-            tracing::error!(%connection, error = %e, "the ARP handler wrote a frame that is not JSON");
+/// A connection's way to the server.
+struct Link {
+    signalling: mpsc::Sender<Envelope>,
+    open: Gate,
+    connection: String,
+}
+
+impl Link {
+    /// One frame the robot sends, as an `arp.frame`; `false` once the
+    /// connection is closed or the signalling client gone.
+    async fn forward(&self, text: &str) -> bool {
+        let connection = &self.connection;
+        let frame: Value = match serde_json::from_str(text) {
+            Ok(frame) => frame,
+            Err(e) => {
+                tracing::error!(%connection, error = %e, "the ARP handler wrote a frame that is not JSON");
+                return true;
+            }
+        };
+        let Some(envelope) = fitted(connection, frame, text.len()) else {
             return true;
+        };
+        // Room first (waiting), then the gate and the send at once.
+        let Ok(permit) = self.signalling.reserve().await else {
+            return false;
+        };
+        let open = lock(&self.open);
+        if *open {
+            permit.send(envelope);
         }
-    };
-    let Some(envelope) = fitted(connection, frame, text.len()) else {
-        return true;
-    };
-    signalling.send(envelope).await.is_ok()
+        *open
+    }
 }
 
 /// The envelope of `frame`, if it fits the server's frame cap; an answer
