@@ -3,6 +3,18 @@
 //! server's gateway and the tests. The message shapes are the JSON Schema
 //! `schemas/arp/arp-0.1.0.schema.json` (checked with the `schema` feature,
 //! [`crate::arp_schema`]); `arp-contract.md` fixes what the spec leaves open.
+//!
+//! Between the server's gateway and a robot, ARP frames travel on the robot's
+//! signalling socket inside an `arp.frame` envelope ([`FRAME_TYPE`],
+//! [`ArpFramePayload`]; docs/protocol.md, "ARP sessions"), and a robot declares
+//! the ARP it serves in `register.metadata` ([`REGISTER_METADATA_KEY`]).
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::envelope::Envelope;
+use crate::error::ProtocolError;
+use crate::session::SessionMeta;
 
 /// The protocol version this implementation speaks.
 pub const ARP_VERSION: &str = "0.1.0";
@@ -146,6 +158,93 @@ pub mod reason {
     pub const ROBOT_OFFLINE: &str = "robot_offline";
     pub const BAD_TICKET: &str = "bad_ticket";
     pub const RATE_LIMITED: &str = "rate_limited";
+    /// The gateway's robot did not declare ARP in `register.metadata.arp`.
+    pub const ARP_UNSUPPORTED: &str = "arp_unsupported";
+    /// The robot serves no more gateway ARP sessions at once.
+    pub const TOO_MANY_SESSIONS: &str = "too_many_sessions";
+    /// A frame's `meta.session.role` is not the one its ARP session opened with.
+    pub const ROLE_CHANGED: &str = "role_changed";
+}
+
+/// `type` of the envelope that carries one ARP frame on a robot's signalling
+/// socket, both ways. Ours, not the Modulr spec's (it is not in
+/// [`crate::MESSAGE_TYPES`], so [`Envelope::body`] refuses it: read it with
+/// [`ArpFramePayload::from_envelope`]).
+pub const FRAME_TYPE: &str = "arp.frame";
+
+/// Key of `signalling.register`'s `payload.metadata` under which a robot
+/// declares the ARP version it serves ([`ARP_VERSION`]). A robot without it
+/// is never sent an `arp.frame`.
+pub const REGISTER_METADATA_KEY: &str = "arp";
+
+/// The `payload` of an `arp.frame` envelope:
+/// `{"connectionId": "arp-…", "frame": {"jsonrpc": "2.0", …}}`.
+///
+/// `connectionId` names the ARP session (one gateway connection); `frame` is
+/// one ARP JSON-RPC object, passed on untouched. Who calls is never read from
+/// `frame`: frames to the robot carry the server's `meta.session`
+/// ([`SessionMeta`]), frames from the robot carry no `meta`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ArpFramePayload {
+    pub connection_id: String,
+    pub frame: Value,
+}
+
+impl ArpFramePayload {
+    pub fn new(connection_id: impl Into<String>, frame: Value) -> ArpFramePayload {
+        ArpFramePayload {
+            connection_id: connection_id.into(),
+            frame,
+        }
+    }
+
+    /// The `arp.frame` envelope: a fresh id and timestamp, `version` =
+    /// [`crate::PROTOCOL_VERSION`], and `meta = {"session": …}` when `session`
+    /// is given (the server, towards the robot; the robot passes `None`).
+    pub fn to_envelope(&self, session: Option<&SessionMeta>) -> Envelope {
+        let mut envelope = Envelope::new_of_type(FRAME_TYPE, crate::PROTOCOL_VERSION);
+        // A struct of a string and a JSON value always serialises.
+        envelope.payload = serde_json::to_value(self).ok();
+        if let Some(session) = session {
+            envelope = envelope.with_meta(session.to_meta());
+        }
+        envelope
+    }
+
+    /// Reads the payload of an `arp.frame` envelope (checked by
+    /// [`Envelope::parse`]). Errors: `UnsupportedType` for another `type`;
+    /// `InvalidPayload` for a missing payload, a missing, empty or non-string
+    /// `connectionId`, a `frame` that is not a JSON object (ARP has no
+    /// batches), or any other field. `meta` is not read here: see
+    /// [`SessionMeta::from_meta`].
+    pub fn from_envelope(envelope: &Envelope) -> Result<ArpFramePayload, ProtocolError> {
+        if envelope.kind != FRAME_TYPE {
+            return Err(ProtocolError::UnsupportedType(envelope.kind.clone()));
+        }
+        let payload = envelope
+            .payload
+            .as_ref()
+            .ok_or_else(|| ProtocolError::InvalidPayload(format!("{FRAME_TYPE}: no payload")))?;
+        let parsed = ArpFramePayload::deserialize(payload)
+            .map_err(|e| ProtocolError::InvalidPayload(format!("{FRAME_TYPE}: {e}")))?;
+        if parsed.connection_id.is_empty() {
+            return Err(ProtocolError::InvalidPayload(format!(
+                "{FRAME_TYPE}: connectionId is empty"
+            )));
+        }
+        if !parsed.frame.is_object() {
+            return Err(ProtocolError::InvalidPayload(format!(
+                "{FRAME_TYPE}: frame is not a JSON object"
+            )));
+        }
+        Ok(parsed)
+    }
+}
+
+/// The ARP version a robot declared in its `register.metadata`, if any.
+pub fn declared_version(metadata: Option<&Map<String, Value>>) -> Option<&str> {
+    metadata?.get(REGISTER_METADATA_KEY)?.as_str()
 }
 
 #[cfg(test)]
@@ -161,5 +260,65 @@ mod tests {
         }
         assert_eq!(ArpCode::from_code(1), None);
         assert_eq!(method::ALL.len(), 16);
+    }
+
+    #[test]
+    fn frames_round_trip_through_the_envelope() {
+        let frame = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": method::LIST_TOOLS});
+        let session = SessionMeta::new("planner-7", crate::Role::Operator);
+        let out = ArpFramePayload::new("arp-1", frame.clone()).to_envelope(Some(&session));
+        let text = out.to_json();
+        let value: Value = serde_json::from_str(&text).expect("json");
+        assert_eq!(value["type"], FRAME_TYPE);
+        assert_eq!(value["payload"]["connectionId"], "arp-1");
+        assert_eq!(value["meta"]["session"]["role"], "operator");
+        let back = Envelope::parse(&text).expect("a valid envelope");
+        let payload = ArpFramePayload::from_envelope(&back).expect("payload");
+        assert_eq!(payload, ArpFramePayload::new("arp-1", frame.clone()));
+        assert_eq!(SessionMeta::from_meta(back.meta.as_ref()), Some(session));
+        // The robot's frames carry no meta.
+        let robot = ArpFramePayload::new("arp-1", frame).to_envelope(None);
+        assert!(robot.meta.is_none());
+    }
+
+    #[test]
+    fn malformed_frame_payloads_are_invalid() {
+        let mut e = ArpFramePayload::new("arp-1", serde_json::json!({})).to_envelope(None);
+        for bad in [
+            serde_json::json!({"connectionId": "a", "frame": [1]}),
+            serde_json::json!({"connectionId": "a", "frame": "x"}),
+            serde_json::json!({"connectionId": "", "frame": {}}),
+            serde_json::json!({"connectionId": 3, "frame": {}}),
+            serde_json::json!({"frame": {}}),
+            serde_json::json!({"connectionId": "a", "frame": {}, "extra": 1}),
+        ] {
+            e.payload = Some(bad.clone());
+            assert!(
+                matches!(
+                    ArpFramePayload::from_envelope(&e),
+                    Err(ProtocolError::InvalidPayload(_))
+                ),
+                "{bad}"
+            );
+        }
+        e.payload = None;
+        assert!(ArpFramePayload::from_envelope(&e).is_err());
+        e.kind = "signalling.offer".into();
+        assert!(matches!(
+            ArpFramePayload::from_envelope(&e),
+            Err(ProtocolError::UnsupportedType(_))
+        ));
+    }
+
+    #[test]
+    fn the_declared_version_is_read_from_register_metadata() {
+        let mut metadata = Map::new();
+        assert_eq!(declared_version(Some(&metadata)), None);
+        assert_eq!(declared_version(None), None);
+        metadata.insert(
+            REGISTER_METADATA_KEY.into(),
+            Value::String(ARP_VERSION.into()),
+        );
+        assert_eq!(declared_version(Some(&metadata)), Some("0.1.0"));
     }
 }

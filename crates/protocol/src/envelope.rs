@@ -142,6 +142,20 @@ impl Envelope {
         }
     }
 
+    /// A new message of a `type` outside the spec's (e.g. `arp.frame`): fresh
+    /// v4 id, the current time, no payload yet.
+    pub(crate) fn new_of_type(kind: &str, version: &str) -> Envelope {
+        Envelope {
+            kind: kind.to_owned(),
+            version: version.to_owned(),
+            id: uuid::Uuid::new_v4().to_string(),
+            correlation_id: None,
+            timestamp: now_rfc3339(),
+            payload: None,
+            meta: None,
+        }
+    }
+
     /// `timestamp` as milliseconds since the Unix epoch (UTC), in the
     /// sender's clock; `None` if it is not an RFC 3339 date-time (only
     /// possible for an envelope built by hand, [`Envelope::parse`] checks

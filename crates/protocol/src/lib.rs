@@ -14,7 +14,9 @@
 //! * With the `schema` feature, `schema::SchemaValidator` checks whole
 //!   messages against the spec's JSON Schemas (used by tests).
 //! * [`arp`]: the Autonomous Robot Protocol's names, codes and schema;
-//!   `arp_schema::ArpValidator` (feature `schema`) checks ARP messages.
+//!   `arp_schema::ArpValidator` (feature `schema`) checks ARP messages;
+//!   [`ArpFramePayload`] is the `arp.frame` envelope that carries ARP on a
+//!   robot's signalling socket (the server's gateway).
 
 mod agent;
 pub mod arp;
@@ -37,6 +39,7 @@ pub use agent::{
     LocationDeletePayload, LocationOperation, LocationResponsePayload, MovementPayload,
     NavigationResponsePayload, NavigationStartPayload, NavigationStatus, Orientation, Position,
 };
+pub use arp::ArpFramePayload;
 pub use body::{requires_correlation_id, Body, MESSAGE_TYPES};
 pub use common::{CapabilitiesPayload, ErrorPayload};
 pub use envelope::{is_legacy_ready, Envelope};

@@ -134,6 +134,9 @@ pub async fn run(config: RunConfig) -> Result<(), AgentError> {
             certificate,
             reconnect: config.reconnect.clone(),
             ca_file: config.ca_file.clone(),
+            // The ARP server is always on; the peer manager serves the
+            // gateway's sessions with it (`with_arp`).
+            arp: true,
         },
         inbound_tx,
     );

@@ -9,7 +9,8 @@
 //! * [`controller`] + [`safety`]: every motion decision, in one task;
 //! * [`driver`]: sim, exec, rosbridge and serial back ends;
 //! * [`video`]: camera sources, one track each shared by every session;
-//! * [`arp`]: the ARP 0.1.0 server (data channel `arp`, `--arp-listen`).
+//! * [`arp`]: the ARP 0.1.0 server (data channel `arp`, `--arp-listen`, the
+//!   server's gateway through the signalling socket).
 
 pub mod agent;
 pub mod arp;

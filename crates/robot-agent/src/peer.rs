@@ -42,6 +42,7 @@ use webrtc::rtcp::payload_feedbacks::picture_loss_indication::PictureLossIndicat
 use webrtc::rtp_transceiver::rtp_transceiver_direction::RTCRtpTransceiverDirection;
 use webrtc::rtp_transceiver::RTCRtpTransceiverInit;
 
+use crate::arp::gateway::Gateway;
 use crate::controller::control::Claimant;
 use crate::messages;
 use crate::safety::{Role, StopReason};
@@ -175,6 +176,8 @@ pub struct PeerManager {
     next_generation: u64,
     cameras: Vec<Arc<Camera>>,
     arp: Option<crate::arp::ArpServer>,
+    /// The server gateway's ARP sessions (`arp.frame`), served with `arp`.
+    gateway: Option<Gateway>,
 }
 
 impl PeerManager {
@@ -222,6 +225,7 @@ impl PeerManager {
             next_generation: 1,
             cameras: Vec::new(),
             arp: None,
+            gateway: None,
         })
     }
 
@@ -240,7 +244,15 @@ impl PeerManager {
                     self.inbound(message).await;
                 }
                 Some(event) = self.events_rx.recv() => self.event(event).await,
+                ended = gateway_end(&mut self.gateway) => {
+                    if let Some(gateway) = &mut self.gateway {
+                        gateway.ended(ended);
+                    }
+                }
             }
+        }
+        if let Some(gateway) = &mut self.gateway {
+            gateway.close_all();
         }
         let ids: Vec<String> = self.sessions.keys().cloned().collect();
         for id in ids {
@@ -249,8 +261,11 @@ impl PeerManager {
         }
     }
 
-    /// Serves data channels labelled `arp` with this ARP server.
+    /// Serves data channels labelled `arp`, and the server gateway's ARP
+    /// sessions (`arp.frame` on the signalling socket), with this ARP
+    /// server.
     pub fn with_arp(mut self, arp: crate::arp::ArpServer) -> PeerManager {
+        self.gateway = Some(Gateway::new(arp.clone(), self.signalling.clone()));
         self.arp = Some(arp);
         self
     }
@@ -310,11 +325,36 @@ impl PeerManager {
                 }
             }
             Inbound::Disconnected { session } => {
+                if let Some(gateway) = &mut self.gateway {
+                    if gateway.disconnected(&session) {
+                        return;
+                    }
+                }
                 // The server already knows; no disconnected goes back.
                 self.teardown(&session, StopReason::SessionEnded, None)
                     .await;
             }
+            Inbound::ArpFrame {
+                connection,
+                frame,
+                session,
+            } => match &mut self.gateway {
+                Some(gateway) => gateway.frame(connection, frame, session),
+                None => {
+                    tracing::warn!(%connection, "arp.frame, but ARP is not served");
+                    let why = signalling_protocol::arp::reason::ARP_UNSUPPORTED;
+                    self.send_disconnected(
+                        &connection,
+                        DisconnectReason::Failed,
+                        Some((why, "this robot serves no ARP".into())),
+                    );
+                }
+            },
             Inbound::Offline => {
+                // Gateway sessions end with the socket that carried them.
+                if let Some(gateway) = &mut self.gateway {
+                    gateway.close_all();
+                }
                 let ids: Vec<String> = self.sessions.keys().cloned().collect();
                 for id in ids {
                     self.teardown(&id, StopReason::SignallingLost, None).await;
@@ -838,6 +878,15 @@ impl PeerManager {
         if self.signalling.try_send(envelope).is_err() {
             tracing::warn!("signalling queue full or closed; message dropped");
         }
+    }
+}
+
+/// The next gateway ARP session that ended on the robot's side; never,
+/// without a gateway.
+async fn gateway_end(gateway: &mut Option<Gateway>) -> (String, u64) {
+    match gateway {
+        Some(gateway) => gateway.next_ended().await,
+        None => std::future::pending().await,
     }
 }
 

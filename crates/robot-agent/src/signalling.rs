@@ -21,6 +21,7 @@ use base64::Engine as _;
 use futures_util::{SinkExt, StreamExt};
 use ring::rand::{SecureRandom, SystemRandom};
 use serde_json::{Map, Value};
+use signalling_protocol::arp::{ArpFramePayload, FRAME_TYPE};
 use signalling_protocol::{
     Body, Envelope, IceCandidatePayload, IceServer, PkiResponsePayload, RegisterPayload,
     SessionMeta, Signalling, PROTOCOL_VERSION,
@@ -87,6 +88,13 @@ pub enum Inbound {
     },
     /// The connection to the server is gone; all sessions are void.
     Offline,
+    /// One ARP frame of a gateway ARP session (`arp.frame`), with who calls
+    /// according to the server's `meta.session` (`None`: none sent).
+    ArpFrame {
+        connection: String,
+        frame: Value,
+        session: Option<SessionMeta>,
+    },
 }
 
 /// How to reach the server and who we are.
@@ -100,6 +108,9 @@ pub struct SignallingOptions {
     pub certificate: Option<String>,
     pub reconnect: ReconnectConfig,
     pub ca_file: Option<PathBuf>,
+    /// Declare `register.metadata.arp` (the agent serves ARP through the
+    /// server's gateway).
+    pub arp: bool,
 }
 
 /// Starts the client task. Messages for the server go into the returned
@@ -382,8 +393,8 @@ async fn connection(
 pub const WANTS_WELCOME_KEY: &str = "wantsWelcome";
 
 /// `signalling.register`: our id, and metadata merged from the agent's
-/// version, the welcome request and, with X.509 identity, the certificate
-/// chain.
+/// version, the welcome request, the ARP version served through the
+/// gateway and, with X.509 identity, the certificate chain.
 fn register_message(options: &SignallingOptions) -> Envelope {
     let mut metadata = Map::new();
     metadata.insert(
@@ -393,6 +404,12 @@ fn register_message(options: &SignallingOptions) -> Envelope {
     metadata.insert(WANTS_WELCOME_KEY.into(), Value::Bool(true));
     if let Some(chain) = &options.certificate {
         metadata.insert("certificate".into(), Value::String(chain.clone()));
+    }
+    if options.arp {
+        metadata.insert(
+            signalling_protocol::arp::REGISTER_METADATA_KEY.into(),
+            Value::String(signalling_protocol::arp::ARP_VERSION.into()),
+        );
     }
     Envelope::from_body(
         Signalling::Register(RegisterPayload {
@@ -413,6 +430,9 @@ async fn dispatch(text: &str, ws: &mut Socket) -> Result<Option<Inbound>, Signal
             return Ok(None);
         }
     };
+    if envelope.kind == FRAME_TYPE {
+        return Ok(arp_frame(envelope));
+    }
     let body = match envelope.body() {
         Ok(Body::Signalling(s)) => s,
         Ok(Body::Agent(_)) => return Ok(None),
@@ -451,6 +471,22 @@ async fn dispatch(text: &str, ws: &mut Socket) -> Result<Option<Inbound>, Signal
         }
         _ => None,
     })
+}
+
+/// An `arp.frame` from the server's gateway; a malformed one (e.g. a frame
+/// that is not a JSON object) is logged and dropped, never answered.
+fn arp_frame(envelope: Envelope) -> Option<Inbound> {
+    match ArpFramePayload::from_envelope(&envelope) {
+        Ok(p) => Some(Inbound::ArpFrame {
+            connection: p.connection_id,
+            frame: p.frame,
+            session: SessionMeta::from_meta(envelope.meta.as_ref()),
+        }),
+        Err(e) => {
+            tracing::warn!(id = %envelope.id, error = %e, "malformed arp.frame from the server; dropped");
+            None
+        }
+    }
 }
 
 async fn send(ws: &mut Socket, envelope: &Envelope) -> Result<(), SignallingError> {

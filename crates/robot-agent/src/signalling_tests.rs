@@ -201,6 +201,7 @@ async fn an_unreachable_server_is_skipped_for_the_next_one() {
             max_delay_ms: 50,
         },
         ca_file: None,
+        arp: false,
     };
     let (in_tx, _in_rx) = mpsc::channel(16);
     let _out = spawn(options, in_tx);
@@ -238,6 +239,7 @@ async fn registers_relays_and_reregisters_after_reconnect() {
             max_delay_ms: 50,
         },
         ca_file: None,
+        arp: false,
     };
     let (in_tx, mut in_rx) = mpsc::channel(16);
     let out = spawn(options, in_tx);
@@ -358,6 +360,7 @@ async fn refused_logins_are_retried() {
             max_delay_ms: 20,
         },
         ca_file: None,
+        arp: false,
     };
     let (in_tx, mut in_rx) = mpsc::channel(16);
     let _out = spawn(options, in_tx);
@@ -372,6 +375,10 @@ async fn refused_logins_are_retried() {
     let register = recv(&mut ws).await;
     assert!(register["payload"]["metadata"].get("certificate").is_none());
     assert_eq!(register["payload"]["metadata"]["wantsWelcome"], true);
+    assert!(
+        register["payload"]["metadata"].get("arp").is_none(),
+        "no ARP declared when the agent serves none"
+    );
     ws.send(server_message(
         "signalling.error",
         Some(json!({"code": "UNAUTHORIZED", "message": "unknown robot"})),
@@ -406,6 +413,7 @@ async fn registers_without_a_welcome_and_asks_for_one() {
             max_delay_ms: 20,
         },
         ca_file: None,
+        arp: false,
     };
     let (in_tx, mut in_rx) = mpsc::channel(16);
     let _out = spawn(options, in_tx);
@@ -468,6 +476,7 @@ async fn a_welcome_at_open_is_still_used() {
         certificate: None,
         reconnect: ReconnectConfig::default(),
         ca_file: None,
+        arp: false,
     };
     let (in_tx, mut in_rx) = mpsc::channel(16);
     let _out = spawn(options, in_tx);

@@ -3,10 +3,10 @@
 //!
 //! The handler is transport-free: [`ArpServer::connect`] takes a channel of
 //! incoming frames and one for outgoing frames, and whoever owns the
-//! socket moves text between those and the wire. Two transports exist: a
-//! WebRTC data channel labelled `arp` ([`crate::peer`]) and the local
-//! WebSocket ([`ws`]); the server's gateway will reach the same handler
-//! through the signalling socket.
+//! socket moves text between those and the wire. Three transports exist: a
+//! WebRTC data channel labelled `arp` ([`crate::peer`]), the local
+//! WebSocket ([`ws`]) and the server's gateway, whose frames arrive on the
+//! signalling socket ([`gateway`]).
 //!
 //! Nothing here moves the robot except through the controller, so the
 //! safety layer (role, limits, watchdog, rate, e-stop latch) applies to
@@ -27,6 +27,7 @@ mod calls;
 pub mod config;
 mod connection;
 pub mod error;
+pub mod gateway;
 pub mod tools;
 pub mod ws;
 
