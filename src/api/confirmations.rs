@@ -35,7 +35,12 @@ pub async fn list(
     State(state): State<SharedState>,
 ) -> Result<Json<Vec<Confirmation>>, ApiError> {
     let now = crate::store::now_ms();
-    Ok(Json(state.store.open_confirmations_for(&who.subject, now).await?))
+    Ok(Json(
+        state
+            .store
+            .open_confirmations_for(&who.subject, now)
+            .await?,
+    ))
 }
 
 /// Approves or denies a request (operators and owners of its robot, never the program

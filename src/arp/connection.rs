@@ -14,6 +14,7 @@ use signalling_protocol::arp::{method, reason, ArpCode};
 use signalling_protocol::Role;
 use tracing::Instrument;
 
+use super::confirm::{Answered, Outcome, People};
 use super::rules;
 use crate::admission::Permit;
 use crate::auth::ClientIdentity;
@@ -107,6 +108,8 @@ struct Gateway {
     calls: RateLimiter,
     /// Frames for the program, written by the loop in order.
     out: Vec<String>,
+    /// The robot's requests for approval that wait for people.
+    people: People,
 }
 
 impl Gateway {
@@ -124,6 +127,7 @@ impl Gateway {
             pending: HashMap::new(),
             calls: RateLimiter::new(rules::CALLS_PER_SECOND, rules::CALL_BURST, Instant::now()),
             out: Vec::new(),
+            people: People::new(),
         }
     }
 
@@ -137,6 +141,7 @@ impl Gateway {
             let event = tokio::select! {
                 biased;
                 kick = inbox.kick.kicked() => Err(Ending::Kicked(kick)),
+                answered = self.people.next() => Ok(self.people_answered(answered)),
                 _ = sleep_until_opt(expiry) => Err(Ending::Kicked(Kick::TokenRevoked)),
                 frame = inbox.queue.recv() => match frame {
                     Some(Outbound::Text(text)) => Ok(self.robot_side(&text)),
@@ -590,17 +595,61 @@ impl Gateway {
         self.state.audit.record(record);
     }
 
-    /// The robot asks for a person's approval and the program did not say it answers them:
-    /// until the console takes them, nobody here can approve, so the answer is no (the call
-    /// then fails with -40006 and is on record).
+    /// The robot asks for a person's approval and the program did not say it answers them
+    /// itself: the request goes before people (the console); too many at once are denied.
     fn confirmation_unanswerable(&mut self, request: &Value) {
-        let Some(id) = request.get("id") else {
-            return;
-        };
+        let asked = self.people.ask(
+            &self.state,
+            &self.robot_id,
+            &self.conn,
+            &self.subject,
+            request,
+        );
+        if !asked {
+            if let Some(id) = request.get("id") {
+                self.answer_confirmation(id.clone(), false, None);
+            }
+        }
+    }
+
+    /// A person answered (or nobody could be asked): the robot hears it, and the call it
+    /// was about keeps who approved it on record.
+    fn people_answered(&mut self, answered: Answered) -> Option<Ending> {
+        match answered.outcome {
+            Outcome::Decided(decision) => {
+                if decision.confirmed {
+                    let call = self.pending.values_mut().find(|p| {
+                        p.record
+                            .as_ref()
+                            .is_some_and(|r| r.tool == answered.tool && r.confirmed_by.is_none())
+                    });
+                    if let Some(record) = call.and_then(|p| p.record.as_mut()) {
+                        record.confirmed_by = Some(decision.decided_by.clone());
+                    }
+                }
+                self.answer_confirmation(
+                    answered.request_id,
+                    decision.confirmed,
+                    Some(&decision.decided_by),
+                );
+            }
+            Outcome::Failed => self.answer_confirmation(answered.request_id, false, None),
+            Outcome::Expired => {}
+        }
+        None
+    }
+
+    /// Answers the robot's request; a denial nobody gave (too many waiting, the database
+    /// away) is signed `gateway`, never with the program's subject.
+    fn answer_confirmation(&mut self, id: Value, confirmed: bool, by: Option<&str>) {
         let answer = json!({
             "jsonrpc": "2.0",
             "id": id,
-            "result": { "confirmed": false, "confirmedBy": null, "timestamp": crate::messages::timestamp() },
+            "result": {
+                "confirmed": confirmed,
+                "confirmedBy": by.unwrap_or("gateway"),
+                "timestamp": crate::messages::timestamp(),
+            },
         });
         self.forward(answer);
     }

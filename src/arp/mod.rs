@@ -8,6 +8,7 @@
 //! signalling socket (docs/protocol.md, "ARP sessions"). `rules` holds what the gateway
 //! refuses itself; every tool call and e-stop goes on record (store::AuditLog).
 
+mod confirm;
 mod connection;
 mod rules;
 

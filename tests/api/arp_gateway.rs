@@ -502,3 +502,256 @@ async fn calls_are_limited_and_on_record() {
     drop(ids);
     server.shutdown().await;
 }
+
+/// GET or POST with a client token.
+async fn as_client(
+    server: &TestServer,
+    token: &str,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let mut request = reqwest::Client::new()
+        .request(method, server.url(path))
+        .bearer_auth(token);
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    let response = request.send().await.expect("HTTP");
+    let status = response.status().as_u16();
+    let text = response.text().await.expect("body");
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+/// The confirmations `token`'s person sees, once there are `count`.
+async fn confirmations(server: &TestServer, token: &str, count: usize) -> Vec<Value> {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let (status, list) = as_client(
+            server,
+            token,
+            reqwest::Method::GET,
+            "/v1/confirmations",
+            None,
+        )
+        .await;
+        assert_eq!(status, 200, "{list}");
+        let list = list.as_array().cloned().unwrap_or_default();
+        if list.len() == count {
+            return list;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{count} confirmations never came: {list:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test]
+async fn people_approve_what_the_robot_marks_critical_and_the_first_answer_wins() {
+    let server = TestServer::start().await;
+    let mut robot = arp_robot(&server, "robot-1").await;
+    let (mut program, connection) = initialized(&server, &mut robot, "planner", "operator").await;
+    server.grant("robot-1", "alice", "owner").await;
+    server.grant("robot-1", "bob", "operator").await;
+    server.grant("robot-1", "vic", "viewer").await;
+    let alice = server.client_token("alice").await;
+    let bob = server.client_token("bob").await;
+    let vic = server.client_token("vic").await;
+    let planner = server.client_token("planner").await;
+    let call = program
+        .request(
+            "arp.callTool",
+            json!({ "name": "navigate_to", "arguments": { "location": "dock" } }),
+        )
+        .await;
+    let (_, frame, _) = robot_frame(&mut robot).await;
+    // The robot asks; the program did not declare confirmation: people are asked.
+    let ask = json!({ "jsonrpc": "2.0", "id": "confirm-1", "method": "arp.requestConfirmation",
+        "params": { "action": "navigate_to dock", "safetyLevel": "elevated",
+                    "details": { "tool": "navigate_to", "arguments": { "location": "dock" } }, "timeout": 30 } });
+    robot_answers(&mut robot, &connection, ask).await;
+    let seen = confirmations(&server, &alice, 1).await;
+    assert_eq!(seen[0]["requestedBy"], "planner");
+    assert_eq!(seen[0]["tool"], "navigate_to");
+    assert_eq!(seen[0]["safetyLevel"], "elevated");
+    assert_eq!(
+        confirmations(&server, &vic, 0).await.len(),
+        0,
+        "a viewer is not asked"
+    );
+    let id = seen[0]["id"].as_str().expect("id").to_string();
+    let path = format!("/v1/confirmations/{id}");
+    // The program cannot approve itself, a viewer cannot approve at all.
+    let post = reqwest::Method::POST;
+    let yes = Some(json!({ "confirmed": true }));
+    assert_eq!(
+        as_client(&server, &planner, post.clone(), &path, yes.clone())
+            .await
+            .0,
+        403
+    );
+    assert_eq!(
+        as_client(&server, &vic, post.clone(), &path, yes.clone())
+            .await
+            .0,
+        403
+    );
+    let (status, answered) = as_client(&server, &alice, post.clone(), &path, yes.clone()).await;
+    assert_eq!(
+        (status, &answered["confirmedBy"]),
+        (200, &json!("alice")),
+        "{answered}"
+    );
+    // Bob is second: too late.
+    let no = Some(json!({ "confirmed": false }));
+    assert_eq!(as_client(&server, &bob, post, &path, no).await.0, 409);
+    let (_, reply, _) = robot_frame(&mut robot).await;
+    assert_eq!(reply["id"], "confirm-1");
+    assert_eq!(reply["result"]["confirmed"], true);
+    assert_eq!(reply["result"]["confirmedBy"], "alice");
+    robot_answers(
+        &mut robot,
+        &connection,
+        json!({ "jsonrpc": "2.0", "id": frame["id"],
+        "result": { "callId": "c9", "state": "completed", "result": {} } }),
+    )
+    .await;
+    assert_eq!(program.answer(&call).await["result"]["state"], "completed");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let (_, page) = server
+            .admin(
+                reqwest::Method::GET,
+                "/v1/robots/robot-1/audit?format=json",
+                None,
+            )
+            .await;
+        if let Some(record) = page["records"].as_array().and_then(|r| r.first()) {
+            assert_eq!(record["confirmedBy"], "alice", "{record}");
+            assert_eq!(record["subject"], "planner");
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no audit record");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_person_denies_and_the_robot_hears_no() {
+    let server = TestServer::start().await;
+    let mut robot = arp_robot(&server, "robot-1").await;
+    let (_program, connection) = initialized(&server, &mut robot, "planner", "operator").await;
+    server.grant("robot-1", "alice", "operator").await;
+    let alice = server.client_token("alice").await;
+    let ask = json!({ "jsonrpc": "2.0", "id": 7, "method": "arp.requestConfirmation",
+        "params": { "action": "drive", "safetyLevel": "elevated",
+                    "details": { "tool": "drive", "arguments": {} }, "timeout": 30 } });
+    robot_answers(&mut robot, &connection, ask).await;
+    let seen = confirmations(&server, &alice, 1).await;
+    let path = format!("/v1/confirmations/{}", seen[0]["id"].as_str().expect("id"));
+    let (status, _) = as_client(
+        &server,
+        &alice,
+        reqwest::Method::POST,
+        &path,
+        Some(json!({ "confirmed": false })),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let (_, reply, _) = robot_frame(&mut robot).await;
+    assert_eq!(
+        reply["result"],
+        json!({ "confirmed": false, "confirmedBy": "alice", "timestamp": reply["result"]["timestamp"] })
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn owners_and_the_admin_stop_a_robot_from_the_api_on_record() {
+    let server = TestServer::start().await;
+    let mut robot = arp_robot(&server, "robot-1").await;
+    server.grant("robot-1", "alice", "owner").await;
+    server.grant("robot-1", "bob", "operator").await;
+    let alice = server.client_token("alice").await;
+    let bob = server.client_token("bob").await;
+    let post = reqwest::Method::POST;
+    let path = "/v1/robots/robot-1/emergency-stop";
+    assert_eq!(
+        as_client(&server, &bob, post.clone(), path, None).await.0,
+        403
+    );
+    let (status, body) = as_client(&server, &alice, post, path, None).await;
+    assert_eq!(status, 202, "{body}");
+    let message = robot.recv_type("arp.frame").await;
+    assert_eq!(message["payload"]["frame"]["method"], "arp.emergencyStop");
+    assert_eq!(message["meta"]["session"]["subject"], "alice");
+    let end = robot.recv_type("signalling.disconnected").await;
+    assert_eq!(
+        end["payload"]["connectionId"],
+        message["payload"]["connectionId"]
+    );
+    let (status, _) = server.admin(reqwest::Method::POST, path, None).await;
+    assert_eq!(status, 202);
+    robot.recv_type("arp.frame").await;
+    // A robot that does not serve ARP, and an offline one: 409.
+    let (_plain, _key) = server.online_robot("robot-2").await;
+    assert_eq!(
+        server
+            .admin(
+                reqwest::Method::POST,
+                "/v1/robots/robot-2/emergency-stop",
+                None
+            )
+            .await
+            .0,
+        409
+    );
+    server.create_robot("robot-3").await;
+    assert_eq!(
+        server
+            .admin(
+                reqwest::Method::POST,
+                "/v1/robots/robot-3/emergency-stop",
+                None
+            )
+            .await
+            .0,
+        409
+    );
+    // Both stops are on record; the export is one JSON record per line.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let export = reqwest::Client::new()
+            .get(server.url("/v1/robots/robot-1/audit?format=jsonl"))
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+            .await
+            .expect("export");
+        assert_eq!(export.headers()["content-type"], "application/x-ndjson");
+        let text = export.text().await.expect("body");
+        let records: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("a JSON line"))
+            .collect();
+        if records.len() == 2 {
+            let by: Vec<_> = records
+                .iter()
+                .map(|r| (r["action"].clone(), r["subject"].clone()))
+                .collect();
+            assert_eq!(
+                by,
+                [
+                    (json!("emergency_stop"), json!("alice")),
+                    (json!("emergency_stop"), json!("admin"))
+                ]
+            );
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "records: {text}");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    server.shutdown().await;
+}
