@@ -490,6 +490,8 @@ export declare class ArpSession extends Emitter {
      * ArpError. Ids are unique in the session (1, 2, …).
      */
     request(method: string, params?: Record<string, unknown>, timeoutMs?: number | null): Promise<any>;
+    /** Sends a request; its id (null if it was not sent) and the promise of its result. */
+    private start;
     /** The robot's tools. */
     listTools(): Promise<ArpTool[]>;
     /**

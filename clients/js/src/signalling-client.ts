@@ -1094,6 +1094,7 @@ export class ArpSession extends Emitter {
     const session = new ArpSession(url, ws, options, options.subject);
     await new Promise<void>((resolve, reject) => {
       const timer = setTimeout(() => {
+        ws.onopen = null;
         ws.onclose = null;
         try { ws.close(); } catch { /* not open */ }
         session.state = 'closed';
@@ -1144,7 +1145,13 @@ export class ArpSession extends Emitter {
    * ArpError. Ids are unique in the session (1, 2, …).
    */
   request(method: string, params: Record<string, unknown> = {}, timeoutMs: number | null = this.opts.timeoutMs): Promise<any> {
-    return new Promise((resolve, reject) => {
+    return this.start(method, params, timeoutMs).promise;
+  }
+
+  /** Sends a request; its id (null if it was not sent) and the promise of its result. */
+  private start(method: string, params: Record<string, unknown>, timeoutMs: number | null): { id: number | null; promise: Promise<any> } {
+    let sentId: number | null = null;
+    const promise = new Promise((resolve, reject) => {
       // An e-stop is never held back by the pending limit.
       if (this.pending.size >= this.opts.maxPending && method !== 'arp.emergencyStop') {
         reject(ArpError.local('rate_limited', `${this.pending.size} requests already wait for an answer`, { limit: this.opts.maxPending }, ArpErrorCode.SafetyViolation));
@@ -1164,7 +1171,9 @@ export class ArpSession extends Emitter {
         reject(ArpError.local('timeout', `no answer to ${method} within ${timeoutMs} ms`));
       }, timeoutMs);
       this.pending.set(key, { method, resolve, reject, timer });
+      sentId = id;
     });
+    return { id: sentId, promise };
   }
 
   /** The robot's tools. */
@@ -1186,10 +1195,10 @@ export class ArpSession extends Emitter {
     if (signal?.aborted) return Promise.reject(ArpError.local('aborted', `${name} was aborted before it was sent`));
     const params: Record<string, unknown> = { name, arguments: args };
     if (options.idempotencyKey !== undefined) params.idempotencyKey = options.idempotencyKey;
-    const promise = this.request('arp.callTool', params, options.timeoutMs ?? null);
-    // `request` took the id just before sending: it is the latest.
-    const call: ArpCall = { requestId: this.nextId - 1, onProgress: options.onProgress, cancelWanted: false };
-    if (this.pending.has(String(call.requestId))) this.calls.push(call);
+    const { id, promise } = this.start('arp.callTool', params, options.timeoutMs ?? null);
+    if (id === null) return promise;
+    const call: ArpCall = { requestId: id, onProgress: options.onProgress, cancelWanted: false };
+    this.calls.push(call);
     const onAbort = () => {
       call.cancelWanted = true;
       if (call.callId) this.cancelSoon(call.callId);
