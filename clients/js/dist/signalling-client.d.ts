@@ -91,6 +91,8 @@ export declare class SignallingClient extends Emitter {
     /** This socket's id from the latest welcome. */
     connectionId: string | null;
     iceServers: RTCIceServer[];
+    /** The token's subject, once `me()` told it. */
+    subject: string | null;
     private ws;
     private urls;
     private urlIndex;
@@ -134,6 +136,15 @@ export declare class SignallingClient extends Emitter {
         subject: string;
         expiresAt: string | null;
     }>;
+    /**
+     * Opens an ARP session with a robot through this server's gateway
+     * (`/v1/robots/{robotId}/arp`, this client's token) and initializes it. With
+     * `onConfirmation`, the robot's confirmation requests come to this program, answered
+     * with `confirmedBy` = this token's subject (asked of `GET /v1/me` if not known yet).
+     */
+    connectArp(robotId: string, options?: ArpSessionOptions & {
+        subject?: string;
+    }): Promise<ArpSession>;
     /**
      * The robots this subject holds grants on, with online state and role
      * (`GET /v1/me/robots`; the server pushes no presence events, so poll it).
@@ -250,5 +261,303 @@ export declare class Session extends Emitter {
     private end;
     /** Ends the session: the robot is told through the server, the peer connection closes. */
     close(): Promise<void>;
+}
+export declare const ARP_PROTOCOL_VERSION = "0.1.0";
+/** The SDK's name and version in `arp.initialize`'s `clientInfo`. */
+export declare const SDK_INFO: {
+    readonly name: "@signalling/client";
+    readonly version: "0.1.0";
+};
+/** The largest frame the gateway accepts (64 KiB); a larger one is refused before sending. */
+export declare const ARP_MAX_FRAME_BYTES: number;
+/** The error codes of ARP 0.1.0 (JSON-RPC's and the spec's own). */
+export declare const ArpErrorCode: {
+    readonly ParseError: -32700;
+    readonly InvalidRequest: -32600;
+    readonly MethodNotFound: -32601;
+    readonly InvalidParams: -32602;
+    readonly InternalError: -32603;
+    readonly SafetyViolation: -40001;
+    readonly PreconditionFailed: -40002;
+    readonly ToolNotFound: -40003;
+    readonly ToolBusy: -40004;
+    readonly ConfirmationTimeout: -40005;
+    readonly ConfirmationDenied: -40006;
+    readonly EmergencyStopped: -40007;
+    readonly ContextNotFound: -40008;
+    readonly NotInitialized: -40009;
+};
+/**
+ * Every failure of an ARP session: a JSON-RPC error from the robot or the gateway, or one
+ * of the SDK's own. `reason` is `data.reason` when there is one: the gateway's
+ * `forbidden`, `robot_busy` (owners see `data.lockedBy`), `robot_offline`, `rate_limited`,
+ * `session_ended` (`data.cause` says why); the SDK's `closed`, `timeout`, `aborted`,
+ * `unauthorized`, `no_grant`, `connect_failed`, `too_large` (all `-32603` but `too_large`,
+ * `-32600`, and a full pending map, `-40001` `rate_limited`). A failed tool call has
+ * `data: {callId, state: "failed", …}`.
+ */
+export declare class ArpError extends Error {
+    readonly code: number;
+    readonly data?: any;
+    readonly reason?: string;
+    constructor(code: number, message: string, data?: any);
+    /** The call a failed `arp.callTool` names. */
+    get callId(): string | undefined;
+    /** From a JSON-RPC `error` object. */
+    static from(error: any): ArpError;
+    /** One of the SDK's own failures (`closed`, `timeout`, …). */
+    static local(reason: string, message: string, extra?: Record<string, unknown>, code?: number): ArpError;
+}
+export type ArpSafetyLevel = 'normal' | 'elevated' | 'critical';
+export interface ArpSafety {
+    level: ArpSafetyLevel;
+    requiresConfirmation: boolean;
+    reversible: boolean;
+    description: string;
+}
+/** A Physical Tool (`arp.listTools`). */
+export interface ArpTool {
+    name: string;
+    description: string;
+    /** JSON Schema of the arguments. */
+    parameters: Record<string, any>;
+    safety: ArpSafety;
+    preconditions?: any[];
+    effects?: any[];
+    /** Seconds. */
+    estimatedDuration?: number;
+}
+export interface ArpContextSource {
+    name: string;
+    description: string;
+    dataType: 'pose' | 'joints' | 'pointcloud' | 'image' | 'imu' | 'custom' | string;
+    coordinateFrame?: string;
+    updateRate?: number;
+    schema?: Record<string, any>;
+}
+export interface ArpConstraint {
+    name: string;
+    type: string;
+    enabled: boolean;
+    priority: number;
+    parameters: Record<string, any>;
+    violation_action: 'reject' | 'clamp' | 'emergency_stop' | string;
+}
+export interface ArpInitializeParams {
+    protocolVersion?: string;
+    clientInfo?: {
+        name: string;
+        version: string;
+    };
+    capabilities?: Record<string, unknown>;
+}
+export interface ArpInitializeResult {
+    protocolVersion: string;
+    serverInfo: {
+        name: string;
+        version: string;
+        robotModel?: string;
+        robotType?: string;
+    };
+    capabilities: {
+        tools: boolean;
+        context: boolean;
+        constraints: boolean;
+        planning: boolean;
+        confirmation: boolean;
+    };
+}
+/** How a tool call ended well: `completed` (with the tool's `result`) or `cancelled`. */
+export interface ArpCallResult {
+    callId: string;
+    state: 'completed' | 'cancelled';
+    result?: Record<string, any>;
+}
+/** `arp.toolProgress`: a running call's progress (0..1). */
+export interface ArpToolProgress {
+    callId: string;
+    progress: number;
+    message: string;
+    state: 'running';
+}
+/** `arp.contextUpdate`. */
+export interface ArpContextUpdate {
+    name: string;
+    timestamp: string;
+    data: any;
+}
+/** The robot's `arp.requestConfirmation`: a person should approve `action`. */
+export interface ArpConfirmationRequest {
+    action: string;
+    safetyLevel: ArpSafetyLevel;
+    details: {
+        tool: string;
+        arguments: Record<string, any>;
+    };
+    /** Seconds the robot waits before it refuses on its own. */
+    timeout: number;
+}
+/** What `onConfirmation` resolves to; `confirmedBy` defaults to the token's subject. */
+export interface ArpConfirmationAnswer {
+    confirmed: boolean;
+    confirmedBy?: string;
+}
+export interface CallToolOptions {
+    /** 1–128 characters: a retry with the same key never runs the tool twice. */
+    idempotencyKey?: string;
+    /** This call's progress (also emitted as the session's `progress` event). */
+    onProgress?: (p: ArpToolProgress) => void;
+    /**
+     * Aborting sends `arp.cancelTool` for this call as soon as its `callId` is known (from
+     * its first progress); the promise then settles with the robot's answer (`cancelled`).
+     * Aborted before it was sent, the call is not sent and rejects (`aborted`).
+     */
+    signal?: AbortSignal;
+    /** Give up waiting after this long (default: wait for the call to end). */
+    timeoutMs?: number;
+}
+export interface ArpSessionOptions {
+    /** Send `arp.initialize` on connect (default true); else call `initialize()` yourself. */
+    initialize?: boolean;
+    /** Extra `arp.initialize` params (`clientInfo`, `capabilities`). */
+    initializeParams?: ArpInitializeParams;
+    /**
+     * Answers the robot's `arp.requestConfirmation`. Given, the session declares
+     * `capabilities.confirmation: true` and the robot asks this program; absent, it does not,
+     * and people approve in the console. A throw or a rejection answers `confirmed: false`.
+     */
+    onConfirmation?: (request: ArpConfirmationRequest) => Promise<ArpConfirmationAnswer> | ArpConfirmationAnswer;
+    /** Default timeout of requests other than `callTool` (default 15 s). */
+    timeoutMs?: number;
+    /** How long the socket may take to open (default 10 s). */
+    connectTimeoutMs?: number;
+    /** Requests that may wait for an answer at once (default 256, as the gateway). */
+    maxPending?: number;
+}
+export interface ArpConnectOptions extends ArpSessionOptions {
+    /** The gateway's URL, `wss://host/v1/robots/{robotId}/arp` (see `arpUrl`). */
+    url: string;
+    /** A client token or a JWT (as for `/ws`). */
+    token: string | (() => string | Promise<string>);
+    /** Who approves confirmations (`confirmedBy`); default `"sdk"`. */
+    subject?: string;
+    WebSocket?: typeof WebSocket;
+    /** To tell a refused token or a missing grant from a network failure. */
+    fetch?: typeof fetch;
+}
+/** `wss://host/ws` (or `https://host`) → `wss://host/v1/robots/{robotId}/arp`. */
+export declare function arpUrl(serverUrl: string, robotId: string): string;
+export type ArpSessionState = 'connecting' | 'open' | 'closed';
+/**
+ * A program's ARP session with one robot through the server's gateway: the robot's tools,
+ * context and constraints, with the same grant, role, control lock and record as a person.
+ *
+ * Events: `progress` (ArpToolProgress, every call's), `context` (ArpContextUpdate),
+ * `emergencyStop` (the robot's `arp.emergencyStop` notification params), `notification`
+ * (method, params: every notification), `error` (ArpError the gateway sent without an id,
+ * e.g. frames dropped as `rate_limited`), `close` ({code, reason}).
+ */
+export declare class ArpSession extends Emitter {
+    state: ArpSessionState;
+    readonly url: string;
+    /** The robot's `arp.initialize` answer, once initialized. */
+    server: ArpInitializeResult | null;
+    /** The close code and reason of the socket, once closed. */
+    closeCode: number | null;
+    closeReason: string;
+    private ws;
+    private nextId;
+    private pending;
+    private calls;
+    private subscriptions;
+    private readonly opts;
+    private readonly confirmedBy;
+    private constructor();
+    /**
+     * Opens the gateway's socket (the token as a `bearer.` subprotocol, else `?token=`) and,
+     * unless `initialize: false`, initializes. Rejects with an ArpError: `unauthorized`,
+     * `no_grant` (the server answers 403 before the upgrade), `connect_failed`, `timeout`, or
+     * the robot's or gateway's refusal of `arp.initialize` (`robot_offline`, `robot_busy`).
+     */
+    static connect(options: ArpConnectOptions): Promise<ArpSession>;
+    /**
+     * `arp.initialize`: opens the session on the gateway (the control lock for an operator
+     * or owner). `capabilities.confirmation` is true exactly when `onConfirmation` is given.
+     */
+    initialize(params?: ArpInitializeParams): Promise<ArpInitializeResult>;
+    /**
+     * Sends one JSON-RPC request and resolves with its `result`; an `error` rejects as an
+     * ArpError. Ids are unique in the session (1, 2, …).
+     */
+    request(method: string, params?: Record<string, unknown>, timeoutMs?: number | null): Promise<any>;
+    /** Sends a request; its id (null if it was not sent) and the promise of its result. */
+    private start;
+    /** The robot's tools. */
+    listTools(): Promise<ArpTool[]>;
+    /**
+     * Calls a tool and resolves when the call ends: `{callId, state: "completed" |
+     * "cancelled", result?}`. A failed call rejects with an ArpError whose `data` is
+     * `{callId, state: "failed", …}`. Progress goes to `onProgress` and the `progress` event.
+     *
+     * The robot names a call's `callId` only in its progress and its answer, so a progress
+     * with a new `callId` is taken as the oldest running call's that has none yet
+     * (robot-agent runs one motion call at a time).
+     */
+    callTool(name: string, args?: Record<string, unknown>, options?: CallToolOptions): Promise<ArpCallResult>;
+    /** `arp.cancelTool`: the call itself then answers `state: "cancelled"`. */
+    cancelTool(callId: string): Promise<{
+        callId: string;
+        cancelled: boolean;
+    }>;
+    /** The robot's context sources. */
+    listContext(): Promise<ArpContextSource[]>;
+    /**
+     * Subscribes to a context source; `onUpdate` gets every `arp.contextUpdate` of it (at
+     * most `maxRate` per second). Subscribing again to `name` replaces the earlier handler.
+     */
+    subscribeContext(name: string, options?: {
+        maxRate?: number;
+    }, onUpdate?: (u: ArpContextUpdate) => void): Promise<{
+        name: string;
+        subscribed: boolean;
+    }>;
+    unsubscribeContext(name: string): Promise<{
+        name: string;
+        subscribed: boolean;
+    }>;
+    listConstraints(): Promise<ArpConstraint[]>;
+    getConstraint(name: string): Promise<ArpConstraint>;
+    /** `arp.setWorkspace` (operator or owner): `{name, bounds: {type: "box", min, max, frame?}}`. */
+    setWorkspace(params: {
+        name: string;
+        bounds: Record<string, unknown>;
+        objects?: unknown[];
+    }): Promise<{
+        name: string;
+        applied: boolean;
+    }>;
+    /**
+     * Stops the robot and latches its e-stop (anyone may, viewers too); every running call
+     * ends failed `-40007`. Never held back by the pending limit.
+     */
+    emergencyStop(reason?: string): Promise<{
+        stopped: boolean;
+    }>;
+    /** `arp.shutdown` (calls cancelled, control released), then `close()`. */
+    shutdown(): Promise<void>;
+    /**
+     * Closes the socket (code 1000): the gateway ends the session, the robot cancels its
+     * calls and releases control. Whatever still waits rejects with `closed`.
+     */
+    close(): void;
+    private sendFrame;
+    private trySend;
+    private cancelSoon;
+    private frame;
+    private notification;
+    /** A request of the robot: confirmations go to `onConfirmation`; nothing else is served. */
+    private robotRequest;
+    /** The socket closed: everything waiting rejects with `closed`. */
+    private closed;
 }
 export {};

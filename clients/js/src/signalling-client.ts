@@ -162,6 +162,8 @@ export class SignallingClient extends Emitter {
   /** This socket's id from the latest welcome. */
   connectionId: string | null = null;
   iceServers: RTCIceServer[] = [];
+  /** The token's subject, once `me()` told it. */
+  subject: string | null = null;
   private ws: WebSocket | null = null;
   private urls: string[];
   private urlIndex = 0;
@@ -392,8 +394,30 @@ export class SignallingClient extends Emitter {
   }
 
   /** Who the token names: `{subject, expiresAt}` (`GET /v1/me`). */
-  me(): Promise<{ subject: string; expiresAt: string | null }> {
-    return this.http('/v1/me');
+  async me(): Promise<{ subject: string; expiresAt: string | null }> {
+    const me = await this.http('/v1/me');
+    if (typeof me?.subject === 'string') this.subject = me.subject;
+    return me;
+  }
+
+  /**
+   * Opens an ARP session with a robot through this server's gateway
+   * (`/v1/robots/{robotId}/arp`, this client's token) and initializes it. With
+   * `onConfirmation`, the robot's confirmation requests come to this program, answered
+   * with `confirmedBy` = this token's subject (asked of `GET /v1/me` if not known yet).
+   */
+  async connectArp(robotId: string, options: ArpSessionOptions & { subject?: string } = {}): Promise<ArpSession> {
+    if (options.onConfirmation && !options.subject && !this.subject) await this.me().catch(() => null);
+    return ArpSession.connect({
+      url: arpUrl(this.url, robotId),
+      token: this.opts.token,
+      WebSocket: this.opts.WebSocket,
+      fetch: this.opts.fetch,
+      connectTimeoutMs: this.opts.connectTimeoutMs,
+      timeoutMs: this.opts.timeoutMs,
+      ...options,
+      subject: options.subject ?? this.subject ?? undefined,
+    });
   }
 
   /**
@@ -796,4 +820,609 @@ export class Session extends Emitter {
 
 function clamp(x: number): number {
   return Number.isFinite(x) ? Math.max(-1, Math.min(1, x)) : 0;
+}
+
+// ---------------------------------------------------------------------------------------
+// ARP: a program's session with a robot through the server's gateway
+// (`/v1/robots/{robotId}/arp`), JSON-RPC 2.0 frames of ARP 0.1.0 as the robot serves them.
+// ---------------------------------------------------------------------------------------
+
+export const ARP_PROTOCOL_VERSION = '0.1.0';
+/** The SDK's name and version in `arp.initialize`'s `clientInfo`. */
+export const SDK_INFO = { name: '@signalling/client', version: '0.1.0' } as const;
+/** The largest frame the gateway accepts (64 KiB); a larger one is refused before sending. */
+export const ARP_MAX_FRAME_BYTES = 64 * 1024;
+
+/** The error codes of ARP 0.1.0 (JSON-RPC's and the spec's own). */
+export const ArpErrorCode = {
+  ParseError: -32700,
+  InvalidRequest: -32600,
+  MethodNotFound: -32601,
+  InvalidParams: -32602,
+  InternalError: -32603,
+  SafetyViolation: -40001,
+  PreconditionFailed: -40002,
+  ToolNotFound: -40003,
+  ToolBusy: -40004,
+  ConfirmationTimeout: -40005,
+  ConfirmationDenied: -40006,
+  EmergencyStopped: -40007,
+  ContextNotFound: -40008,
+  NotInitialized: -40009,
+} as const;
+
+/**
+ * Every failure of an ARP session: a JSON-RPC error from the robot or the gateway, or one
+ * of the SDK's own. `reason` is `data.reason` when there is one: the gateway's
+ * `forbidden`, `robot_busy` (owners see `data.lockedBy`), `robot_offline`, `rate_limited`,
+ * `session_ended` (`data.cause` says why); the SDK's `closed`, `timeout`, `aborted`,
+ * `unauthorized`, `no_grant`, `connect_failed`, `too_large` (all `-32603` but `too_large`,
+ * `-32600`, and a full pending map, `-40001` `rate_limited`). A failed tool call has
+ * `data: {callId, state: "failed", …}`.
+ */
+export class ArpError extends Error {
+  readonly code: number;
+  readonly data?: any;
+  readonly reason?: string;
+  constructor(code: number, message: string, data?: any) {
+    super(message);
+    this.name = 'ArpError';
+    this.code = code;
+    this.data = data;
+    this.reason = typeof data?.reason === 'string' ? data.reason : undefined;
+  }
+  /** The call a failed `arp.callTool` names. */
+  get callId(): string | undefined {
+    return typeof this.data?.callId === 'string' ? this.data.callId : undefined;
+  }
+  /** From a JSON-RPC `error` object. */
+  static from(error: any): ArpError {
+    const code = Number.isInteger(error?.code) ? error.code : ArpErrorCode.InternalError;
+    return new ArpError(code, String(error?.message ?? 'ARP error'), error?.data);
+  }
+  /** One of the SDK's own failures (`closed`, `timeout`, …). */
+  static local(reason: string, message: string, extra: Record<string, unknown> = {}, code: number = ArpErrorCode.InternalError): ArpError {
+    return new ArpError(code, message, { reason, ...extra });
+  }
+}
+
+export type ArpSafetyLevel = 'normal' | 'elevated' | 'critical';
+
+export interface ArpSafety {
+  level: ArpSafetyLevel;
+  requiresConfirmation: boolean;
+  reversible: boolean;
+  description: string;
+}
+
+/** A Physical Tool (`arp.listTools`). */
+export interface ArpTool {
+  name: string;
+  description: string;
+  /** JSON Schema of the arguments. */
+  parameters: Record<string, any>;
+  safety: ArpSafety;
+  preconditions?: any[];
+  effects?: any[];
+  /** Seconds. */
+  estimatedDuration?: number;
+}
+
+export interface ArpContextSource {
+  name: string;
+  description: string;
+  dataType: 'pose' | 'joints' | 'pointcloud' | 'image' | 'imu' | 'custom' | string;
+  coordinateFrame?: string;
+  updateRate?: number;
+  schema?: Record<string, any>;
+}
+
+export interface ArpConstraint {
+  name: string;
+  type: string;
+  enabled: boolean;
+  priority: number;
+  parameters: Record<string, any>;
+  violation_action: 'reject' | 'clamp' | 'emergency_stop' | string;
+}
+
+export interface ArpInitializeParams {
+  protocolVersion?: string;
+  clientInfo?: { name: string; version: string };
+  capabilities?: Record<string, unknown>;
+}
+
+export interface ArpInitializeResult {
+  protocolVersion: string;
+  serverInfo: { name: string; version: string; robotModel?: string; robotType?: string };
+  capabilities: { tools: boolean; context: boolean; constraints: boolean; planning: boolean; confirmation: boolean };
+}
+
+/** How a tool call ended well: `completed` (with the tool's `result`) or `cancelled`. */
+export interface ArpCallResult {
+  callId: string;
+  state: 'completed' | 'cancelled';
+  result?: Record<string, any>;
+}
+
+/** `arp.toolProgress`: a running call's progress (0..1). */
+export interface ArpToolProgress {
+  callId: string;
+  progress: number;
+  message: string;
+  state: 'running';
+}
+
+/** `arp.contextUpdate`. */
+export interface ArpContextUpdate {
+  name: string;
+  timestamp: string;
+  data: any;
+}
+
+/** The robot's `arp.requestConfirmation`: a person should approve `action`. */
+export interface ArpConfirmationRequest {
+  action: string;
+  safetyLevel: ArpSafetyLevel;
+  details: { tool: string; arguments: Record<string, any> };
+  /** Seconds the robot waits before it refuses on its own. */
+  timeout: number;
+}
+
+/** What `onConfirmation` resolves to; `confirmedBy` defaults to the token's subject. */
+export interface ArpConfirmationAnswer {
+  confirmed: boolean;
+  confirmedBy?: string;
+}
+
+export interface CallToolOptions {
+  /** 1–128 characters: a retry with the same key never runs the tool twice. */
+  idempotencyKey?: string;
+  /** This call's progress (also emitted as the session's `progress` event). */
+  onProgress?: (p: ArpToolProgress) => void;
+  /**
+   * Aborting sends `arp.cancelTool` for this call as soon as its `callId` is known (from
+   * its first progress); the promise then settles with the robot's answer (`cancelled`).
+   * Aborted before it was sent, the call is not sent and rejects (`aborted`).
+   */
+  signal?: AbortSignal;
+  /** Give up waiting after this long (default: wait for the call to end). */
+  timeoutMs?: number;
+}
+
+export interface ArpSessionOptions {
+  /** Send `arp.initialize` on connect (default true); else call `initialize()` yourself. */
+  initialize?: boolean;
+  /** Extra `arp.initialize` params (`clientInfo`, `capabilities`). */
+  initializeParams?: ArpInitializeParams;
+  /**
+   * Answers the robot's `arp.requestConfirmation`. Given, the session declares
+   * `capabilities.confirmation: true` and the robot asks this program; absent, it does not,
+   * and people approve in the console. A throw or a rejection answers `confirmed: false`.
+   */
+  onConfirmation?: (request: ArpConfirmationRequest) => Promise<ArpConfirmationAnswer> | ArpConfirmationAnswer;
+  /** Default timeout of requests other than `callTool` (default 15 s). */
+  timeoutMs?: number;
+  /** How long the socket may take to open (default 10 s). */
+  connectTimeoutMs?: number;
+  /** Requests that may wait for an answer at once (default 256, as the gateway). */
+  maxPending?: number;
+}
+
+export interface ArpConnectOptions extends ArpSessionOptions {
+  /** The gateway's URL, `wss://host/v1/robots/{robotId}/arp` (see `arpUrl`). */
+  url: string;
+  /** A client token or a JWT (as for `/ws`). */
+  token: string | (() => string | Promise<string>);
+  /** Who approves confirmations (`confirmedBy`); default `"sdk"`. */
+  subject?: string;
+  WebSocket?: typeof WebSocket;
+  /** To tell a refused token or a missing grant from a network failure. */
+  fetch?: typeof fetch;
+}
+
+/** `wss://host/ws` (or `https://host`) → `wss://host/v1/robots/{robotId}/arp`. */
+export function arpUrl(serverUrl: string, robotId: string): string {
+  const u = new URL(serverUrl);
+  const scheme = u.protocol === 'wss:' || u.protocol === 'https:' ? 'wss:' : 'ws:';
+  return `${scheme}//${u.host}/v1/robots/${encodeURIComponent(robotId)}/arp`;
+}
+
+interface ArpPending {
+  method: string;
+  resolve: (result: any) => void;
+  reject: (e: ArpError) => void;
+  timer: ReturnType<typeof setTimeout> | null;
+}
+
+interface ArpCall {
+  requestId: number;
+  callId?: string;
+  onProgress?: (p: ArpToolProgress) => void;
+  cancelWanted: boolean;
+}
+
+export type ArpSessionState = 'connecting' | 'open' | 'closed';
+
+/**
+ * A program's ARP session with one robot through the server's gateway: the robot's tools,
+ * context and constraints, with the same grant, role, control lock and record as a person.
+ *
+ * Events: `progress` (ArpToolProgress, every call's), `context` (ArpContextUpdate),
+ * `emergencyStop` (the robot's `arp.emergencyStop` notification params), `notification`
+ * (method, params: every notification), `error` (ArpError the gateway sent without an id,
+ * e.g. frames dropped as `rate_limited`), `close` ({code, reason}).
+ */
+export class ArpSession extends Emitter {
+  state: ArpSessionState = 'connecting';
+  readonly url: string;
+  /** The robot's `arp.initialize` answer, once initialized. */
+  server: ArpInitializeResult | null = null;
+  /** The close code and reason of the socket, once closed. */
+  closeCode: number | null = null;
+  closeReason = '';
+  private ws: WebSocket;
+  private nextId = 1;
+  private pending = new Map<string, ArpPending>();
+  private calls: ArpCall[] = [];
+  private subscriptions = new Map<string, (u: ArpContextUpdate) => void>();
+  private readonly opts: ArpSessionOptions & { timeoutMs: number; maxPending: number };
+  private readonly confirmedBy: string;
+
+  private constructor(url: string, ws: WebSocket, opts: ArpSessionOptions, subject?: string) {
+    super();
+    this.url = url;
+    this.ws = ws;
+    this.opts = { timeoutMs: 15_000, maxPending: 256, ...opts };
+    this.confirmedBy = subject || 'sdk';
+    ws.onmessage = (ev) => this.frame(ev.data);
+  }
+
+  /**
+   * Opens the gateway's socket (the token as a `bearer.` subprotocol, else `?token=`) and,
+   * unless `initialize: false`, initializes. Rejects with an ArpError: `unauthorized`,
+   * `no_grant` (the server answers 403 before the upgrade), `connect_failed`, `timeout`, or
+   * the robot's or gateway's refusal of `arp.initialize` (`robot_offline`, `robot_busy`).
+   */
+  static async connect(options: ArpConnectOptions): Promise<ArpSession> {
+    const token = typeof options.token === 'function' ? await options.token() : options.token;
+    const WS = options.WebSocket ?? globalThis.WebSocket;
+    const url = options.url;
+    const ws = tokenSafeForProtocol(token)
+      ? new WS(url, [`bearer.${token}`])
+      : new WS(`${url}${url.includes('?') ? '&' : '?'}token=${encodeURIComponent(token)}`);
+    const session = new ArpSession(url, ws, options, options.subject);
+    await new Promise<void>((resolve, reject) => {
+      const timer = setTimeout(() => {
+        ws.onopen = null;
+        ws.onclose = null;
+        try { ws.close(); } catch { /* not open */ }
+        session.state = 'closed';
+        reject(ArpError.local('timeout', `the ARP gateway at ${url} did not open`));
+      }, options.connectTimeoutMs ?? 10_000);
+      ws.onopen = () => {
+        clearTimeout(timer);
+        session.state = 'open';
+        ws.onclose = (ev) => session.closed(ev.code, ev.reason ?? '');
+        resolve();
+      };
+      ws.onclose = (ev) => {
+        clearTimeout(timer);
+        session.state = 'closed';
+        // The browser hides the upgrade's status (401, 403): ask the HTTP API.
+        diagnoseArp(url, token, options.fetch, ev.code).then(reject, () =>
+          reject(ArpError.local('connect_failed', `the ARP gateway at ${url} closed (${ev.code})`, { code: ev.code })));
+      };
+      ws.onerror = () => { /* onclose follows and decides */ };
+    });
+    if (options.initialize !== false) {
+      try {
+        await session.initialize(options.initializeParams);
+      } catch (e) {
+        session.close();
+        throw e;
+      }
+    }
+    return session;
+  }
+
+  /**
+   * `arp.initialize`: opens the session on the gateway (the control lock for an operator
+   * or owner). `capabilities.confirmation` is true exactly when `onConfirmation` is given.
+   */
+  async initialize(params: ArpInitializeParams = this.opts.initializeParams ?? {}): Promise<ArpInitializeResult> {
+    const result: ArpInitializeResult = await this.request('arp.initialize', {
+      protocolVersion: params.protocolVersion ?? ARP_PROTOCOL_VERSION,
+      clientInfo: params.clientInfo ?? { ...SDK_INFO },
+      capabilities: { planning: false, ...params.capabilities, confirmation: !!this.opts.onConfirmation },
+    });
+    this.server = result;
+    return result;
+  }
+
+  /**
+   * Sends one JSON-RPC request and resolves with its `result`; an `error` rejects as an
+   * ArpError. Ids are unique in the session (1, 2, …).
+   */
+  request(method: string, params: Record<string, unknown> = {}, timeoutMs: number | null = this.opts.timeoutMs): Promise<any> {
+    return this.start(method, params, timeoutMs).promise;
+  }
+
+  /** Sends a request; its id (null if it was not sent) and the promise of its result. */
+  private start(method: string, params: Record<string, unknown>, timeoutMs: number | null): { id: number | null; promise: Promise<any> } {
+    let sentId: number | null = null;
+    const promise = new Promise((resolve, reject) => {
+      // An e-stop is never held back by the pending limit.
+      if (this.pending.size >= this.opts.maxPending && method !== 'arp.emergencyStop') {
+        reject(ArpError.local('rate_limited', `${this.pending.size} requests already wait for an answer`, { limit: this.opts.maxPending }, ArpErrorCode.SafetyViolation));
+        return;
+      }
+      const id = this.nextId++;
+      const key = String(id);
+      try {
+        this.sendFrame({ jsonrpc: '2.0', id, method, params });
+      } catch (e) {
+        reject(e);
+        return;
+      }
+      const timer = timeoutMs == null ? null : setTimeout(() => {
+        this.pending.delete(key);
+        this.calls = this.calls.filter((c) => c.requestId !== id);
+        reject(ArpError.local('timeout', `no answer to ${method} within ${timeoutMs} ms`));
+      }, timeoutMs);
+      this.pending.set(key, { method, resolve, reject, timer });
+      sentId = id;
+    });
+    return { id: sentId, promise };
+  }
+
+  /** The robot's tools. */
+  async listTools(): Promise<ArpTool[]> {
+    return (await this.request('arp.listTools')).tools ?? [];
+  }
+
+  /**
+   * Calls a tool and resolves when the call ends: `{callId, state: "completed" |
+   * "cancelled", result?}`. A failed call rejects with an ArpError whose `data` is
+   * `{callId, state: "failed", …}`. Progress goes to `onProgress` and the `progress` event.
+   *
+   * The robot names a call's `callId` only in its progress and its answer, so a progress
+   * with a new `callId` is taken as the oldest running call's that has none yet
+   * (robot-agent runs one motion call at a time).
+   */
+  callTool(name: string, args: Record<string, unknown> = {}, options: CallToolOptions = {}): Promise<ArpCallResult> {
+    const { signal } = options;
+    if (signal?.aborted) return Promise.reject(ArpError.local('aborted', `${name} was aborted before it was sent`));
+    const params: Record<string, unknown> = { name, arguments: args };
+    if (options.idempotencyKey !== undefined) params.idempotencyKey = options.idempotencyKey;
+    const { id, promise } = this.start('arp.callTool', params, options.timeoutMs ?? null);
+    if (id === null) return promise;
+    const call: ArpCall = { requestId: id, onProgress: options.onProgress, cancelWanted: false };
+    this.calls.push(call);
+    const onAbort = () => {
+      call.cancelWanted = true;
+      if (call.callId) this.cancelSoon(call.callId);
+    };
+    signal?.addEventListener('abort', onAbort, { once: true });
+    const done = () => {
+      signal?.removeEventListener('abort', onAbort);
+      this.calls = this.calls.filter((c) => c !== call);
+    };
+    return promise.then(
+      (r) => { done(); return r as ArpCallResult; },
+      (e) => { done(); throw e; },
+    );
+  }
+
+  /** `arp.cancelTool`: the call itself then answers `state: "cancelled"`. */
+  cancelTool(callId: string): Promise<{ callId: string; cancelled: boolean }> {
+    return this.request('arp.cancelTool', { callId });
+  }
+
+  /** The robot's context sources. */
+  async listContext(): Promise<ArpContextSource[]> {
+    return (await this.request('arp.listContext')).sources ?? [];
+  }
+
+  /**
+   * Subscribes to a context source; `onUpdate` gets every `arp.contextUpdate` of it (at
+   * most `maxRate` per second). Subscribing again to `name` replaces the earlier handler.
+   */
+  async subscribeContext(name: string, options: { maxRate?: number } = {}, onUpdate?: (u: ArpContextUpdate) => void): Promise<{ name: string; subscribed: boolean }> {
+    const before = this.subscriptions.get(name);
+    if (onUpdate) this.subscriptions.set(name, onUpdate);
+    const params: Record<string, unknown> = { name };
+    if (options.maxRate !== undefined) params.maxRate = options.maxRate;
+    try {
+      return await this.request('arp.subscribeContext', params);
+    } catch (e) {
+      if (before) this.subscriptions.set(name, before);
+      else this.subscriptions.delete(name);
+      throw e;
+    }
+  }
+
+  async unsubscribeContext(name: string): Promise<{ name: string; subscribed: boolean }> {
+    this.subscriptions.delete(name);
+    return this.request('arp.unsubscribeContext', { name });
+  }
+
+  async listConstraints(): Promise<ArpConstraint[]> {
+    return (await this.request('arp.listConstraints')).constraints ?? [];
+  }
+
+  getConstraint(name: string): Promise<ArpConstraint> {
+    return this.request('arp.getConstraint', { name });
+  }
+
+  /** `arp.setWorkspace` (operator or owner): `{name, bounds: {type: "box", min, max, frame?}}`. */
+  setWorkspace(params: { name: string; bounds: Record<string, unknown>; objects?: unknown[] }): Promise<{ name: string; applied: boolean }> {
+    return this.request('arp.setWorkspace', params);
+  }
+
+  /**
+   * Stops the robot and latches its e-stop (anyone may, viewers too); every running call
+   * ends failed `-40007`. Never held back by the pending limit.
+   */
+  emergencyStop(reason = 'emergency stop from @signalling/client'): Promise<{ stopped: boolean }> {
+    return this.request('arp.emergencyStop', { reason });
+  }
+
+  /** `arp.shutdown` (calls cancelled, control released), then `close()`. */
+  async shutdown(): Promise<void> {
+    try {
+      await this.request('arp.shutdown');
+    } finally {
+      this.close();
+    }
+  }
+
+  /**
+   * Closes the socket (code 1000): the gateway ends the session, the robot cancels its
+   * calls and releases control. Whatever still waits rejects with `closed`.
+   */
+  close(): void {
+    if (this.state === 'closed') return;
+    try { this.ws.close(1000); } catch { /* already closed */ }
+    this.closed(1000, 'closed by the client');
+  }
+
+  private sendFrame(frame: Record<string, unknown>): void {
+    if (this.state !== 'open' || this.ws.readyState !== 1) {
+      throw ArpError.local('closed', 'the ARP session is not open', { code: this.closeCode });
+    }
+    const text = JSON.stringify(frame);
+    // Characters are at most 3 bytes per UTF-16 unit: check the exact size only when near.
+    if (text.length * 3 > ARP_MAX_FRAME_BYTES && new TextEncoder().encode(text).length > ARP_MAX_FRAME_BYTES) {
+      throw ArpError.local('too_large', `the frame is over ${ARP_MAX_FRAME_BYTES} bytes`, { limit: ARP_MAX_FRAME_BYTES }, ArpErrorCode.InvalidRequest);
+    }
+    this.ws.send(text);
+  }
+
+  private trySend(frame: Record<string, unknown>): void {
+    try {
+      this.sendFrame(frame);
+    } catch {
+      // Closed meanwhile: the robot stops waiting on its own.
+    }
+  }
+
+  private cancelSoon(callId: string): void {
+    this.cancelTool(callId).catch((e) => this.emit('error', e));
+  }
+
+  private frame(data: unknown): void {
+    if (typeof data !== 'string') return;
+    let m: any;
+    try {
+      m = JSON.parse(data);
+    } catch {
+      return;
+    }
+    if (!m || typeof m !== 'object' || Array.isArray(m)) return;
+    if (typeof m.method === 'string') {
+      if (m.id !== undefined && m.id !== null) void this.robotRequest(m.id, m.method, m.params ?? {});
+      else this.notification(m.method, m.params ?? {});
+      return;
+    }
+    const p = m.id === undefined || m.id === null ? undefined : this.pending.get(String(m.id));
+    if (!p) {
+      if (m.error) this.emit('error', ArpError.from(m.error));
+      return;
+    }
+    this.pending.delete(String(m.id));
+    if (p.timer) clearTimeout(p.timer);
+    if (m.error) p.reject(ArpError.from(m.error));
+    else p.resolve(m.result);
+  }
+
+  private notification(method: string, params: any): void {
+    if (method === 'arp.toolProgress') {
+      const progress = params as ArpToolProgress;
+      let call = this.calls.find((c) => c.callId === progress.callId);
+      if (!call) {
+        call = this.calls.find((c) => c.callId === undefined);
+        if (call) {
+          call.callId = progress.callId;
+          if (call.cancelWanted) this.cancelSoon(progress.callId);
+        }
+      }
+      if (call?.onProgress) callSafely(call.onProgress, progress);
+      this.emit('progress', progress);
+    } else if (method === 'arp.contextUpdate') {
+      const update = params as ArpContextUpdate;
+      const handler = this.subscriptions.get(update.name);
+      if (handler) callSafely(handler, update);
+      this.emit('context', update);
+    } else if (method === 'arp.emergencyStop') {
+      this.emit('emergencyStop', params);
+    }
+    this.emit('notification', method, params);
+  }
+
+  /** A request of the robot: confirmations go to `onConfirmation`; nothing else is served. */
+  private async robotRequest(id: unknown, method: string, params: any): Promise<void> {
+    if (method !== 'arp.requestConfirmation') {
+      this.trySend({ jsonrpc: '2.0', id, error: { code: ArpErrorCode.MethodNotFound, message: `${method} is not served by this client` } });
+      return;
+    }
+    let confirmed = false;
+    let confirmedBy = this.confirmedBy;
+    const handler = this.opts.onConfirmation;
+    if (handler) {
+      try {
+        const answer = await handler(params as ArpConfirmationRequest);
+        confirmed = answer?.confirmed === true;
+        if (typeof answer?.confirmedBy === 'string' && answer.confirmedBy) confirmedBy = answer.confirmedBy;
+      } catch {
+        confirmed = false;
+      }
+    } else {
+      confirmedBy = `${this.confirmedBy} (no confirmation handler; refused)`;
+    }
+    this.trySend({ jsonrpc: '2.0', id, result: { confirmed, confirmedBy, timestamp: new Date().toISOString() } });
+  }
+
+  /** The socket closed: everything waiting rejects with `closed`. */
+  private closed(code: number, reason: string): void {
+    if (this.closeCode !== null) return;
+    this.state = 'closed';
+    this.closeCode = code;
+    this.closeReason = reason;
+    for (const [key, p] of this.pending) {
+      if (p.timer) clearTimeout(p.timer);
+      this.pending.delete(key);
+      p.reject(ArpError.local('closed', `the ARP session closed before ${p.method} was answered (${code}${reason ? `: ${reason}` : ''})`, { code, closeReason: reason }));
+    }
+    this.calls = [];
+    this.subscriptions.clear();
+    this.emit('close', { code, reason });
+  }
+}
+
+function callSafely<T>(fn: (v: T) => void, v: T): void {
+  try {
+    fn(v);
+  } catch (e) {
+    setTimeout(() => { throw e; });
+  }
+}
+
+/** Why the gateway's socket did not open: a refused token, no grant, or the network. */
+async function diagnoseArp(url: string, token: string, f: typeof fetch | undefined, code: number): Promise<ArpError> {
+  const failed = ArpError.local('connect_failed', `the ARP gateway at ${url} closed (${code})`, { code });
+  f ??= globalThis.fetch;
+  if (!f) return failed;
+  const base = httpBase(url);
+  const robotId = decodeURIComponent(new URL(url).pathname.split('/')[3] ?? '');
+  const headers = { authorization: `Bearer ${token}` };
+  const robots = await f(`${base}/v1/me/robots`, { headers });
+  if (robots.status === 401) return ArpError.local('unauthorized', 'the token was refused', { status: 401 });
+  if (robots.status === 200) {
+    const list = await robots.json().catch(() => null);
+    if (Array.isArray(list) && !list.some((r: any) => r?.robotId === robotId)) {
+      return ArpError.local('no_grant', `no grant for robot ${robotId}`, { status: 403, robotId });
+    }
+  }
+  return failed;
 }

@@ -112,3 +112,69 @@ export async function until(what, fn, timeoutMs = 2000) {
     await new Promise((r) => setTimeout(r, 2));
   }
 }
+
+/**
+ * The ARP gateway's socket, the test playing the gateway and the robot behind it: frames
+ * are bare JSON-RPC 2.0 objects both ways. Opens on the next tick unless refused first.
+ */
+export class FakeArpSocket {
+  static instances = [];
+  /** When set, the socket closes with this code instead of opening (a refused upgrade). */
+  static refuseWith = null;
+  constructor(url, protocols) {
+    this.url = url;
+    this.protocols = protocols;
+    this.readyState = 0;
+    this.sent = [];
+    this.closedWith = null;
+    FakeArpSocket.instances.push(this);
+    const refuse = FakeArpSocket.refuseWith;
+    queueMicrotask(() => {
+      if (this.readyState !== 0) return;
+      if (refuse !== null) return this.end(refuse, '');
+      this.readyState = 1;
+      this.onopen?.();
+    });
+  }
+  static reset() { FakeArpSocket.instances = []; FakeArpSocket.refuseWith = null; }
+  static last() { return FakeArpSocket.instances[FakeArpSocket.instances.length - 1]; }
+  send(data) {
+    if (this.readyState !== 1) throw new Error('send on a closed socket');
+    this.sent.push(JSON.parse(data));
+  }
+  /** The client closes: no close event comes back in a browser until the handshake ends; here, at once. */
+  close(code = 1000) { this.closedWith = code; this.end(code, ''); }
+  /** One frame from the gateway. */
+  frame(f) { this.onmessage?.({ data: JSON.stringify(f) }); }
+  notify(method, params) { this.frame({ jsonrpc: '2.0', method, params }); }
+  answer(request, result) { this.frame({ jsonrpc: '2.0', id: request.id, result }); }
+  fail(request, code, message, data) {
+    this.frame({ jsonrpc: '2.0', id: request.id, error: { code, message, ...(data ? { data } : {}) } });
+  }
+  /** The gateway closes the socket. */
+  end(code = 1000, reason = '') {
+    if (this.readyState === 3) return;
+    this.readyState = 3;
+    this.onclose?.({ code, reason });
+  }
+  requests(method) { return this.sent.filter((m) => m.method === method && m.id !== undefined); }
+  /** Waits for the client's next request of `method` not yet seen by the test. */
+  async next(method) {
+    this.seen ??= new Set();
+    return until(method, () => {
+      const r = this.sent.find((m) => m.method === method && !this.seen.has(m));
+      if (r) this.seen.add(r);
+      return r;
+    });
+  }
+  /** Answers the client's initialize as robot-agent does. */
+  async initialized(capabilities = {}) {
+    const req = await this.next('arp.initialize');
+    this.answer(req, {
+      protocolVersion: '0.1.0',
+      serverInfo: { name: 'robot-agent', version: '0.1.0', robotType: 'mobile_base' },
+      capabilities: { tools: true, context: true, constraints: true, planning: false, confirmation: true, ...capabilities },
+    });
+    return req;
+  }
+}
