@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
-use signalling_protocol::arp::{method, reason, ArpCode};
+use signalling_protocol::arp::{method, reason, ArpCode, MAX_FRAME_BYTES};
 use signalling_protocol::Role;
 use tracing::Instrument;
 
@@ -238,6 +238,12 @@ impl Gateway {
 
     /// One frame from the program. Returns an ending when the connection must close.
     async fn program_frame(&mut self, text: &str) -> Option<Ending> {
+        if text.len() > MAX_FRAME_BYTES {
+            let message = format!("frame larger than {MAX_FRAME_BYTES} bytes");
+            let error = rules::error(&Value::Null, ArpCode::InvalidRequest, &message, None);
+            self.out.push(error.to_string());
+            return None;
+        }
         let value: Value = match serde_json::from_str(text) {
             Ok(value) => value,
             Err(e) => {

@@ -84,9 +84,11 @@ async fn upgrade(
             );
         }
     }
+    // Frames over the ARP cap are read and answered -32600 (as robot-agent does); only
+    // past twice the cap is the socket closed unread.
     let mut ws = ws
-        .max_message_size(MAX_FRAME_BYTES)
-        .max_frame_size(MAX_FRAME_BYTES);
+        .max_message_size(2 * MAX_FRAME_BYTES)
+        .max_frame_size(2 * MAX_FRAME_BYTES);
     if let Some(protocol) = protocol {
         ws = ws.protocols([protocol]);
     }
