@@ -427,12 +427,20 @@ impl Gateway {
 
     /// `arp.initialize`: opens the session (the grant's role, the control lock for a
     /// driver), then passes the request on.
-    async fn initialize(&mut self, id: &Value, frame: Value) -> Option<Ending> {
+    async fn initialize(&mut self, id: &Value, mut frame: Value) -> Option<Ending> {
         if self.robot.is_some() || self.initializing.is_some() {
             let error = rules::error(id, ArpCode::InvalidRequest, "already initialized", None);
             self.out.push(error.to_string());
             return None;
         }
+        // `takeover` is the gateway's: the robot never reads it.
+        let takeover = frame
+            .get_mut("params")
+            .and_then(Value::as_object_mut)
+            .and_then(|params| params.remove("takeover"))
+            .and_then(|t| t.as_bool())
+            == Some(true);
+        let busy_before = takeover && self.state.sessions.is_driven(&self.robot_id);
         let opened = self
             .state
             .sessions
@@ -446,8 +454,14 @@ impl Gateway {
                     offer_id: "arp.initialize",
                     kind: SessionKind::Arp,
                 },
+                takeover,
             )
             .await;
+        if busy_before && matches!(opened, Ok(Some((_, Role::Owner)))) {
+            self.state
+                .audit
+                .record(self.record("takeover", None, None, "completed"));
+        }
         match opened {
             Ok(Some((robot, role))) => {
                 self.robot = Some(robot);

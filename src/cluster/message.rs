@@ -75,6 +75,8 @@ pub enum Control {
     KickRobot { robot_id: String, reason: Kick },
     /// Broadcast: close the sockets that logged in with this token.
     KickToken { token_id: String },
+    /// Broadcast: an owner takes this robot over: the driving sessions with it end.
+    Preempt { robot_id: String },
     /// Broadcast: the node of this robot e-stops it, on `subject`'s word.
     EmergencyStop { robot_id: String, subject: String },
     /// Broadcast: close robots that proved one of these revoked credentials.
@@ -109,6 +111,7 @@ impl Control {
             Control::KickRobot { .. } => "kick_robot",
             Control::KickToken { .. } => "kick_token",
             Control::EmergencyStop { .. } => "emergency_stop",
+            Control::Preempt { .. } => "preempt",
             Control::KickCredentials { .. } => "kick_credentials",
             Control::EndSessionsOf { .. } => "end_sessions_of",
             Control::NodeLeaving => "node_leaving",

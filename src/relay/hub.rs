@@ -206,6 +206,17 @@ impl Hub {
         self.all_ended(ended)
     }
 
+    /// Whether a driving session with `robot_id` has an end here.
+    pub(super) fn is_driven(&self, robot_id: &str) -> bool {
+        self.state().is_driven(robot_id)
+    }
+
+    /// Ends the driving sessions with `robot_id` (an owner takes over).
+    pub(super) fn end_driving(&self, robot_id: &str, cause: &str) -> Vec<EndedSession> {
+        let ended = self.state().end_driving(robot_id, cause);
+        self.all_ended(ended)
+    }
+
     /// Ends every session (shutdown); both ends of each are to be told.
     pub(super) fn end_all(&self, cause: &str) -> Vec<EndedSession> {
         let ended = self.state().end_all(cause);

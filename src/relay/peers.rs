@@ -67,6 +67,9 @@ impl Peers {
             Control::KickToken { token_id } => {
                 self.presence.kick_token_here(&token_id);
             }
+            Control::Preempt { robot_id } => {
+                self.sessions.preempt_here(&robot_id).await;
+            }
             Control::EmergencyStop { robot_id, subject } => {
                 self.presence.emergency_stop_here(&robot_id, &subject);
             }

@@ -27,6 +27,8 @@ pub enum EndReason {
     ServerShutdown,
     /// The node holding the other end died (its heartbeat lease expired).
     NodeDown,
+    /// An owner took the robot over (`takeover`): the controller's session ends.
+    Preempted,
 }
 
 impl EndReason {
@@ -39,9 +41,15 @@ impl EndReason {
             EndReason::GrantChanged => "grant_changed",
             EndReason::ServerShutdown => "server_shutdown",
             EndReason::NodeDown => "node_down",
+            EndReason::Preempted => "preempted",
         }
     }
 }
+
+/// How long a takeover waits for the control lock another node releases, and how often it
+/// looks.
+const TAKEOVER_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+const TAKEOVER_RETRY: std::time::Duration = std::time::Duration::from_millis(50);
 
 #[derive(Clone)]
 pub struct Sessions {
@@ -142,11 +150,14 @@ impl Sessions {
     /// ignored). A grant withdrawn or lowered after the grant was read but before the
     /// session was registered found no session to end: the grant is read again then, and
     /// the session ended as that change would have (`Ok(None)`: both ends were told).
-    /// Returns the robot's socket and the role.
+    /// With `takeover`, an owner who finds the robot busy ends the controller's session
+    /// (`preempted`, on whichever node) and takes its place. Returns the robot's socket
+    /// and the role.
     pub async fn open_with_grant(
         &self,
         client_conn: &ConnId,
         request: OpenSession<'_>,
+        takeover: bool,
     ) -> Result<Option<(ConnId, Role)>, SessionError> {
         // Read before the grant: see `Presence::access_cuts`.
         let cuts_seen = self.hub.access_cuts();
@@ -155,9 +166,15 @@ impl Sessions {
             .grant(request.robot_id, request.subject)
             .await?
             .ok_or_else(|| SessionError::NoGrant(request.robot_id.to_string()))?;
-        let robot_conn = self
-            .open(client_conn, OpenSession { role, ..request })
-            .await?;
+        let request = OpenSession { role, ..request };
+        let robot_conn = match self.open(client_conn, request).await {
+            Err(SessionError::Relay(RelayError::RobotBusy { .. }))
+                if takeover && role == Role::Owner =>
+            {
+                self.take_over(client_conn, request).await?
+            }
+            opened => opened?,
+        };
         // Counts only grow, so comparing after the session is in suffices.
         if self.hub.access_cuts() != cuts_seen {
             let granted = self.store.grant(request.robot_id, request.subject).await?;
@@ -180,6 +197,52 @@ impl Sessions {
             }
         }
         Ok(Some((robot_conn, role)))
+    }
+
+    /// Ends the robot's driving sessions everywhere, then opens `request` in their place.
+    /// Another node releases the control lock of a session it ends a moment later: the
+    /// open is tried again for a bounded time.
+    async fn take_over(
+        &self,
+        client_conn: &ConnId,
+        request: OpenSession<'_>,
+    ) -> Result<ConnId, SessionError> {
+        tracing::warn!(robot = %request.robot_id, by = %request.subject, "an owner takes the robot over");
+        self.preempt(request.robot_id).await;
+        let deadline = tokio::time::Instant::now() + TAKEOVER_WAIT;
+        loop {
+            match self.open(client_conn, request).await {
+                Err(SessionError::Relay(RelayError::RobotBusy { .. }))
+                    if tokio::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(TAKEOVER_RETRY).await;
+                }
+                opened => return opened,
+            }
+        }
+    }
+
+    /// Whether a driving session with `robot_id` has an end on this node.
+    pub fn is_driven(&self, robot_id: &str) -> bool {
+        self.hub.is_driven(robot_id)
+    }
+
+    /// Ends the driving sessions with `robot_id` on every node (both ends told,
+    /// `preempted`; the robot stops when its session ends). Returns how many were here.
+    pub async fn preempt(&self, robot_id: &str) -> usize {
+        self.hub.router.announce(&Control::Preempt {
+            robot_id: robot_id.to_string(),
+        });
+        self.preempt_here(robot_id).await
+    }
+
+    /// [`Sessions::preempt`] on this node only.
+    pub async fn preempt_here(&self, robot_id: &str) -> usize {
+        let ended = self
+            .hub
+            .end_driving(robot_id, EndReason::Preempted.as_str());
+        self.finish(&ended, EndReason::Preempted).await;
+        ended.len()
     }
 
     /// Releases the control locks of ended sessions.

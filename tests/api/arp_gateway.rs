@@ -755,3 +755,127 @@ async fn owners_and_the_admin_stop_a_robot_from_the_api_on_record() {
     }
     server.shutdown().await;
 }
+
+/// `arp.initialize` with `takeover: true`, by `subject` (granted `role`); the answer or
+/// the robot's side of it.
+async fn initialize_taking_over(
+    server: &TestServer,
+    subject: &str,
+    role: &str,
+) -> (ArpClient, Value) {
+    server.grant("robot-1", subject, role).await;
+    let token = server.client_token(subject).await;
+    let mut program = ArpClient::connect(server, "robot-1", &token).await;
+    let id = program
+        .request(
+            "arp.initialize",
+            json!({ "protocolVersion": "0.1.0", "clientInfo": { "name": subject, "version": "1" },
+                    "capabilities": {}, "takeover": true }),
+        )
+        .await;
+    (program, id)
+}
+
+#[tokio::test]
+async fn an_owner_takes_over_from_a_program_and_the_robot_stops_first() {
+    let server = TestServer::start().await;
+    let mut robot = arp_robot(&server, "robot-1").await;
+    let (mut operator, old) = initialized(&server, &mut robot, "planner", "operator").await;
+    let call = operator
+        .request(
+            "arp.callTool",
+            json!({ "name": "drive", "arguments": { "linear": 0.2 } }),
+        )
+        .await;
+    robot_frame(&mut robot).await;
+    // An operator cannot take over; an owner can.
+    let (mut other, id) = initialize_taking_over(&server, "other", "operator").await;
+    assert_eq!(
+        other.answer(&id).await["error"]["data"]["reason"],
+        "robot_busy"
+    );
+    let (mut owner, id) = initialize_taking_over(&server, "boss", "owner").await;
+    // The robot hears the controller's session end before anything of the new one.
+    let end = robot.recv().await;
+    assert_eq!(end["type"], "signalling.disconnected", "{end}");
+    assert_eq!(end["payload"]["connectionId"], old.as_str());
+    assert_eq!(end["payload"]["details"]["reason"], "preempted");
+    let (connection, frame, session) = robot_frame(&mut robot).await;
+    assert_eq!(frame["method"], "arp.initialize");
+    assert!(
+        frame["params"].get("takeover").is_none(),
+        "takeover is the gateway's: {frame}"
+    );
+    assert_eq!(session, json!({ "subject": "boss", "role": "owner" }));
+    robot_answers(
+        &mut robot,
+        &connection,
+        json!({ "jsonrpc": "2.0", "id": frame["id"], "result": initialize_result() }),
+    )
+    .await;
+    assert_eq!(
+        owner.answer(&id).await["result"]["protocolVersion"],
+        "0.1.0"
+    );
+    let (code, before) = operator.closed().await;
+    assert_eq!(code, 1000);
+    let answer = before
+        .iter()
+        .find(|f| f["id"] == call)
+        .expect("the call answered");
+    assert_eq!(answer["error"]["data"]["cause"], "preempted", "{answer}");
+    // The takeover is on record.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let (_, page) = server
+            .admin(reqwest::Method::GET, "/v1/robots/robot-1/audit", None)
+            .await;
+        let records = page["records"].as_array().cloned().unwrap_or_default();
+        if let Some(record) = records.iter().find(|r| r["action"] == "takeover") {
+            assert_eq!(record["subject"], "boss");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no takeover record: {page}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn people_and_programs_take_over_from_each_other_by_the_same_rule() {
+    let server = TestServer::start().await;
+    let mut robot = arp_robot(&server, "robot-1").await;
+    // A person drives; an owner's program takes over.
+    let (mut person, session) = server
+        .open_session(&mut robot, "robot-1", "alice", "operator")
+        .await;
+    let (_owner, _) = initialize_taking_over(&server, "boss", "owner").await;
+    let end = person.recv_type("signalling.disconnected").await;
+    assert_eq!(end["payload"]["connectionId"], session.as_str());
+    assert_eq!(end["payload"]["details"]["reason"], "preempted");
+    let end = robot.recv_type("signalling.disconnected").await;
+    assert_eq!(end["payload"]["connectionId"], session.as_str());
+    let (program_session, frame, _) = robot_frame(&mut robot).await;
+    assert_eq!(frame["method"], "arp.initialize");
+    // An owner in a browser takes over from the program: `meta.takeover` on the offer.
+    let mut owner = server.client_for("robot-1", "carol", "owner").await;
+    let mut take = offer("robot-1", &owner.connection_id.clone());
+    take["meta"] = json!({ "takeover": true });
+    owner.send(&take).await;
+    let end = robot.recv_type("signalling.disconnected").await;
+    assert_eq!(end["payload"]["connectionId"], program_session.as_str());
+    assert_eq!(end["payload"]["details"]["reason"], "preempted");
+    let forwarded = robot.recv_type("signalling.offer").await;
+    assert_eq!(forwarded["meta"]["session"]["subject"], "carol");
+    assert!(forwarded["meta"].get("takeover").is_none(), "{forwarded}");
+    // Without the word, an owner finds the robot busy as before.
+    let mut other_owner = server.client_for("robot-1", "dave", "owner").await;
+    let session = other_owner.connection_id.clone();
+    other_owner.send(&offer("robot-1", &session)).await;
+    let refused = other_owner.expect_error("FORBIDDEN").await;
+    assert_eq!(refused["payload"]["details"]["reason"], "robot_busy");
+    server.shutdown().await;
+}

@@ -156,6 +156,11 @@ impl<'a> Relayed<'a> {
         self.meta.is_some()
     }
 
+    /// The sender's own `meta` value, as it lies in `text` (the one this was parsed from).
+    pub fn meta<'t>(&self, text: &'t str) -> Option<&'t str> {
+        text.get(self.meta.clone()?)
+    }
+
     /// `text` (the one this was parsed from) as the server forwards it to a robot: with
     /// `meta = {"session": {subject, role}}` in place of anything the sender put there.
     pub fn with_meta(&self, text: &str, subject: &str, role: Role) -> String {

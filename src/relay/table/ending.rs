@@ -105,6 +105,17 @@ impl State {
         self.end_both_ways(ids, cause)
     }
 
+    /// Ends the driving sessions with `robot_id`, mirrors too (ending a mirror tells its
+    /// owner); both ends are to be told.
+    pub(in crate::relay) fn end_driving(
+        &mut self,
+        robot_id: &str,
+        cause: &str,
+    ) -> Vec<EndedSession> {
+        let ids = self.ids_where(|s| s.robot_id == robot_id && s.role.may_drive());
+        self.end_both_ways(ids, cause)
+    }
+
     pub(in crate::relay) fn end_all(&mut self, cause: &str) -> Vec<EndedSession> {
         let ids: Vec<String> = self.sessions.keys().cloned().collect();
         self.end_both_ways(ids, cause)

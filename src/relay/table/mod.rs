@@ -547,6 +547,12 @@ impl State {
         }
     }
 
+    pub(super) fn is_driven(&self, robot_id: &str) -> bool {
+        self.sessions
+            .values()
+            .any(|s| s.robot_id == robot_id && s.role.may_drive())
+    }
+
     fn ids_where(&self, keep: impl Fn(&Session) -> bool) -> Vec<String> {
         self.sessions
             .iter()

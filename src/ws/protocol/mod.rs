@@ -44,6 +44,18 @@ enum Forward<'a> {
 }
 
 impl Forward<'_> {
+    /// The sender asked to take the robot over (`meta.takeover: true`, an owner's offer:
+    /// the offer's payload schema admits no field of ours).
+    fn takeover(&self) -> bool {
+        let meta = match self {
+            Forward::Received { text, view } => view
+                .meta(text.as_str())
+                .and_then(|m| serde_json::from_str::<serde_json::Value>(m).ok()),
+            Forward::Parsed(envelope) => envelope.meta.clone().map(serde_json::Value::Object),
+        };
+        meta.and_then(|m| m.get("takeover").and_then(serde_json::Value::as_bool)) == Some(true)
+    }
+
     fn id(&self) -> &str {
         match self {
             Forward::Received { view, .. } => &view.id,

@@ -86,6 +86,7 @@ impl Protocol {
                     offer_id: forward.id(),
                     kind: SessionKind::Teleop,
                 },
+                forward.takeover(),
             )
             .await?;
         // Ended at once: a grant withdrawn or lowered meanwhile; both ends were told.
