@@ -29,8 +29,9 @@ pub struct MirrorSession {
     /// The offer's message id, so that a refusal can name it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub offer_id: Option<String>,
-    /// Teleop (absent, from older nodes) or ARP.
-    #[serde(default)]
+    /// Teleop (absent, from older nodes) or ARP. Not `kind` on the wire: that is the tag of
+    /// the control message this travels in.
+    #[serde(default, rename = "session_kind")]
     pub kind: SessionKind,
 }
 
@@ -371,6 +372,43 @@ mod tests {
                 control
             }
         );
+        // A session's kind travels beside the message's own `kind` tag, never in its place.
+        let open = Control::Open(MirrorSession {
+            session_id: "arp-1".into(),
+            record_id: "rec".into(),
+            robot_id: "r".into(),
+            robot_conn: "rc".into(),
+            client_conn: "arp-1".into(),
+            client_node: "n1".into(),
+            subject: "planner".into(),
+            role: Role::Operator,
+            offer_id: None,
+            kind: SessionKind::Arp,
+        });
+        for control in [
+            open,
+            Control::Refused {
+                session_id: "arp-1".into(),
+                robot_id: "r".into(),
+                offer_id: None,
+                reason: Refusal::ArpUnsupported,
+            },
+            Control::Preempt {
+                robot_id: "r".into(),
+            },
+            Control::EmergencyStop {
+                robot_id: "r".into(),
+                subject: "alice".into(),
+            },
+        ] {
+            assert_eq!(
+                decode(&encode_control("n1", &control)).unwrap(),
+                PeerMessage::Control {
+                    origin: "n1".into(),
+                    control
+                }
+            );
+        }
         let throttled = Control::Throttled {
             conn: "c1".into(),
             id: Some("m1".into()),

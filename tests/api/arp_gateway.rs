@@ -50,6 +50,11 @@ impl ArpClient {
         let url = server
             .ws_url()
             .replace("/ws", &format!("/v1/robots/{robot_id}/arp"));
+        Self::connect_to(&url, token).await
+    }
+
+    /// A program on the gateway at `url` (`ws://host/v1/robots/{id}/arp`).
+    pub async fn connect_to(url: &str, token: &str) -> ArpClient {
         let mut request = url.into_client_request().expect("request");
         request.headers_mut().insert(
             "authorization",
@@ -139,6 +144,17 @@ impl ArpClient {
     }
 }
 
+/// A robot that declared ARP, logged in at `ws_url` with `key`.
+pub async fn arp_robot_at(ws_url: &str, robot_id: &str, key: &dyn Signer) -> WsClient {
+    let mut robot = WsClient::connect(ws_url).await;
+    let verified = robot
+        .try_prove_with(robot_id, key, json!({ "arp": "0.1.0" }))
+        .await;
+    assert_eq!(verified["type"], "signalling.pki_verified", "{verified}");
+    robot.recv_type("signalling.welcome").await;
+    robot
+}
+
 /// A robot that declared ARP, logged in.
 async fn arp_robot(server: &TestServer, robot_id: &str) -> WsClient {
     let key = server.enrolled_robot(robot_id).await;
@@ -152,7 +168,7 @@ async fn arp_robot(server: &TestServer, robot_id: &str) -> WsClient {
 }
 
 /// The robot's side: the next `arp.frame`'s connection id and frame.
-async fn robot_frame(robot: &mut WsClient) -> (String, Value, Value) {
+pub async fn robot_frame(robot: &mut WsClient) -> (String, Value, Value) {
     let message = robot.recv_type("arp.frame").await;
     let connection = message["payload"]["connectionId"]
         .as_str()
@@ -166,7 +182,7 @@ async fn robot_frame(robot: &mut WsClient) -> (String, Value, Value) {
 }
 
 /// The robot answers a frame of `connection`.
-async fn robot_answers(robot: &mut WsClient, connection: &str, frame: Value) {
+pub async fn robot_answers(robot: &mut WsClient, connection: &str, frame: Value) {
     robot
         .send(&envelope(
             "arp.frame",
@@ -175,7 +191,7 @@ async fn robot_answers(robot: &mut WsClient, connection: &str, frame: Value) {
         .await;
 }
 
-fn initialize_result() -> Value {
+pub fn initialize_result() -> Value {
     json!({
         "protocolVersion": "0.1.0",
         "serverInfo": { "name": "test-robot", "version": "1" },

@@ -1484,3 +1484,82 @@ async fn every_survivor_ends_its_sessions_with_a_dead_node() {
     nodes.remove(2);
     stop_without_panics(nodes);
 }
+
+/// Issue 32: a program on one node drives a robot on another through the gateway, under
+/// the same rules: the caller's identity from the server, the session ended everywhere
+/// when the grant goes, and a robot without ARP never reached.
+#[tokio::test]
+#[ignore = "needs PostgreSQL, Redis and HAProxy: tests/cluster/run.sh runs it"]
+async fn a_program_on_one_node_drives_a_robot_on_another() {
+    use crate::arp_gateway::{
+        arp_robot_at, initialize_result, robot_answers, robot_frame, ArpClient,
+    };
+    require_cluster();
+    let (_redis, _prefix, nodes, api) = two_ready_nodes("10").await;
+    let n1 = nodes[0].base();
+    let key = api.enroll(&n1, "ra").await;
+    let plain_key = api.enroll(&n1, "rp").await;
+    api.grant(&n1, "ra", "planner", "operator").await;
+    api.grant(&n1, "rp", "planner", "operator").await;
+    let (token, _) = api.token(&n1, "planner").await;
+    let mut robot = arp_robot_at(&nodes[0].ws(), "ra", &key).await;
+    let _plain = robot_on(&nodes[0].ws(), "rp", &plain_key).await;
+    let gateway = |robot_id: &str| format!("ws://{}/v1/robots/{robot_id}/arp", nodes[1].addr);
+    let init = json!({ "protocolVersion": "0.1.0", "clientInfo": { "name": "planner", "version": "1" }, "capabilities": {} });
+    // The robot without ARP, from the other node: refused there, nothing reaches it.
+    let mut refused = ArpClient::connect_to(&gateway("rp"), &token).await;
+    let id = refused.request("arp.initialize", init.clone()).await;
+    let answer = refused.answer(&id).await;
+    assert_eq!(
+        answer["error"]["data"]["reason"], "arp_unsupported",
+        "{answer}"
+    );
+    // The robot with ARP, from the other node.
+    let mut program = ArpClient::connect_to(&gateway("ra"), &token).await;
+    let id = program.request("arp.initialize", init).await;
+    let (connection, frame, session) = robot_frame(&mut robot).await;
+    assert_eq!(frame["method"], "arp.initialize");
+    assert_eq!(session, json!({ "subject": "planner", "role": "operator" }));
+    robot_answers(
+        &mut robot,
+        &connection,
+        json!({ "jsonrpc": "2.0", "id": frame["id"], "result": initialize_result() }),
+    )
+    .await;
+    assert_eq!(
+        program.answer(&id).await["result"]["protocolVersion"],
+        "0.1.0"
+    );
+    let call = program
+        .request(
+            "arp.callTool",
+            json!({ "name": "drive", "arguments": { "linear": 0.1 } }),
+        )
+        .await;
+    let (_, frame, _) = robot_frame(&mut robot).await;
+    assert_eq!(frame["method"], "arp.callTool");
+    // The grant goes (asked on the robot's node): the robot hears the end, the program on
+    // the other node is answered and cut off.
+    let (status, _) = api
+        .call(
+            &n1,
+            reqwest::Method::DELETE,
+            "/v1/robots/ra/grants/planner",
+            None,
+        )
+        .await;
+    assert_eq!(status, 204);
+    let end = robot.recv_type("signalling.disconnected").await;
+    assert_eq!(end["payload"]["connectionId"], connection.as_str());
+    let (code, before) = program.closed().await;
+    assert_eq!(code, 1000);
+    let answer = before
+        .iter()
+        .find(|f| f["id"] == call)
+        .expect("the call answered");
+    assert_eq!(
+        answer["error"]["data"]["reason"], "session_ended",
+        "{answer}"
+    );
+    stop_without_panics(nodes);
+}
