@@ -125,6 +125,15 @@ impl Gateway {
             tracing::warn!(%connection, "arp.frame whose frame is not a JSON object; ignored");
             return;
         }
+        // An e-stop takes effect now, outside the session's queue: the session may end
+        // (the server's `disconnected` right behind it) before its handler reads it, and a
+        // stop must never be lost that way. The session still answers a request for it.
+        if is_emergency_stop(&frame) {
+            self.stop_now(&connection, &frame, session.as_ref());
+            if frame.get("id").is_none() {
+                return;
+            }
+        }
         // Least privilege unless the server vouched for more.
         let role = session.as_ref().map_or(Role::Viewer, |s| s.role);
         if let Some(live) = self.connections.get(&connection) {
@@ -212,6 +221,22 @@ impl Gateway {
                 pump,
             },
         );
+    }
+
+    /// Latches the e-stop an `arp.emergencyStop` asks for, at once.
+    fn stop_now(&self, connection: &str, frame: &Value, session: Option<&SessionMeta>) {
+        let reason: String = frame
+            .pointer("/params/reason")
+            .and_then(Value::as_str)
+            .filter(|r| !r.trim().is_empty())
+            .unwrap_or("arp.emergencyStop")
+            .chars()
+            .take(256)
+            .collect();
+        let subject = session.map_or("unknown", |s| s.subject.as_str());
+        tracing::error!(%connection, %subject, %reason, "ARP emergency stop through the gateway");
+        let controller = self.server.shared().controller.clone();
+        tokio::spawn(async move { controller.emergency_stop(&reason).await });
     }
 
     /// The server ended `connection` (`signalling.disconnected`); whether

@@ -570,3 +570,38 @@ fn an_answer_over_the_servers_frame_cap_becomes_an_error() {
         small
     );
 }
+
+/// An e-stop is never lost to a session's end right behind it: the API's stop is a
+/// notification in a session of its own followed at once by that session's end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_emergency_stop_right_before_its_sessions_end_still_stops_the_robot() {
+    let mut r = rig().await;
+    let c = "arp-drive";
+    r.initialize(c, OPERATOR).await;
+    r.request(c, OPERATOR, "arp.callTool", drive(0.3, 30.0))
+        .await;
+    r.message(c, "arp.toolProgress").await;
+    until(&r.f.probe, "moving", |s| s.linear > 0.0).await;
+    // Both in one write, as the server's queue sends them: the end arrives with the stop.
+    let mut stop = envelope(
+        FRAME_TYPE,
+        json!({"connectionId": "estop-1", "frame": {
+            "jsonrpc": "2.0", "method": "arp.emergencyStop", "params": { "reason": "from the API" } }}),
+    );
+    stop["meta"] = json!({"session": {"subject": "olivia", "role": "owner"}});
+    let end = envelope(
+        "signalling.disconnected",
+        json!({"connectionId": "estop-1", "reason": "closed"}),
+    );
+    r.ws.feed(Message::text(stop.to_string()))
+        .await
+        .expect("feed");
+    r.ws.feed(Message::text(end.to_string()))
+        .await
+        .expect("feed");
+    r.ws.flush().await.expect("flush");
+    until(&r.f.probe, "e-stopped", |s| {
+        s.linear == 0.0 && s.last_stop.as_deref() == Some("emergency_stop")
+    })
+    .await;
+}
