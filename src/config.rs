@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -269,6 +270,9 @@ pub struct Config {
     /// Seconds graceful shutdown waits for connections to close.
     #[arg(long, env = "SIGNALLING_SHUTDOWN_GRACE", default_value_t = 5)]
     pub shutdown_grace_secs: u64,
+    /// `socket_limits()`, once made.
+    #[arg(skip)]
+    socket_limits: OnceLock<crate::ws::SocketLimits>,
 }
 
 impl Config {
@@ -293,6 +297,24 @@ impl Config {
             self.send_queue_bytes,
             self.relay_bytes_per_sec,
         )
+    }
+
+    /// What each socket may do and how long it may take, made at the first call and kept:
+    /// every socket reads the one copy (a copy in each socket's task would be about 200
+    /// bytes of every socket). Fields changed after the first call are not seen here.
+    pub fn socket_limits(&self) -> &crate::ws::SocketLimits {
+        self.socket_limits.get_or_init(|| crate::ws::SocketLimits {
+            queue: self.queue_limits(),
+            close_drain: self.send_queue,
+            max_frame_bytes: self.max_frame_bytes,
+            rate: u64::from(self.rate_limit),
+            burst: u64::from(self.rate_burst),
+            max_strikes: self.max_strikes,
+            login_timeout: Duration::from_secs(self.login_timeout_secs),
+            ping_every: Duration::from_secs(self.ping_interval_secs.max(1)),
+            idle_timeout: Duration::from_secs(self.idle_timeout_secs.max(1)),
+            write_timeout: Duration::from_secs(self.write_timeout_secs.max(1)),
+        })
     }
 
     pub fn database_url(&self) -> &str {

@@ -11,8 +11,9 @@
 use std::cell::Cell;
 use std::future::{ready, Ready};
 use std::io;
+use std::ops::Range;
 use std::pin::Pin;
-use std::task::{ready, Context, Poll};
+use std::task::{Context, Poll};
 
 use axum_server::accept::Accept;
 
@@ -32,14 +33,12 @@ thread_local! {
     static SPARE: Cell<Option<Vec<u8>>> = const { Cell::new(None) };
 }
 
+/// A chunk of `CHUNK` bytes (zeroed once, when first made: a lent chunk keeps its bytes).
 fn borrow_chunk() -> Vec<u8> {
-    SPARE
-        .with(Cell::take)
-        .unwrap_or_else(|| Vec::with_capacity(CHUNK))
+    SPARE.with(Cell::take).unwrap_or_else(|| vec![0; CHUNK])
 }
 
-fn return_chunk(mut chunk: Vec<u8>) {
-    chunk.clear();
+fn return_chunk(chunk: Vec<u8>) {
     SPARE.with(|spare| {
         if let Some(kept) = spare.take() {
             // This thread already has one; keep it and drop the other.
@@ -53,8 +52,8 @@ fn return_chunk(mut chunk: Vec<u8>) {
 /// A TCP stream whose read buffer exists only while read bytes wait in it.
 pub struct LeanStream {
     inner: TcpStream,
-    /// Bytes read from the kernel and not yet handed out, from `at` on.
-    pending: Option<(Vec<u8>, usize)>,
+    /// A chunk whose bytes in the range were read from the kernel and not yet handed out.
+    pending: Option<(Vec<u8>, Range<usize>)>,
     /// Its place among the connections admitted (freed when the stream drops).
     _permit: Option<Permit>,
 }
@@ -68,14 +67,15 @@ impl LeanStream {
         }
     }
 
-    /// Copies what fits into `out`; keeps the rest, or gives the chunk back when drained.
-    fn hand_out(&mut self, chunk: Vec<u8>, at: usize, out: &mut ReadBuf<'_>) {
-        let n = (chunk.len() - at).min(out.remaining());
-        out.put_slice(&chunk[at..at + n]);
-        if at + n == chunk.len() {
+    /// Copies what fits of `read` into `out`; keeps the rest, or gives the chunk back when
+    /// drained.
+    fn hand_out(&mut self, chunk: Vec<u8>, read: Range<usize>, out: &mut ReadBuf<'_>) {
+        let n = read.len().min(out.remaining());
+        out.put_slice(&chunk[read.start..read.start + n]);
+        if n == read.len() {
             return_chunk(chunk);
         } else {
-            self.pending = Some((chunk, at + n));
+            self.pending = Some((chunk, read.start + n..read.end));
         }
     }
 }
@@ -90,28 +90,29 @@ impl AsyncRead for LeanStream {
         if out.remaining() == 0 {
             return Poll::Ready(Ok(()));
         }
-        if let Some((chunk, at)) = this.pending.take() {
-            this.hand_out(chunk, at, out);
+        if let Some((chunk, read)) = this.pending.take() {
+            this.hand_out(chunk, read, out);
             return Poll::Ready(Ok(()));
         }
         if out.remaining() >= DIRECT {
             return Pin::new(&mut this.inner).poll_read(cx, out);
         }
-        loop {
-            ready!(this.inner.poll_read_ready(cx))?;
-            let mut chunk = borrow_chunk();
-            match this.inner.try_read_buf(&mut chunk) {
-                Ok(_) => {
-                    // Zero bytes is the end of the stream: nothing handed out says so.
-                    this.hand_out(chunk, 0, out);
-                    return Poll::Ready(Ok(()));
-                }
-                // Readiness was stale; it is cleared, and the next poll registers again.
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return_chunk(chunk),
-                Err(e) => {
-                    return_chunk(chunk);
-                    return Poll::Ready(Err(e));
-                }
+        // Through the stream's own `poll_read`, not readiness and `try_read`: a read that
+        // fills less than the chunk has drained the socket, and tokio then clears its
+        // readiness, so the next poll waits for the kernel instead of making one more read
+        // that finds nothing (one `recvfrom` answering EAGAIN per message, at light load).
+        let mut chunk = borrow_chunk();
+        let mut into = ReadBuf::new(&mut chunk);
+        match Pin::new(&mut this.inner).poll_read(cx, &mut into) {
+            Poll::Ready(Ok(())) => {
+                let n = into.filled().len();
+                // Zero bytes is the end of the stream: nothing handed out says so.
+                this.hand_out(chunk, 0..n, out);
+                Poll::Ready(Ok(()))
+            }
+            other => {
+                return_chunk(chunk);
+                other
             }
         }
     }

@@ -4,15 +4,17 @@
 //! makes no progress for the write timeout gives up on the socket.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
-use futures_util::stream::SplitSink;
+use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
 use tokio::sync::oneshot;
-use tokio::time::sleep_until;
+use tokio::task::JoinHandle;
+use tokio::time::{sleep_until, Sleep};
 use tracing::Instrument;
 
 use super::error::WsError;
@@ -20,10 +22,11 @@ use super::legacy;
 use super::protocol::{Peer, Protocol};
 use crate::admission::Permit;
 use crate::auth::ClientIdentity;
-use crate::config::Config;
 use crate::messages;
 use crate::rate_limit::{RateLimiter, Strikes};
-use crate::relay::{ConnId, DeliveryError, Kick, KickReceiver, Mailbox, Outbound, QueueReceiver};
+use crate::relay::{
+    ConnId, DeliveryError, Kick, KickReceiver, Mailbox, Outbound, QueueLimits, QueueReceiver,
+};
 use crate::state::SharedState;
 
 type Sink = SplitSink<WebSocket, Message>;
@@ -79,9 +82,34 @@ fn recheck_token(state: &SharedState, conn: &ConnId, token_id: String) {
     });
 }
 
+/// What a socket may do and how long it may take, from the server's configuration: made
+/// once (`Config::socket_limits`) and read by every socket through the state it holds.
+#[derive(Debug, Clone, Copy)]
+pub struct SocketLimits {
+    /// What the socket's send queue may hold.
+    pub queue: QueueLimits,
+    /// Most frames the writer still sends between a close request and the close frame.
+    pub close_drain: usize,
+    /// Largest frame read, in bytes.
+    pub max_frame_bytes: usize,
+    /// Frames per second (sustained and burst) before frames are refused.
+    pub rate: u64,
+    pub burst: u64,
+    /// Strikes within `STRIKE_WINDOW` that close the socket.
+    pub max_strikes: usize,
+    /// Time an unverified socket has to log in.
+    pub login_timeout: Duration,
+    pub ping_every: Duration,
+    /// Silence after which a socket is taken for dead (checked at each ping).
+    pub idle_timeout: Duration,
+    /// Longest a batch of writes may make no progress.
+    pub write_timeout: Duration,
+}
+
 /// The socket task. Its setup runs before the future exists, and the future is a block
 /// rather than an `async fn`: an async fn keeps every argument twice (the argument and the
-/// local it is moved into), and this future is memory in every socket.
+/// local it is moved into), and this future is memory in every socket. For the same reason
+/// it borrows the limits from the state it holds rather than keep a copy.
 fn serve(
     state: SharedState,
     socket: WebSocket,
@@ -90,9 +118,9 @@ fn serve(
     conn: ConnId,
     permit: Permit,
 ) -> impl Future<Output = ()> + Send {
+    let limits = state.config.socket_limits();
     let guard = state.socket_guard();
-    let config = &state.config;
-    let (mailbox, inbox) = Mailbox::new(config.queue_limits());
+    let (mailbox, inbox) = Mailbox::new(limits.queue);
     state.presence.attach(conn.clone(), mailbox.clone());
     if let Some(identity) = &client {
         let cut_since = state
@@ -110,57 +138,21 @@ fn serve(
     let (sink, mut stream) = socket.split();
     let (close_tx, close_rx) = oneshot::channel::<CloseRequest>();
     let dialect = Arc::new(AtomicBool::new(false));
-    let mut writer = tokio::spawn(
-        write_loop(
-            sink,
-            inbox.queue,
-            close_rx,
-            Writer {
-                timeout: write_timeout(config),
-                queue_len: config.send_queue,
-                legacy: dialect.clone(),
-            },
-        )
-        .in_current_span(),
-    );
+    let mut writer = spawn_writer(sink, inbox.queue, close_rx, limits, dialect.clone());
     let kick = inbox.kick;
     async move {
-        let config = &state.config;
-        let mut out = Outbox {
-            state: &state,
-            mailbox: &mailbox,
-            strikes: Strikes::new(config.max_strikes, STRIKE_WINDOW),
-            close: None,
-            cut_off: false,
-            for_cause: false,
-        };
-
-        let login_deadline = Instant::now() + Duration::from_secs(config.login_timeout_secs);
-        let mut next_ping = Instant::now() + ping_every(config);
-        let mut reading = Reading {
-            limiter: RateLimiter::new(
-                u64::from(config.rate_limit),
-                u64::from(config.rate_burst),
-                Instant::now(),
-            ),
-            last_heard: Instant::now(),
-            peer_closed: false,
-        };
-
+        let mut out = Outbox::new(&state, &mailbox);
+        let mut reading = Reading::new(out.limits(), Instant::now());
         for welcome in protocol.welcome_at_open() {
             out.reply(welcome);
         }
+        // After the welcome: it may set when the credentials it gave need a refresh.
+        let mut duties = Duties::new(&protocol, out.limits());
 
         // Futures that live across loop turns are made once: building a timer entry or a watch
         // notification per message showed up in relay profiles. One timer serves the ping, the
         // deadline and the credentials refresh: each timer entry is memory in every socket.
-        // Only the instant is kept: the error is worked out again when it comes (the
-        // protocol state it depends on cannot change without a frame, which resets it).
-        let mut deadline = protocol.deadline(login_deadline).map(|(at, _)| at);
-        let mut refresh_at = protocol.credentials_refresh_at();
-        let timer = sleep_until(tokio::time::Instant::from_std(next_wake(
-            next_ping, deadline, refresh_at,
-        )));
+        let timer = sleep_until(duties.next_wake());
         tokio::pin!(timer);
         let kicked = kick.kicked();
         tokio::pin!(kicked);
@@ -169,14 +161,7 @@ fn serve(
         while out.close.is_none() {
             tokio::select! {
                 biased;
-                kick = &mut kicked => {
-                    if kick == Kick::Revoked {
-                        let error = WsError::Identity(crate::identity::IdentityError::Revoked);
-                        out.error(&error, None);
-                    }
-                    out.for_cause = matches!(kick, Kick::Revoked | Kick::TokenRevoked);
-                    out.close = Some(kick.close_frame());
-                }
+                kick = &mut kicked => out.kicked(kick),
                 _ = &mut writer => {
                     // The peer is gone or stopped reading: nothing more can reach it.
                     writer_done = true;
@@ -193,127 +178,196 @@ fn serve(
                     if protocol.legacy && !dialect.load(Ordering::Relaxed) {
                         dialect.store(true, Ordering::Relaxed);
                     }
-                    for reply in protocol.replies.drain(..) {
-                        out.reply(reply);
-                    }
-                    if let Err((error, id)) = result {
-                        if matches!(error.code(), signalling_protocol::ErrorCode::InternalError) {
-                            tracing::error!(error = %error, "message failed");
-                        }
-                        out.error(&error, id.as_deref());
-                        match error.close() {
-                            Some(close) => {
-                                out.for_cause = true;
-                                out.close = Some(close);
-                            }
-                            // A robot told that a client does not keep up is not at fault:
-                            // a stalled viewer must not get the robot cut off for strikes.
-                            None if matches!(error, WsError::Throttled) && protocol.is_robot() => {}
-                            None => out.count_strike(now),
-                        }
-                    }
-                    deadline = protocol.deadline(login_deadline).map(|(at, _)| at);
-                    refresh_at = protocol.credentials_refresh_at();
-                    let next = tokio::time::Instant::from_std(next_wake(next_ping, deadline, refresh_at));
-                    if next != timer.deadline() {
-                        timer.as_mut().reset(next);
-                    }
-                    let now_role = protocol.role_label();
-                    if now_role != role {
-                        state.metrics.connections.with_label_values(&[role]).dec();
-                        state.metrics.connections.with_label_values(&[now_role]).inc();
-                        role = now_role;
-                    }
+                    out.handled(&mut protocol, result, now);
+                    duties.after_frame(&protocol, timer.as_mut());
+                    role = recount_role(&state, role, protocol.role_label());
                 }
-                _ = &mut timer => {
-                    let now = Instant::now();
-                    if deadline.is_some_and(|at| at <= now) {
-                        deadline = None;
-                        if let Some((_, error)) = protocol.deadline(login_deadline) {
-                            out.error(&error, None);
-                            out.for_cause = true;
-                            out.close = Some(error.close().unwrap_or((1008, "deadline")));
-                            continue;
-                        }
-                    }
-                    if refresh_at.is_some_and(|at| at <= now) {
-                        protocol.refresh_credentials();
-                        for reply in protocol.replies.drain(..) {
-                            out.reply(reply);
-                        }
-                        refresh_at = protocol.credentials_refresh_at();
-                    }
-                    if next_ping <= now {
-                        next_ping = now + ping_every(config);
-                        if reading.last_heard.elapsed() > idle_timeout(config) {
-                            // Likely dead; should it still read, it learns why (the writer
-                            // gives up on the close within its timeout if not).
-                            tracing::debug!("dropping dead connection");
-                            out.close = Some((1008, "idle timeout"));
-                            continue;
-                        }
-                        out.send(Outbound::Ping);
-                    }
-                    let next = next_wake(next_ping, deadline, refresh_at);
-                    timer.as_mut().reset(tokio::time::Instant::from_std(next));
-                }
+                _ = &mut timer => duties.due(&mut protocol, &mut out, &reading, timer.as_mut()),
             }
         }
 
-        if out.cut_off {
-            tracing::warn!(
-                peer = %protocol.peer_label(),
-                strikes = config.max_strikes,
-                window_secs = STRIKE_WINDOW.as_secs(),
-                "closing a peer that keeps earning errors or exceeding the rate limit"
-            );
-        }
-        // Out of presence and sessions first: the peers must not wait on a socket that is
-        // closing, whatever its writer is doing.
-        state.metrics.connections.with_label_values(&[role]).dec();
-        let resumable = !out.for_cause;
-        Box::pin(state.sessions.detach(&conn, resumable)).await;
-        match &protocol.peer {
-            Peer::Robot { robot_id } => tracing::info!(robot = %robot_id, "robot disconnected"),
-            Peer::Client(identity) => {
-                tracing::debug!(subject = %identity.subject, "client disconnected")
-            }
-            Peer::Unverified { .. } => {}
-        }
-        let close = out.close;
+        let (close, for_cause) = (out.close, out.for_cause);
+        out.log_cut_off(&protocol);
         drop(out);
+        Box::pin(leave(&state, &conn, &protocol, role, !for_cause)).await;
         drop(mailbox);
         if !writer_done {
-            match close {
-                Some(close) => {
-                    let _ = close_tx.send(close);
-                    if !reading.peer_closed {
-                        // Our close: wait (bounded) for the peer's, reading what it still
-                        // sends. Dropping the socket with unread input makes the kernel answer
-                        // with a reset, which can overtake the close frame on its way.
-                        let handshake = async {
-                            while let Some(Ok(frame)) = stream.next().await {
-                                if matches!(frame, Message::Close(_)) {
-                                    break;
-                                }
-                            }
-                        };
-                        let _ = tokio::time::timeout(CLOSE_HANDSHAKE, handshake).await;
-                    }
-                }
-                None => drop(close_tx),
-            }
-            // The writer sends what is queued and the close frame within its write timeout.
-            if tokio::time::timeout(write_timeout(config) * 2, &mut writer)
-                .await
-                .is_err()
-            {
-                writer.abort();
-            }
+            let closing = Closing {
+                close,
+                close_tx,
+                peer_closed: reading.peer_closed,
+                write_timeout: state.config.socket_limits().write_timeout,
+            };
+            Box::pin(closing.run(&mut stream, &mut writer)).await;
         }
         drop(guard);
         // The socket's place is free once everything above is done.
         drop(permit);
+    }
+}
+
+/// Starts the socket's writer task, in the socket's span.
+fn spawn_writer(
+    sink: Sink,
+    queue: QueueReceiver,
+    close: oneshot::Receiver<CloseRequest>,
+    limits: &SocketLimits,
+    legacy: Arc<AtomicBool>,
+) -> JoinHandle<()> {
+    let writer = Writer {
+        timeout: limits.write_timeout,
+        queue_len: limits.close_drain,
+        legacy,
+    };
+    tokio::spawn(write_loop(sink, queue, close, writer).in_current_span())
+}
+
+/// Moves the socket's count in the connections gauge to the role it has now; returns it.
+fn recount_role(state: &SharedState, was: &'static str, now: &'static str) -> &'static str {
+    if now != was {
+        state.metrics.connections.with_label_values(&[was]).dec();
+        state.metrics.connections.with_label_values(&[now]).inc();
+    }
+    now
+}
+
+/// Out of presence and sessions first, once the socket is done reading: the peers must not
+/// wait on a socket that is closing, whatever its writer is doing. Runs on the heap, as
+/// the close below: the socket task keeps only what waits for frames.
+async fn leave(
+    state: &SharedState,
+    conn: &ConnId,
+    protocol: &Protocol,
+    role: &'static str,
+    resumable: bool,
+) {
+    state.metrics.connections.with_label_values(&[role]).dec();
+    state.sessions.detach(conn, resumable).await;
+    match &protocol.peer {
+        Peer::Robot { robot_id } => tracing::info!(robot = %robot_id, "robot disconnected"),
+        Peer::Client(identity) => {
+            tracing::debug!(subject = %identity.subject, "client disconnected")
+        }
+        Peer::Unverified { .. } => {}
+    }
+}
+
+/// How the socket ends once the reader is done and the writer still runs.
+struct Closing {
+    /// The close frame the server sends, if it closes the socket.
+    close: Option<CloseRequest>,
+    close_tx: oneshot::Sender<CloseRequest>,
+    /// The peer sent its close frame already.
+    peer_closed: bool,
+    write_timeout: Duration,
+}
+
+impl Closing {
+    async fn run(self, stream: &mut SplitStream<WebSocket>, writer: &mut JoinHandle<()>) {
+        match self.close {
+            Some(close) => {
+                let _ = self.close_tx.send(close);
+                if !self.peer_closed {
+                    // Our close: wait (bounded) for the peer's, reading what it still
+                    // sends. Dropping the socket with unread input makes the kernel answer
+                    // with a reset, which can overtake the close frame on its way.
+                    let handshake = async {
+                        while let Some(Ok(frame)) = stream.next().await {
+                            if matches!(frame, Message::Close(_)) {
+                                break;
+                            }
+                        }
+                    };
+                    let _ = tokio::time::timeout(CLOSE_HANDSHAKE, handshake).await;
+                }
+            }
+            None => drop(self.close_tx),
+        }
+        // The writer sends what is queued and the close frame within its write timeout.
+        if tokio::time::timeout(self.write_timeout * 2, &mut *writer)
+            .await
+            .is_err()
+        {
+            writer.abort();
+        }
+    }
+}
+
+/// The socket's timed duties: the ping (and the idle check with it), the login or token
+/// deadline and the credentials refresh, all on one timer.
+struct Duties {
+    login_deadline: Instant,
+    next_ping: Instant,
+    /// Only the instant is kept: the error is worked out again when it comes (the
+    /// protocol state it depends on cannot change without a frame, which resets it).
+    deadline: Option<Instant>,
+    refresh_at: Option<Instant>,
+}
+
+impl Duties {
+    fn new(protocol: &Protocol, limits: &SocketLimits) -> Duties {
+        let login_deadline = Instant::now() + limits.login_timeout;
+        Duties {
+            login_deadline,
+            next_ping: Instant::now() + limits.ping_every,
+            deadline: protocol.deadline(login_deadline).map(|(at, _)| at),
+            refresh_at: protocol.credentials_refresh_at(),
+        }
+    }
+
+    /// Whichever comes first.
+    fn next_wake(&self) -> tokio::time::Instant {
+        tokio::time::Instant::from_std(next_wake(self.next_ping, self.deadline, self.refresh_at))
+    }
+
+    /// A frame may have moved the deadline or the refresh (a login, a new token).
+    fn after_frame(&mut self, protocol: &Protocol, timer: Pin<&mut Sleep>) {
+        self.deadline = protocol.deadline(self.login_deadline).map(|(at, _)| at);
+        self.refresh_at = protocol.credentials_refresh_at();
+        let next = self.next_wake();
+        if next != timer.deadline() {
+            timer.reset(next);
+        }
+    }
+
+    /// The timer fired: does what is due, then sets it for the next duty (unless closing).
+    fn due(
+        &mut self,
+        protocol: &mut Protocol,
+        out: &mut Outbox<'_>,
+        reading: &Reading,
+        timer: Pin<&mut Sleep>,
+    ) {
+        let now = Instant::now();
+        if self.deadline.is_some_and(|at| at <= now) {
+            self.deadline = None;
+            if let Some((_, error)) = protocol.deadline(self.login_deadline) {
+                out.error(&error, None);
+                out.for_cause = true;
+                out.close = Some(error.close().unwrap_or((1008, "deadline")));
+                return;
+            }
+        }
+        if self.refresh_at.is_some_and(|at| at <= now) {
+            protocol.refresh_credentials();
+            for reply in protocol.replies.drain(..) {
+                out.reply(reply);
+            }
+            self.refresh_at = protocol.credentials_refresh_at();
+        }
+        if self.next_ping <= now {
+            let limits = out.limits();
+            self.next_ping = now + limits.ping_every;
+            if reading.last_heard.elapsed() > limits.idle_timeout {
+                // Likely dead; should it still read, it learns why (the writer gives up on
+                // the close within its timeout if not).
+                tracing::debug!("dropping dead connection");
+                out.close = Some((1008, "idle timeout"));
+                return;
+            }
+            out.send(Outbound::Ping);
+        }
+        timer.reset(self.next_wake());
     }
 }
 
@@ -323,6 +377,16 @@ struct Reading {
     last_heard: Instant,
     /// The peer sent its close frame.
     peer_closed: bool,
+}
+
+impl Reading {
+    fn new(limits: &SocketLimits, now: Instant) -> Reading {
+        Reading {
+            limiter: RateLimiter::new(limits.rate, limits.burst, now),
+            last_heard: now,
+            peer_closed: false,
+        }
+    }
 }
 
 /// What the reader makes of a frame before the protocol reads it.
@@ -345,7 +409,7 @@ fn admit(
     out: &mut Outbox<'_>,
     kick: &KickReceiver,
 ) -> Admitted {
-    let config = &out.state.config;
+    let limits = out.limits();
     let Some(frame) = frame else {
         return Admitted::Stop;
     };
@@ -367,7 +431,7 @@ fn admit(
     }
     reading.last_heard = now;
     // Refusals made on other nodes count as strikes too, as they would here.
-    for _ in 0..kick.take_remote_strikes().min(config.max_strikes + 1) {
+    for _ in 0..kick.take_remote_strikes().min(limits.max_strikes + 1) {
         out.count_strike(now);
         if out.close.is_some() {
             return Admitted::Handled;
@@ -381,7 +445,7 @@ fn admit(
     let text = match frame {
         Message::Text(text) => text,
         Message::Binary(bytes) => {
-            if bytes.len() > config.max_frame_bytes {
+            if bytes.len() > limits.max_frame_bytes {
                 out.too_large();
             } else {
                 out.strike(&WsError::Binary, now);
@@ -390,7 +454,7 @@ fn admit(
         }
         _ => return Admitted::Handled,
     };
-    if text.len() > config.max_frame_bytes {
+    if text.len() > limits.max_frame_bytes {
         out.too_large();
         return Admitted::Handled;
     }
@@ -412,7 +476,73 @@ struct Outbox<'a> {
     for_cause: bool,
 }
 
-impl Outbox<'_> {
+impl<'a> Outbox<'a> {
+    fn new(state: &'a SharedState, mailbox: &'a Mailbox) -> Self {
+        Outbox {
+            state,
+            mailbox,
+            strikes: Strikes::new(state.config.socket_limits().max_strikes, STRIKE_WINDOW),
+            close: None,
+            cut_off: false,
+            for_cause: false,
+        }
+    }
+
+    /// Kicked from outside the task (replaced, revoked, too slow, shutting down).
+    fn kicked(&mut self, kick: Kick) {
+        if kick == Kick::Revoked {
+            let error = WsError::Identity(crate::identity::IdentityError::Revoked);
+            self.error(&error, None);
+        }
+        self.for_cause = matches!(kick, Kick::Revoked | Kick::TokenRevoked);
+        self.close = Some(kick.close_frame());
+    }
+
+    /// Sends what the protocol made of a frame: its replies, then its error if any, which
+    /// closes the socket or counts as a strike.
+    fn handled(
+        &mut self,
+        protocol: &mut Protocol,
+        result: Result<(), (WsError, Option<String>)>,
+        now: Instant,
+    ) {
+        for reply in protocol.replies.drain(..) {
+            self.reply(reply);
+        }
+        let Err((error, id)) = result else { return };
+        if matches!(error.code(), signalling_protocol::ErrorCode::InternalError) {
+            tracing::error!(error = %error, "message failed");
+        }
+        self.error(&error, id.as_deref());
+        match error.close() {
+            Some(close) => {
+                self.for_cause = true;
+                self.close = Some(close);
+            }
+            // A robot told that a client does not keep up is not at fault: a stalled
+            // viewer must not get the robot cut off for strikes.
+            None if matches!(error, WsError::Throttled) && protocol.is_robot() => {}
+            None => self.count_strike(now),
+        }
+    }
+
+    /// The socket's limits (a reference is not kept: it would be memory in every socket).
+    fn limits(&self) -> &'a SocketLimits {
+        self.state.config.socket_limits()
+    }
+
+    /// Closing for too many strikes is logged with who the peer is, once the loop ends.
+    fn log_cut_off(&self, protocol: &Protocol) {
+        if self.cut_off {
+            tracing::warn!(
+                peer = %protocol.peer_label(),
+                strikes = self.limits().max_strikes,
+                window_secs = STRIKE_WINDOW.as_secs(),
+                "closing a peer that keeps earning errors or exceeding the rate limit"
+            );
+        }
+    }
+
     fn send(&mut self, frame: Outbound) {
         match self.mailbox.send(None, frame) {
             Ok(()) => {}
@@ -461,7 +591,7 @@ impl Outbox<'_> {
 
     fn too_large(&mut self) {
         let error = WsError::TooLarge {
-            limit: self.state.config.max_frame_bytes,
+            limit: self.limits().max_frame_bytes,
         };
         self.error(&error, None);
         self.for_cause = true;
@@ -563,18 +693,6 @@ fn write_loop(
             }
         }
     }
-}
-
-fn write_timeout(config: &Config) -> Duration {
-    Duration::from_secs(config.write_timeout_secs.max(1))
-}
-
-fn ping_every(config: &Config) -> Duration {
-    Duration::from_secs(config.ping_interval_secs.max(1))
-}
-
-fn idle_timeout(config: &Config) -> Duration {
-    Duration::from_secs(config.idle_timeout_secs.max(1))
 }
 
 /// The socket's next timed duty: the next ping, the deadline or the credentials refresh,

@@ -55,6 +55,8 @@ enum Cmd {
             default_value = "capacity,relay,setup,storm"
         )]
         only: Vec<String>,
+        #[command(flatten)]
+        sizes: Sizes,
     },
     /// Only the cluster benchmark (three nodes on Redis and PostgreSQL): relay same node
     /// vs cross-node, and the capacity of the three nodes. Writes results.* into --out.
@@ -70,18 +72,36 @@ enum Cmd {
         /// capacity, relay.
         #[arg(long, value_delimiter = ',', default_value = "capacity,relay")]
         only: Vec<String>,
-        /// Overrides the profile's seconds per relay run (longer runs: steadier figures).
-        #[arg(long)]
-        relay_secs: Option<f64>,
-        /// Overrides the profile's offered rate of the fixed-load relay run (msgs/s).
-        #[arg(long)]
-        offered_rate: Option<u64>,
-        /// Overrides how often the fixed-load relay run is repeated.
-        #[arg(long)]
-        latency_repeats: Option<usize>,
+        #[command(flatten)]
+        sizes: Sizes,
     },
     /// Internal: one load-generator process.
     Worker { spec: String },
+}
+
+/// Overrides of the profile's relay sizes, for shorter runs while iterating or longer
+/// ones for steadier figures.
+#[derive(clap::Args)]
+struct Sizes {
+    /// Overrides the profile's seconds per relay run (longer runs: steadier figures).
+    #[arg(long)]
+    relay_secs: Option<f64>,
+    /// Overrides the profile's offered rate of the fixed-load relay runs (msgs/s in all).
+    #[arg(long)]
+    offered_rate: Option<u64>,
+    /// Overrides how often the fixed-load relay runs are repeated.
+    #[arg(long)]
+    latency_repeats: Option<usize>,
+}
+
+impl Sizes {
+    fn profile(&self, smoke: bool) -> orchestrator::Profile {
+        let mut profile = if smoke { SMOKE } else { FULL };
+        profile.relay_secs = self.relay_secs.unwrap_or(profile.relay_secs);
+        profile.offered_rate = self.offered_rate.unwrap_or(profile.offered_rate);
+        profile.latency_repeats = self.latency_repeats.unwrap_or(profile.latency_repeats);
+        profile
+    }
 }
 
 #[tokio::main]
@@ -97,10 +117,11 @@ async fn main() -> anyhow::Result<()> {
             postgres_url,
             bin_dir,
             only,
+            sizes,
         } => {
             let repo = std::env::current_dir()?;
             let opts = Options {
-                profile: if smoke { SMOKE } else { FULL },
+                profile: sizes.profile(smoke),
                 out,
                 server_bin: bin_dir.join("signalling-server"),
                 bench_bin: std::env::current_exe()?,
@@ -118,16 +139,10 @@ async fn main() -> anyhow::Result<()> {
             postgres_url,
             bin_dir,
             only,
-            relay_secs,
-            offered_rate,
-            latency_repeats,
+            sizes,
         } => {
-            let mut profile = if smoke { SMOKE } else { FULL };
-            profile.relay_secs = relay_secs.unwrap_or(profile.relay_secs);
-            profile.offered_rate = offered_rate.unwrap_or(profile.offered_rate);
-            profile.latency_repeats = latency_repeats.unwrap_or(profile.latency_repeats);
             let opts = Options {
-                profile,
+                profile: sizes.profile(smoke),
                 out,
                 server_bin: bin_dir.join("signalling-server"),
                 bench_bin: std::env::current_exe()?,

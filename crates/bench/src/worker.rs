@@ -272,7 +272,8 @@ async fn relay(
     let dir = if b_to_a { Dir::BtoA } else { Dir::AtoB };
     let mut senders = Vec::new();
     let mut receivers = Vec::new();
-    for pair in pairs {
+    let aligned = std::env::var("BENCH_ALIGNED_PHASES").is_ok_and(|v| v == "1");
+    for (index, pair) in pairs.into_iter().enumerate() {
         let Pair { a, b, route } = pair;
         let (a_sink, a_stream) = a.split();
         let (b_sink, b_stream) = b.split();
@@ -288,7 +289,14 @@ async fn relay(
             route,
             dir,
             size,
-            rate.map(|r| r as f64 / sessions as f64),
+            rate.map(|r| Pacing {
+                per_session: r as f64 / sessions as f64,
+                phase: if aligned {
+                    0.0
+                } else {
+                    index as f64 / sessions as f64
+                },
+            }),
             permits.clone(),
             clock,
             stop_at,
@@ -349,20 +357,36 @@ fn watch_refusals(
     });
 }
 
+/// How a session of a fixed-load run sends: `per_session` messages a second, the first at
+/// `phase` (0..1) of a period after the start.
+///
+/// Phases are spread evenly over the sessions, so the offered load is even: with every
+/// session starting at once, all of them sent in the same tick of the timer, and the run
+/// measured how fast a relay drains a burst of as many messages as there are sessions
+/// rather than its latency at the offered rate. `BENCH_ALIGNED_PHASES=1` brings the bursts
+/// back (phase 0 for all), for comparisons with runs made before.
+#[derive(Debug, Clone, Copy)]
+struct Pacing {
+    per_session: f64,
+    phase: f64,
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn send_loop(
     mut sink: Sink,
     route: Route,
     dir: Dir,
     size: usize,
-    per_session_rate: Option<f64>,
+    pacing: Option<Pacing>,
     permits: Arc<Semaphore>,
     clock: Instant,
     stop_at: Instant,
     sent: Arc<AtomicU64>,
 ) -> anyhow::Result<()> {
-    let mut ticker = per_session_rate.map(|r| {
-        let mut interval = tokio::time::interval(Duration::from_secs_f64(1.0 / r.max(0.001)));
+    let mut ticker = pacing.map(|Pacing { per_session, phase }| {
+        let period = Duration::from_secs_f64(1.0 / per_session.max(0.001));
+        let first = tokio::time::Instant::from_std(clock) + period.mul_f64(phase.clamp(0.0, 1.0));
+        let mut interval = tokio::time::interval_at(first, period);
         // Open loop: a late tick is made up for, so the offered rate holds.
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
         interval

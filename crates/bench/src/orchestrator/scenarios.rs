@@ -161,6 +161,7 @@ async fn relay_runs(opts: &Options, running: &Running, rows: &mut Vec<Row>) -> a
         }
         let mut throughputs = Vec::new();
         let mut p99s = Vec::new();
+        let mut cpu_per_message = Vec::new();
         let mut merged = new_histogram();
         for r in 0..repeats {
             let scenario = Scenario::Relay {
@@ -171,8 +172,10 @@ async fn relay_runs(opts: &Options, running: &Running, rows: &mut Vec<Row>) -> a
                 window: p.window,
                 secs: p.relay_secs,
             };
-            let (result, latency) =
-                run_worker(opts, running, scenario, &format!("rel{r}{size}-")).await?;
+            let (result, latency, ticks) =
+                run_measured(opts, running, scenario, &format!("rel{r}{size}-")).await?;
+            let received = result["received"].as_u64().unwrap_or(0).max(1);
+            cpu_per_message.push(ticks as f64 / clock_ticks() / received as f64 * 1e6);
             let refused = result["refused"].as_u64().unwrap_or(0);
             if refused > 0 {
                 eprintln!("[bench] {name}, {label}: {refused} messages refused (throttled)");
@@ -189,6 +192,17 @@ async fn relay_runs(opts: &Options, running: &Running, rows: &mut Vec<Row>) -> a
         l.runs = p99s;
         l.latency = Some((&latency).into());
         rows.push(l);
+        // CPU time of the relay's process (every thread, user and system) over the runs'
+        // messages: what each message costs the relay, whose cores the generator shares.
+        let mut c = row(
+            &label,
+            name,
+            "CPU per message",
+            median(&cpu_per_message),
+            "µs",
+        );
+        c.runs = cpu_per_message;
+        rows.push(c);
     }
     Ok(())
 }
@@ -226,6 +240,17 @@ fn relay_plan(p: &Profile) -> Vec<RelayRun> {
             p.latency_repeats,
             many,
         ),
+        // The same offered load over few pairs: each socket carries many more messages a
+        // second, so what one socket's path costs per message (and its hand-offs) shows in
+        // the tail instead of being spread over 1,000 sockets.
+        run(
+            format!("relay 250 B, fixed load, {few} pairs"),
+            250,
+            false,
+            Some(p.offered_rate),
+            p.latency_repeats,
+            few,
+        ),
         run("relay 6 KB, saturated".into(), 6_000, true, None, 1, many),
         // The same load over few sessions: per-socket costs weigh more, batching less.
         run(
@@ -245,6 +270,25 @@ fn relay_plan(p: &Profile) -> Vec<RelayRun> {
             few,
         ),
     ]
+}
+
+/// `run_worker`, also reading the target's CPU ticks between go and result.
+async fn run_measured(
+    opts: &Options,
+    running: &Running,
+    scenario: Scenario,
+    tag: &str,
+) -> anyhow::Result<(Value, Latency, u64)> {
+    let pid = running.child.id().context("pid")?;
+    let mut worker = Worker::spawn(opts, &spec(&running.info, scenario, tag)).await?;
+    worker.event("ready").await?;
+    let (_, before) = proc_stats(pid)?;
+    worker.say("go").await?;
+    let result = worker.event("result").await?;
+    let (_, after) = proc_stats(pid)?;
+    worker.finish().await?;
+    let latency: Latency = serde_json::from_value(result["latency"].clone())?;
+    Ok((result, latency, after.saturating_sub(before)))
 }
 
 /// One worker through ready → go → result; returns the result event and its latency.
@@ -372,7 +416,7 @@ mod tests {
     }
 
     #[test]
-    fn the_relay_plan_repeats_only_the_fixed_load_run() {
+    fn the_relay_plan_repeats_only_the_fixed_load_runs() {
         for profile in [FULL, SMOKE] {
             let plan = relay_plan(&profile);
             let few = profile.relay_few_sessions;
@@ -382,6 +426,7 @@ mod tests {
                 [
                     "relay 250 B, saturated".to_string(),
                     "relay 250 B, fixed load".to_string(),
+                    format!("relay 250 B, fixed load, {few} pairs"),
                     "relay 6 KB, saturated".to_string(),
                     format!("relay 250 B, saturated, {few} sessions"),
                     format!("relay 6 KB, saturated, {few} sessions"),
@@ -394,8 +439,13 @@ mod tests {
                 assert_eq!(run.b_to_a, run.size == 6_000);
             }
             assert_eq!(plan[0].sessions, profile.relay_sessions);
-            assert_eq!(plan[4].sessions, few);
+            assert_eq!(plan[5].sessions, few);
+            // Both fixed-load runs offer the same total rate, over many sessions and few.
             assert_eq!(plan[1].rate, Some(profile.offered_rate));
+            assert_eq!(plan[1].sessions, profile.relay_sessions);
+            assert_eq!(plan[2].rate, Some(profile.offered_rate));
+            assert_eq!(plan[2].sessions, few);
+            assert_eq!(plan[2].size, 250);
         }
     }
 }
