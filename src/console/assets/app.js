@@ -4,75 +4,11 @@
 //   #/my-robots                                   (client token or JWT)
 //   #/teleop/ID                                   (client token or JWT)
 import { SignallingClient } from '/sdk/signalling-client.js';
+import { $, h, show, auth, api, act, when, ago, badge, TOKEN_KEY } from '/console/ui.js';
 
-const $ = (sel, root = document) => root.querySelector(sel);
 const view = $('#view');
-const notice = $('#notice');
-const TOKEN_KEY = 'console.token';
 const REFRESH_MS = 2000;
 
-/** `h('tag', {attrs}, children...)`: builds DOM with text nodes only, never innerHTML. */
-function h(tag, attrs = {}, ...children) {
-  const el = document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs)) {
-    if (v === undefined || v === null || v === false) continue;
-    if (k.startsWith('on')) el.addEventListener(k.slice(2), v);
-    else if (k === 'class') el.className = v;
-    else if (v === true) el.setAttribute(k, '');
-    else el.setAttribute(k, String(v));
-  }
-  for (const c of children.flat()) {
-    if (c === null || c === undefined || c === false) continue;
-    el.append(c instanceof Node ? c : document.createTextNode(String(c)));
-  }
-  return el;
-}
-
-function show(message, kind = 'error') {
-  notice.textContent = message;
-  notice.className = kind === 'error' ? 'notice' : 'notice info';
-  notice.hidden = !message;
-}
-
-const auth = {
-  token: sessionStorage.getItem(TOKEN_KEY),
-  kind: null, // 'admin' | 'client'
-  subject: null,
-};
-
-class HttpError extends Error {
-  constructor(status, body) {
-    super(body?.message || `HTTP ${status}`);
-    this.status = status;
-    this.code = body?.error;
-  }
-}
-
-async function api(method, path, body) {
-  const response = await fetch(path, {
-    method,
-    headers: {
-      authorization: `Bearer ${auth.token}`,
-      ...(body === undefined ? {} : { 'content-type': 'application/json' }),
-    },
-    body: body === undefined ? undefined : JSON.stringify(body),
-  });
-  const text = await response.text();
-  const data = text ? JSON.parse(text) : null;
-  if (!response.ok) throw new HttpError(response.status, data);
-  return data;
-}
-
-const when = (iso) => (iso ? new Date(iso).toLocaleString() : '—');
-const ago = (iso) => {
-  if (!iso) return 'never';
-  const s = Math.max(0, Math.round((Date.now() - new Date(iso).getTime()) / 1000));
-  if (s < 60) return `${s} s ago`;
-  if (s < 3600) return `${Math.round(s / 60)} min ago`;
-  if (s < 86400) return `${Math.round(s / 3600)} h ago`;
-  return when(iso);
-};
-const badge = (online) => h('span', { class: `badge ${online ? 'on' : 'off'}` }, online ? 'online' : 'offline');
 const wsUrl = () => `${location.protocol === 'https:' ? 'wss' : 'ws'}://${location.host}/ws`;
 
 async function copy(text, button) {
@@ -184,17 +120,6 @@ function render() {
   $('#main').focus({ preventScroll: true });
 }
 window.addEventListener('hashchange', render);
-
-/** Wraps an action: shows its failure, never leaves an unhandled rejection. */
-const act = (fn) => async (e) => {
-  e?.preventDefault?.();
-  try {
-    show('');
-    await fn(e);
-  } catch (err) {
-    show(err.message || String(err));
-  }
-};
 
 // ---------- admin: robots ----------
 
