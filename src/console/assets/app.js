@@ -3,8 +3,13 @@
 //   #/robots, #/robots/ID, #/tokens, #/sessions   (admin token)
 //   #/my-robots                                   (client token or JWT)
 //   #/teleop/ID                                   (client token or JWT)
+//   #/audit/ID                                    (admin, or an owner of ID)
+// Beside the views: requests for approval (people.js) while a client is signed in.
 import { SignallingClient } from '/sdk/signalling-client.js';
 import { $, h, show, auth, api, act, when, ago, badge, TOKEN_KEY } from '/console/ui.js';
+import { startConfirmations, stopConfirmations } from '/console/people.js';
+import { auditPage } from '/console/audit.js';
+import { fleetStopCard, robotStopButton } from '/console/estop.js';
 
 const view = $('#view');
 const REFRESH_MS = 2000;
@@ -36,6 +41,7 @@ async function signIn(token) {
     const me = await api('GET', '/v1/me');
     auth.kind = 'client';
     auth.subject = me.subject;
+    startConfirmations();
   } else {
     await api('GET', '/v1/robots');
     auth.kind = 'admin';
@@ -45,6 +51,7 @@ async function signIn(token) {
 }
 
 function signOut() {
+  stopConfirmations();
   sessionStorage.removeItem(TOKEN_KEY);
   auth.token = null;
   auth.kind = null;
@@ -109,10 +116,19 @@ function render() {
   const [, route, arg] = location.hash.split('/');
   const id = arg ? decodeURIComponent(arg) : null;
   const routes = auth.kind === 'admin'
-    ? { robots: id ? () => robotPage(id) : robotsPage, tokens: tokensPage, sessions: sessionsPage }
-    : { 'my-robots': myRobotsPage, teleop: () => teleopPage(id) };
+    ? {
+      robots: id ? () => robotPage(id) : robotsPage,
+      tokens: tokensPage,
+      sessions: sessionsPage,
+      audit: () => auditPage(view, id, `#/robots/${encodeURIComponent(id)}`, `← Robot ${id}`),
+    }
+    : {
+      'my-robots': myRobotsPage,
+      teleop: () => teleopPage(id),
+      audit: () => auditPage(view, id, '#/my-robots', '← My robots'),
+    };
   const page = routes[route];
-  if (!page) {
+  if (!page || (route === 'audit' && !id)) {
     location.hash = auth.kind === 'admin' ? '#/robots' : '#/my-robots';
     return;
   }
@@ -164,6 +180,7 @@ function robotsPage() {
   };
   view.append(
     h('h2', {}, 'Robots'),
+    fleetStopCard(),
     h('section', { class: 'card', 'aria-labelledby': 'create-title' }, h('h3', { id: 'create-title' }, 'Create a robot'), form, created),
     h('div', { class: 'row' }, h('label', { for: 'robot-search' }, 'Search', search)),
     h('div', { class: 'table-wrap' }, h('table', { id: 'robots-table' },
@@ -190,6 +207,7 @@ function robotPage(id) {
   const facts = h('dl', { class: 'facts' });
   const grantsBody = h('tbody');
   const enrollment = h('div', { 'aria-live': 'polite' });
+  const estopResult = h('p', { id: 'estop-result', role: 'status' });
   const path = `/v1/robots/${encodeURIComponent(id)}`;
   const refresh = async () => {
     try {
@@ -236,6 +254,12 @@ function robotPage(id) {
     h('p', {}, h('a', { href: '#/robots' }, '← All robots')),
     h('h2', {}, `Robot ${id}`),
     h('section', { class: 'card' }, facts),
+    h('section', { class: 'card', 'aria-labelledby': 'arp-title' },
+      h('h3', { id: 'arp-title' }, 'Programs and safety'),
+      h('div', { class: 'row' },
+        robotStopButton(id, estopResult),
+        h('a', { href: `#/audit/${encodeURIComponent(id)}`, class: 'audit-link' }, 'Audit log')),
+      estopResult),
     h('section', { class: 'card', 'aria-labelledby': 'grants-title' },
       h('h3', { id: 'grants-title' }, 'Grants'),
       h('div', { class: 'table-wrap' }, h('table', { id: 'grants-table' },
@@ -374,15 +398,27 @@ function sessionsPage() {
 
 function myRobotsPage() {
   const body = h('tbody');
+  const estopResult = h('p', { id: 'estop-result', role: 'status' });
+  let shown = null;
   const refresh = async () => {
     try {
       const robots = await api('GET', '/v1/me/robots');
+      // Redrawn only when what it shows changes, so a focused button stays focused.
+      const seen = JSON.stringify(robots.map((r) => [r.robotId, r.name, r.online, r.role, r.online || ago(r.lastSeenAt)]));
+      if (seen === shown) return;
+      shown = seen;
       body.replaceChildren(...robots.map((r) => h('tr', { 'data-robot': r.robotId },
         h('td', {}, r.robotId, r.name ? h('span', { class: 'muted' }, ` ${r.name}`) : ''),
         h('td', {}, badge(r.online)),
         h('td', {}, r.online ? 'now' : ago(r.lastSeenAt)),
         h('td', {}, r.role),
-        h('td', {}, h('a', { href: `#/teleop/${encodeURIComponent(r.robotId)}`, class: 'teleop-link' }, r.role === 'viewer' ? 'Watch' : 'Drive')))));
+        h('td', { class: 'actions' },
+          h('a', { href: `#/teleop/${encodeURIComponent(r.robotId)}`, class: 'teleop-link' }, r.role === 'viewer' ? 'Watch' : 'Drive'),
+          // Owners see what programs did on their robot, and stop it through the API.
+          r.role === 'owner' ? [
+            h('a', { href: `#/audit/${encodeURIComponent(r.robotId)}`, class: 'audit-link' }, 'Audit log'),
+            r.online ? robotStopButton(r.robotId, estopResult) : null,
+          ] : null))));
       if (!robots.length) body.append(h('tr', {}, h('td', { colspan: 5, class: 'muted' }, 'You hold no grants yet.')));
     } catch (err) {
       show(err.message);
@@ -390,6 +426,7 @@ function myRobotsPage() {
   };
   view.append(
     h('h2', {}, 'My robots'),
+    estopResult,
     h('div', { class: 'table-wrap' }, h('table', { id: 'my-robots-table' },
       h('thead', {}, h('tr', {}, ...['Robot', 'State', 'Last seen', 'Your role', ''].map((c) => h('th', { scope: 'col' }, c)))),
       body)),
