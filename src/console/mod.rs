@@ -2,6 +2,9 @@
 //! files embedded in the binary, so a server needs no web root. Each answer carries a strong
 //! ETag (SHA-256 of the bytes) and is revalidated with `If-None-Match` (304).
 //!
+//! The console is a few ES modules: `app.js` (routes and views) imports `ui.js` (DOM, API,
+//! who is signed in), `people.js` (requests for approval), `audit.js` and `estop.js`.
+//!
 //! The SDK file is the committed build of `clients/js` (CI checks it matches its source), so
 //! `cargo build` needs no Node.js.
 
@@ -38,6 +41,30 @@ static ASSETS: &[Asset] = &[
         content_type: "text/javascript; charset=utf-8",
         cache_control: PAGE,
         body: include_bytes!("assets/app.js"),
+    },
+    Asset {
+        path: "/console/ui.js",
+        content_type: "text/javascript; charset=utf-8",
+        cache_control: PAGE,
+        body: include_bytes!("assets/ui.js"),
+    },
+    Asset {
+        path: "/console/people.js",
+        content_type: "text/javascript; charset=utf-8",
+        cache_control: PAGE,
+        body: include_bytes!("assets/people.js"),
+    },
+    Asset {
+        path: "/console/audit.js",
+        content_type: "text/javascript; charset=utf-8",
+        cache_control: PAGE,
+        body: include_bytes!("assets/audit.js"),
+    },
+    Asset {
+        path: "/console/estop.js",
+        content_type: "text/javascript; charset=utf-8",
+        cache_control: PAGE,
+        body: include_bytes!("assets/estop.js"),
     },
     Asset {
         path: "/console/style.css",

@@ -3,76 +3,17 @@
 //   #/robots, #/robots/ID, #/tokens, #/sessions   (admin token)
 //   #/my-robots                                   (client token or JWT)
 //   #/teleop/ID                                   (client token or JWT)
+//   #/audit/ID                                    (admin, or an owner of ID)
+// Beside the views: requests for approval (people.js) while a client is signed in.
 import { SignallingClient } from '/sdk/signalling-client.js';
+import { $, h, show, auth, api, act, when, ago, badge, TOKEN_KEY } from '/console/ui.js';
+import { startConfirmations, stopConfirmations } from '/console/people.js';
+import { auditPage } from '/console/audit.js';
+import { fleetStopCard, robotStopButton } from '/console/estop.js';
 
-const $ = (sel, root = document) => root.querySelector(sel);
 const view = $('#view');
-const notice = $('#notice');
-const TOKEN_KEY = 'console.token';
 const REFRESH_MS = 2000;
 
-/** `h('tag', {attrs}, children...)`: builds DOM with text nodes only, never innerHTML. */
-function h(tag, attrs = {}, ...children) {
-  const el = document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs)) {
-    if (v === undefined || v === null || v === false) continue;
-    if (k.startsWith('on')) el.addEventListener(k.slice(2), v);
-    else if (k === 'class') el.className = v;
-    else if (v === true) el.setAttribute(k, '');
-    else el.setAttribute(k, String(v));
-  }
-  for (const c of children.flat()) {
-    if (c === null || c === undefined || c === false) continue;
-    el.append(c instanceof Node ? c : document.createTextNode(String(c)));
-  }
-  return el;
-}
-
-function show(message, kind = 'error') {
-  notice.textContent = message;
-  notice.className = kind === 'error' ? 'notice' : 'notice info';
-  notice.hidden = !message;
-}
-
-const auth = {
-  token: sessionStorage.getItem(TOKEN_KEY),
-  kind: null, // 'admin' | 'client'
-  subject: null,
-};
-
-class HttpError extends Error {
-  constructor(status, body) {
-    super(body?.message || `HTTP ${status}`);
-    this.status = status;
-    this.code = body?.error;
-  }
-}
-
-async function api(method, path, body) {
-  const response = await fetch(path, {
-    method,
-    headers: {
-      authorization: `Bearer ${auth.token}`,
-      ...(body === undefined ? {} : { 'content-type': 'application/json' }),
-    },
-    body: body === undefined ? undefined : JSON.stringify(body),
-  });
-  const text = await response.text();
-  const data = text ? JSON.parse(text) : null;
-  if (!response.ok) throw new HttpError(response.status, data);
-  return data;
-}
-
-const when = (iso) => (iso ? new Date(iso).toLocaleString() : '—');
-const ago = (iso) => {
-  if (!iso) return 'never';
-  const s = Math.max(0, Math.round((Date.now() - new Date(iso).getTime()) / 1000));
-  if (s < 60) return `${s} s ago`;
-  if (s < 3600) return `${Math.round(s / 60)} min ago`;
-  if (s < 86400) return `${Math.round(s / 3600)} h ago`;
-  return when(iso);
-};
-const badge = (online) => h('span', { class: `badge ${online ? 'on' : 'off'}` }, online ? 'online' : 'offline');
 const wsUrl = () => `${location.protocol === 'https:' ? 'wss' : 'ws'}://${location.host}/ws`;
 
 async function copy(text, button) {
@@ -100,6 +41,7 @@ async function signIn(token) {
     const me = await api('GET', '/v1/me');
     auth.kind = 'client';
     auth.subject = me.subject;
+    startConfirmations();
   } else {
     await api('GET', '/v1/robots');
     auth.kind = 'admin';
@@ -109,6 +51,7 @@ async function signIn(token) {
 }
 
 function signOut() {
+  stopConfirmations();
   sessionStorage.removeItem(TOKEN_KEY);
   auth.token = null;
   auth.kind = null;
@@ -173,10 +116,19 @@ function render() {
   const [, route, arg] = location.hash.split('/');
   const id = arg ? decodeURIComponent(arg) : null;
   const routes = auth.kind === 'admin'
-    ? { robots: id ? () => robotPage(id) : robotsPage, tokens: tokensPage, sessions: sessionsPage }
-    : { 'my-robots': myRobotsPage, teleop: () => teleopPage(id) };
+    ? {
+      robots: id ? () => robotPage(id) : robotsPage,
+      tokens: tokensPage,
+      sessions: sessionsPage,
+      audit: () => auditPage(view, id, `#/robots/${encodeURIComponent(id)}`, `← Robot ${id}`),
+    }
+    : {
+      'my-robots': myRobotsPage,
+      teleop: () => teleopPage(id),
+      audit: () => auditPage(view, id, '#/my-robots', '← My robots'),
+    };
   const page = routes[route];
-  if (!page) {
+  if (!page || (route === 'audit' && !id)) {
     location.hash = auth.kind === 'admin' ? '#/robots' : '#/my-robots';
     return;
   }
@@ -184,17 +136,6 @@ function render() {
   $('#main').focus({ preventScroll: true });
 }
 window.addEventListener('hashchange', render);
-
-/** Wraps an action: shows its failure, never leaves an unhandled rejection. */
-const act = (fn) => async (e) => {
-  e?.preventDefault?.();
-  try {
-    show('');
-    await fn(e);
-  } catch (err) {
-    show(err.message || String(err));
-  }
-};
 
 // ---------- admin: robots ----------
 
@@ -239,6 +180,7 @@ function robotsPage() {
   };
   view.append(
     h('h2', {}, 'Robots'),
+    fleetStopCard(),
     h('section', { class: 'card', 'aria-labelledby': 'create-title' }, h('h3', { id: 'create-title' }, 'Create a robot'), form, created),
     h('div', { class: 'row' }, h('label', { for: 'robot-search' }, 'Search', search)),
     h('div', { class: 'table-wrap' }, h('table', { id: 'robots-table' },
@@ -265,6 +207,7 @@ function robotPage(id) {
   const facts = h('dl', { class: 'facts' });
   const grantsBody = h('tbody');
   const enrollment = h('div', { 'aria-live': 'polite' });
+  const estopResult = h('p', { id: 'estop-result', role: 'status' });
   const path = `/v1/robots/${encodeURIComponent(id)}`;
   const refresh = async () => {
     try {
@@ -311,6 +254,12 @@ function robotPage(id) {
     h('p', {}, h('a', { href: '#/robots' }, '← All robots')),
     h('h2', {}, `Robot ${id}`),
     h('section', { class: 'card' }, facts),
+    h('section', { class: 'card', 'aria-labelledby': 'arp-title' },
+      h('h3', { id: 'arp-title' }, 'Programs and safety'),
+      h('div', { class: 'row' },
+        robotStopButton(id, estopResult),
+        h('a', { href: `#/audit/${encodeURIComponent(id)}`, class: 'audit-link' }, 'Audit log')),
+      estopResult),
     h('section', { class: 'card', 'aria-labelledby': 'grants-title' },
       h('h3', { id: 'grants-title' }, 'Grants'),
       h('div', { class: 'table-wrap' }, h('table', { id: 'grants-table' },
@@ -449,15 +398,27 @@ function sessionsPage() {
 
 function myRobotsPage() {
   const body = h('tbody');
+  const estopResult = h('p', { id: 'estop-result', role: 'status' });
+  let shown = null;
   const refresh = async () => {
     try {
       const robots = await api('GET', '/v1/me/robots');
+      // Redrawn only when what it shows changes, so a focused button stays focused.
+      const seen = JSON.stringify(robots.map((r) => [r.robotId, r.name, r.online, r.role, r.online || ago(r.lastSeenAt)]));
+      if (seen === shown) return;
+      shown = seen;
       body.replaceChildren(...robots.map((r) => h('tr', { 'data-robot': r.robotId },
         h('td', {}, r.robotId, r.name ? h('span', { class: 'muted' }, ` ${r.name}`) : ''),
         h('td', {}, badge(r.online)),
         h('td', {}, r.online ? 'now' : ago(r.lastSeenAt)),
         h('td', {}, r.role),
-        h('td', {}, h('a', { href: `#/teleop/${encodeURIComponent(r.robotId)}`, class: 'teleop-link' }, r.role === 'viewer' ? 'Watch' : 'Drive')))));
+        h('td', { class: 'actions' },
+          h('a', { href: `#/teleop/${encodeURIComponent(r.robotId)}`, class: 'teleop-link' }, r.role === 'viewer' ? 'Watch' : 'Drive'),
+          // Owners see what programs did on their robot, and stop it through the API.
+          r.role === 'owner' ? [
+            h('a', { href: `#/audit/${encodeURIComponent(r.robotId)}`, class: 'audit-link' }, 'Audit log'),
+            r.online ? robotStopButton(r.robotId, estopResult) : null,
+          ] : null))));
       if (!robots.length) body.append(h('tr', {}, h('td', { colspan: 5, class: 'muted' }, 'You hold no grants yet.')));
     } catch (err) {
       show(err.message);
@@ -465,6 +426,7 @@ function myRobotsPage() {
   };
   view.append(
     h('h2', {}, 'My robots'),
+    estopResult,
     h('div', { class: 'table-wrap' }, h('table', { id: 'my-robots-table' },
       h('thead', {}, h('tr', {}, ...['Robot', 'State', 'Last seen', 'Your role', ''].map((c) => h('th', { scope: 'col' }, c)))),
       body)),
