@@ -272,7 +272,7 @@ pub struct Config {
     pub shutdown_grace_secs: u64,
     /// `socket_limits()`, once made.
     #[arg(skip)]
-    socket_limits: OnceLock<crate::ws::SocketLimits>,
+    socket_limits: OnceLock<SocketLimits>,
 }
 
 impl Config {
@@ -302,8 +302,8 @@ impl Config {
     /// What each socket may do and how long it may take, made at the first call and kept:
     /// every socket reads the one copy (a copy in each socket's task would be about 200
     /// bytes of every socket). Fields changed after the first call are not seen here.
-    pub fn socket_limits(&self) -> &crate::ws::SocketLimits {
-        self.socket_limits.get_or_init(|| crate::ws::SocketLimits {
+    pub fn socket_limits(&self) -> &SocketLimits {
+        self.socket_limits.get_or_init(|| SocketLimits {
             queue: self.queue_limits(),
             close_drain: self.send_queue,
             max_frame_bytes: self.max_frame_bytes,
@@ -342,4 +342,28 @@ fn open_file_limit() -> Option<usize> {
     let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
     let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
     line.split_whitespace().nth(3)?.parse().ok()
+}
+
+/// What a socket may do and how long it may take, from the server's configuration: made
+/// once (`Config::socket_limits`) and read by every socket through the state it holds.
+#[derive(Debug, Clone, Copy)]
+pub struct SocketLimits {
+    /// What the socket's send queue may hold.
+    pub queue: crate::delivery::QueueLimits,
+    /// Most frames the writer still sends between a close request and the close frame.
+    pub close_drain: usize,
+    /// Largest frame read, in bytes.
+    pub max_frame_bytes: usize,
+    /// Frames per second (sustained and burst) before frames are refused.
+    pub rate: u64,
+    pub burst: u64,
+    /// Strikes within `STRIKE_WINDOW` that close the socket.
+    pub max_strikes: usize,
+    /// Time an unverified socket has to log in.
+    pub login_timeout: Duration,
+    pub ping_every: Duration,
+    /// Silence after which a socket is taken for dead (checked at each ping).
+    pub idle_timeout: Duration,
+    /// Longest a batch of writes may make no progress.
+    pub write_timeout: Duration,
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
-use signalling_protocol::arp::{method, reason, ArpCode, MAX_FRAME_BYTES};
+use signalling_protocol::arp::{method, ArpCode, MAX_FRAME_BYTES};
 use signalling_protocol::Role;
 use tracing::Instrument;
 
@@ -21,7 +21,7 @@ use crate::auth::ClientIdentity;
 use crate::messages::{SessionKind, ARP_FRAME};
 use crate::rate_limit::RateLimiter;
 use crate::relay::{
-    ConnId, DeliveryError, Kick, Mailbox, OpenSession, Outbound, RelayError, Sender, SessionError,
+    ConnId, DeliveryError, Kick, Mailbox, OpenSession, Outbound, Sender, SessionError,
 };
 use crate::state::SharedState;
 use crate::store::{bounded, AuditRecord, MAX_PARAMS_BYTES};
@@ -473,7 +473,7 @@ impl Gateway {
                 return Some(Ending::SessionEnded("grant_revoked".into()));
             }
             Err(e) => {
-                self.out.push(refusal(id, &e).to_string());
+                self.out.push(rules::refusal(id, &e).to_string());
                 return None;
             }
         }
@@ -678,41 +678,6 @@ impl Gateway {
 /// The id of a JSON-RPC request frame, if it has one.
 fn frame_id(frame: &Value) -> Option<Value> {
     frame.get("id").cloned()
-}
-
-/// The JSON-RPC error for a session the relay would not open.
-fn refusal(id: &Value, error: &SessionError) -> Value {
-    match error {
-        SessionError::Relay(RelayError::RobotOffline(robot)) => rules::error(
-            id,
-            ArpCode::InternalError,
-            &format!("robot {robot} is offline"),
-            Some(json!({ "reason": reason::ROBOT_OFFLINE, "robotId": robot })),
-        ),
-        SessionError::Relay(RelayError::RobotBusy {
-            robot_id,
-            locked_by,
-        }) => {
-            let mut data = json!({ "reason": reason::ROBOT_BUSY, "robotId": robot_id });
-            if let Some(holder) = locked_by {
-                data["lockedBy"] = json!(holder);
-            }
-            rules::error(id, ArpCode::ToolBusy, &error.to_string(), Some(data))
-        }
-        SessionError::Relay(e) => {
-            let details = e.details();
-            let why = details
-                .get("reason")
-                .and_then(Value::as_str)
-                .unwrap_or("refused");
-            rules::internal(id, why, &e.to_string())
-        }
-        SessionError::NoGrant(_) => rules::forbidden(id, method::INITIALIZE, Role::Viewer),
-        SessionError::Store(e) => {
-            tracing::error!(error = %e, "cannot open an ARP session");
-            rules::internal(id, "internal", "internal error")
-        }
-    }
 }
 
 async fn sleep_until_opt(deadline: Option<tokio::time::Instant>) {

@@ -6,6 +6,8 @@ use signalling_protocol::arp::{method, reason, ArpCode};
 use signalling_protocol::arp_schema::ArpValidator;
 use signalling_protocol::Role;
 
+use crate::relay::{RelayError, SessionError};
+
 /// Tool calls per second a connection may start (ARP §9), sustained and at once.
 pub const CALLS_PER_SECOND: u64 = 50;
 pub const CALL_BURST: u64 = 100;
@@ -94,6 +96,41 @@ pub fn internal(id: &Value, why: &str, message: &str) -> Value {
         message,
         Some(json!({ "reason": why })),
     )
+}
+
+/// The JSON-RPC error for a session the relay would not open.
+pub fn refusal(id: &Value, refused: &SessionError) -> Value {
+    match refused {
+        SessionError::Relay(RelayError::RobotOffline(robot)) => error(
+            id,
+            ArpCode::InternalError,
+            &format!("robot {robot} is offline"),
+            Some(json!({ "reason": reason::ROBOT_OFFLINE, "robotId": robot })),
+        ),
+        SessionError::Relay(RelayError::RobotBusy {
+            robot_id,
+            locked_by,
+        }) => {
+            let mut data = json!({ "reason": reason::ROBOT_BUSY, "robotId": robot_id });
+            if let Some(holder) = locked_by {
+                data["lockedBy"] = json!(holder);
+            }
+            error(id, ArpCode::ToolBusy, &refused.to_string(), Some(data))
+        }
+        SessionError::Relay(e) => {
+            let details = e.details();
+            let why = details
+                .get("reason")
+                .and_then(Value::as_str)
+                .unwrap_or("refused");
+            internal(id, why, &e.to_string())
+        }
+        SessionError::NoGrant(_) => forbidden(id, method::INITIALIZE, Role::Viewer),
+        SessionError::Store(e) => {
+            tracing::error!(error = %e, "cannot open an ARP session");
+            internal(id, "internal", "internal error")
+        }
+    }
 }
 
 #[cfg(test)]

@@ -22,11 +22,10 @@ use super::legacy;
 use super::protocol::{Peer, Protocol};
 use crate::admission::Permit;
 use crate::auth::ClientIdentity;
+use crate::config::SocketLimits;
 use crate::messages;
 use crate::rate_limit::{RateLimiter, Strikes};
-use crate::relay::{
-    ConnId, DeliveryError, Kick, KickReceiver, Mailbox, Outbound, QueueLimits, QueueReceiver,
-};
+use crate::relay::{ConnId, DeliveryError, Kick, KickReceiver, Mailbox, Outbound, QueueReceiver};
 use crate::state::SharedState;
 
 type Sink = SplitSink<WebSocket, Message>;
@@ -80,30 +79,6 @@ fn recheck_token(state: &SharedState, conn: &ConnId, token_id: String) {
             state.presence.kick(&conn, Kick::TokenRevoked);
         }
     });
-}
-
-/// What a socket may do and how long it may take, from the server's configuration: made
-/// once (`Config::socket_limits`) and read by every socket through the state it holds.
-#[derive(Debug, Clone, Copy)]
-pub struct SocketLimits {
-    /// What the socket's send queue may hold.
-    pub queue: QueueLimits,
-    /// Most frames the writer still sends between a close request and the close frame.
-    pub close_drain: usize,
-    /// Largest frame read, in bytes.
-    pub max_frame_bytes: usize,
-    /// Frames per second (sustained and burst) before frames are refused.
-    pub rate: u64,
-    pub burst: u64,
-    /// Strikes within `STRIKE_WINDOW` that close the socket.
-    pub max_strikes: usize,
-    /// Time an unverified socket has to log in.
-    pub login_timeout: Duration,
-    pub ping_every: Duration,
-    /// Silence after which a socket is taken for dead (checked at each ping).
-    pub idle_timeout: Duration,
-    /// Longest a batch of writes may make no progress.
-    pub write_timeout: Duration,
 }
 
 /// The socket task. Its setup runs before the future exists, and the future is a block

@@ -20,7 +20,6 @@ use crate::auth::AuthError;
 use crate::state::SharedState;
 
 use crate::admission::AdmissionError;
-pub use connection::SocketLimits;
 pub use error::WsError;
 
 /// Bytes of frames a socket gathers before writing, within one batch of the writer.
