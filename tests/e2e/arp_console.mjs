@@ -438,10 +438,10 @@ async function main() {
       noProblems('sign out');
     });
     await program.page.evaluate(() => window.arp.close());
+    log(`exported ${exported} records`);
   } finally {
     await browser.close();
   }
-  log(`exported ${exported} records`);
 }
 
 try {
