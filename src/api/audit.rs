@@ -22,12 +22,22 @@ pub struct AuditParams {
     /// Records before this time (Unix milliseconds).
     to: Option<i64>,
     /// The `next` cursor of the previous page.
+    #[param(pattern = r"^-?[0-9]{1,18}:[^:]{1,128}$")]
     after: Option<String>,
     /// Records per page, default 100.
     #[param(minimum = 1, maximum = 10_000)]
     limit: Option<i64>,
     /// `json` (default) or `jsonl` (one record per line; the cursor in `X-Next-Cursor`).
-    format: Option<String>,
+    #[param(inline)]
+    format: Option<AuditFormat>,
+}
+
+#[derive(Deserialize, ToSchema, Clone, Copy, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum AuditFormat {
+    #[default]
+    Json,
+    Jsonl,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -43,7 +53,11 @@ pub struct AuditPage {
 #[utoipa::path(get, path = "/v1/robots/{id}/audit", tag = "robots",
     security(("admin" = []), ("client" = [])),
     params(("id" = String, Path, description = "robot id"), AuditParams),
-    responses((status = 200, body = AuditPage), super::error::CommonErrors))]
+    responses(
+        (status = 200, description = "a page of records",
+            content((AuditPage = "application/json"), (String = "application/x-ndjson")),
+            headers(("x-next-cursor" = String, description = "jsonl only: `after` for the next page"))),
+        super::error::CommonErrors))]
 pub async fn list(
     State(state): State<SharedState>,
     ApiPath(robot_id): ApiPath<String>,
@@ -74,9 +88,9 @@ pub async fn list(
     let next = (records.len() as i64 == limit)
         .then(|| records.last().map(|r| format!("{}:{}", r.at, r.id)))
         .flatten();
-    match params.format.as_deref() {
-        None | Some("json") => Ok(Json(AuditPage { records, next }).into_response()),
-        Some("jsonl") => {
+    match params.format.unwrap_or_default() {
+        AuditFormat::Json => Ok(Json(AuditPage { records, next }).into_response()),
+        AuditFormat::Jsonl => {
             let mut body = String::new();
             for record in &records {
                 // A record always serialises: plain strings and numbers.
@@ -94,16 +108,16 @@ pub async fn list(
             }
             Ok(response)
         }
-        Some(other) => Err(ApiError::BadRequest(format!(
-            "format must be json or jsonl, not {other}"
-        ))),
     }
 }
 
-/// `at:id`, as `next` gives it.
+/// `at:id`, as `next` gives it (the OpenAPI pattern says the same).
 fn parse_cursor(cursor: &str) -> Result<(i64, String), ApiError> {
     let bad = || ApiError::BadRequest("after must be a cursor from a previous page".into());
     let (at, id) = cursor.split_once(':').ok_or_else(bad)?;
+    if id.is_empty() || id.len() > 128 || id.contains(':') {
+        return Err(bad());
+    }
     let at = at.parse().map_err(|_| bad())?;
     Ok((at, id.to_string()))
 }
