@@ -454,6 +454,11 @@ impl WsClient {
         }
     }
 
+    /// The socket itself, for a load generator that reads without validating.
+    pub fn into_stream(self) -> WebSocketStream<MaybeTlsStream<TcpStream>> {
+        self.ws
+    }
+
     pub async fn send(&mut self, message: &Value) {
         self.send_text(message.to_string()).await;
     }
@@ -808,6 +813,15 @@ pub fn pki_response(challenge: &Value, signature: &str) -> Value {
     response
 }
 
+/// The server binary cargo built for this test crate. `option_env!`: the harness is also
+/// compiled into robot-agent's gateway bench, which starts servers in process only.
+fn server_binary() -> &'static str {
+    match option_env!("CARGO_BIN_EXE_signalling-server") {
+        Some(binary) => binary,
+        None => panic!("the server binary is built with the server's own tests only"),
+    }
+}
+
 /// The server binary as a separate process (for what only a real process shows: its log,
 /// signals), with JSON logs on stdout collected line by line.
 pub struct ServerProcess {
@@ -826,7 +840,7 @@ impl ServerProcess {
 
     /// The same on a database the test prepared (and inspects afterwards).
     pub fn start_on(database_url: &str, args: &[&str], env: &[(&str, &str)]) -> ServerProcess {
-        let command = std::process::Command::new(env!("CARGO_BIN_EXE_signalling-server"));
+        let command = std::process::Command::new(server_binary());
         Self::start_command(command, database_url, args, env)
     }
 
@@ -834,7 +848,7 @@ impl ServerProcess {
     pub fn start_limited(database_url: &str, args: &[&str], open_files: u32) -> ServerProcess {
         let mut command = std::process::Command::new("prlimit");
         command.arg(format!("--nofile={open_files}:{open_files}"));
-        command.args(["--", env!("CARGO_BIN_EXE_signalling-server")]);
+        command.args(["--", server_binary()]);
         Self::start_command(command, database_url, args, &[])
     }
 
