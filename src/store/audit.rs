@@ -1,6 +1,7 @@
 //! The audit log: every ARP tool call through the gateway, every emergency stop and reset,
 //! every takeover. Appended in batches by one writer per node; the API only reads it.
 
+use std::fmt::Write;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -154,33 +155,33 @@ impl AuditWriter {
 }
 
 impl Store {
-    /// Appends records in one transaction.
+    /// Appends records in one statement per [`BATCH`] records: one round trip for a
+    /// batch, where a statement per record made PostgreSQL the gateway's limit (about
+    /// 7,500 records/s, docs/benchmarks.md, "ARP through the gateway").
     pub async fn append_audit(&self, records: &[AuditRecord]) -> Result<(), StoreError> {
         let mut tx = self.writer.begin().await?;
-        for r in records {
-            sqlx::query(
-                "INSERT INTO audit_log (id, at, robot_id, subject, role, node, action, tool, \
-                 params, outcome, error_code, duration_ms, idempotency_key, confirmed_by, \
-                 session_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, \
-                 $14, $15)",
-            )
-            .bind(&r.id)
-            .bind(r.at)
-            .bind(&r.robot_id)
-            .bind(&r.subject)
-            .bind(&r.role)
-            .bind(&r.node)
-            .bind(&r.action)
-            .bind(&r.tool)
-            .bind(&r.params)
-            .bind(&r.outcome)
-            .bind(r.error_code)
-            .bind(r.duration_ms)
-            .bind(&r.idempotency_key)
-            .bind(&r.confirmed_by)
-            .bind(&r.session_id)
-            .execute(&mut *tx)
-            .await?;
+        for chunk in records.chunks(BATCH) {
+            let sql = insert_rows(chunk.len());
+            let mut query = sqlx::query(&sql);
+            for r in chunk {
+                query = query
+                    .bind(&r.id)
+                    .bind(r.at)
+                    .bind(&r.robot_id)
+                    .bind(&r.subject)
+                    .bind(&r.role)
+                    .bind(&r.node)
+                    .bind(&r.action)
+                    .bind(&r.tool)
+                    .bind(&r.params)
+                    .bind(&r.outcome)
+                    .bind(r.error_code)
+                    .bind(r.duration_ms)
+                    .bind(&r.idempotency_key)
+                    .bind(&r.confirmed_by)
+                    .bind(&r.session_id);
+            }
+            query.execute(&mut *tx).await?;
         }
         tx.commit().await?;
         Ok(())
@@ -227,9 +228,75 @@ impl Store {
     }
 }
 
+/// `INSERT INTO audit_log (...) VALUES ($1, ..., $15), ($16, ...)` for `rows` records
+/// (numbered placeholders: both SQLite and PostgreSQL read them).
+fn insert_rows(rows: usize) -> String {
+    const COLUMNS: usize = 15;
+    let mut sql = String::from(
+        "INSERT INTO audit_log (id, at, robot_id, subject, role, node, action, tool, params, \
+         outcome, error_code, duration_ms, idempotency_key, confirmed_by, session_id) VALUES ",
+    );
+    for row in 0..rows {
+        sql.push_str(if row == 0 { "(" } else { ", (" });
+        for column in 0..COLUMNS {
+            let separator = if column > 0 { ", " } else { "" };
+            // Writing into a String cannot fail.
+            let _ = write!(sql, "{separator}${}", row * COLUMNS + column + 1);
+        }
+        sql.push(')');
+    }
+    sql
+}
+
 #[cfg(test)]
 mod tests {
-    use super::bounded;
+    use super::*;
+
+    fn record(n: usize) -> AuditRecord {
+        AuditRecord {
+            id: format!("{n:05}"),
+            at: 1_000 + n as i64,
+            robot_id: "robot-1".into(),
+            subject: "planner".into(),
+            role: "operator".into(),
+            node: "node-1".into(),
+            action: "tool_call".into(),
+            tool: Some("drive".into()),
+            params: (n % 2 == 0).then(|| format!("{{\"n\":{n}}}")),
+            outcome: "completed".into(),
+            error_code: (n % 3 == 0).then_some(-40007),
+            duration_ms: Some(n as i64),
+            idempotency_key: None,
+            confirmed_by: (n % 5 == 0).then(|| "alice".into()),
+            session_id: Some("arp-1".into()),
+        }
+    }
+
+    #[tokio::test]
+    async fn batches_of_every_size_are_written_whole_and_in_order() {
+        // A file: each pooled connection to `sqlite::memory:` would be a database of its own.
+        let file = std::env::temp_dir().join(format!("audit-{}.db", uuid::Uuid::new_v4()));
+        let store = Store::connect(&format!("sqlite://{}", file.display()))
+            .await
+            .expect("store");
+        // Three statements (256, 256, 88 rows) in one transaction, then one row.
+        let records: Vec<AuditRecord> = (0..601).map(record).collect();
+        store.append_audit(&records[..600]).await.expect("append");
+        store
+            .append_audit(&records[600..])
+            .await
+            .expect("append one");
+        let read = store
+            .audit(&AuditQuery {
+                robot_id: "robot-1".into(),
+                limit: 1_000,
+                ..AuditQuery::default()
+            })
+            .await
+            .expect("read");
+        let _ = std::fs::remove_file(&file);
+        assert_eq!(read, records);
+    }
 
     #[test]
     fn params_are_cut_on_a_character_boundary() {
