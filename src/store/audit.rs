@@ -262,12 +262,12 @@ mod tests {
             node: "node-1".into(),
             action: "tool_call".into(),
             tool: Some("drive".into()),
-            params: (n % 2 == 0).then(|| format!("{{\"n\":{n}}}")),
+            params: n.is_multiple_of(2).then(|| format!("{{\"n\":{n}}}")),
             outcome: "completed".into(),
-            error_code: (n % 3 == 0).then_some(-40007),
+            error_code: n.is_multiple_of(3).then_some(-40007),
             duration_ms: Some(n as i64),
             idempotency_key: None,
-            confirmed_by: (n % 5 == 0).then(|| "alice".into()),
+            confirmed_by: n.is_multiple_of(5).then(|| "alice".into()),
             session_id: Some("arp-1".into()),
         }
     }
