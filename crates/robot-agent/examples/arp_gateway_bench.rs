@@ -62,15 +62,35 @@ async fn main() {
 
 /// A server whose limits let one process drive many programs from 127.0.0.1 (the relay
 /// bench raises the same ones); the gateway's own per-connection limits are unchanged.
-async fn bench_server(adjust: impl FnOnce(&mut signalling_server::Config)) -> TestServer {
-    TestServer::start_with(|config| {
-        config.rate_limit = 1_000_000;
-        config.max_connections_per_ip = 0;
-        config.max_tcp_connections_per_ip = 0;
-        adjust(config);
-    })
-    .await
+/// It runs on a runtime of its own (threads named `server`), so its CPU time can be told
+/// apart from the load generator's.
+async fn bench_server(
+    adjust: impl FnOnce(&mut signalling_server::Config) + Send + 'static,
+) -> TestServer {
+    server_runtime()
+        .spawn(TestServer::start_with(|config| {
+            config.rate_limit = 1_000_000;
+            config.max_connections_per_ip = 0;
+            config.max_tcp_connections_per_ip = 0;
+            adjust(config);
+        }))
+        .await
+        .expect("the server starts")
 }
+
+fn server_runtime() -> &'static tokio::runtime::Runtime {
+    static RUNTIME: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+    RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name(SERVER_THREADS)
+            .enable_all()
+            .build()
+            .expect("the server's runtime")
+    })
+}
+
+const SERVER_THREADS: &str = "server";
 
 // ---------------------------------------------------------------------------------------
 // 1. The gateway against robot-agent's own endpoint.
@@ -345,7 +365,7 @@ async fn throughput(programs: usize, secs: u64) {
     let period = Duration::from_nanos(1_000_000_000 / PER_PROGRAM_RATE);
     let start = tokio::time::Instant::now() + Duration::from_millis(200);
     let end = start + Duration::from_secs(secs);
-    let cpu_before = process_cpu();
+    let cpu_before = cpu_split();
     let mut tasks = Vec::new();
     for (i, ws) in sockets.into_iter().enumerate() {
         // Phases spread over the period, like the relay bench's fixed load.
@@ -362,7 +382,7 @@ async fn throughput(programs: usize, secs: u64) {
     for task in tasks {
         let _ = task.await;
     }
-    let cpu = process_cpu() - cpu_before;
+    let cpu = cpu_split().since(&cpu_before);
     let tally = std::mem::take(&mut *tally.lock().expect("tally"));
     let answered = tally.latencies_us.len() as u64;
     let mut ms: Vec<f64> = tally
@@ -379,12 +399,15 @@ async fn throughput(programs: usize, secs: u64) {
     println!(
         "through one node, {programs} programs x {PER_PROGRAM_RATE}/s = {} calls/s offered, {secs} s: \
          {:.0} calls/s answered by the robot, sent {}, refused {:?}; round trip {summary}; \
-         process CPU (server, robots and programs) {:.0} µs per call",
+         CPU per answered call: server {:.0} µs, programs and stand-in robots {:.0} µs, \
+         PostgreSQL {:.0} µs",
         programs as u64 * PER_PROGRAM_RATE,
         answered as f64 / secs as f64,
         sent.load(Ordering::Relaxed),
         tally.refused,
-        cpu.as_secs_f64() * 1e6 / answered.max(1) as f64,
+        cpu.server.as_secs_f64() * 1e6 / answered.max(1) as f64,
+        cpu.generator.as_secs_f64() * 1e6 / answered.max(1) as f64,
+        cpu.postgres.as_secs_f64() * 1e6 / answered.max(1) as f64,
     );
     server.shutdown().await;
 }
@@ -458,18 +481,64 @@ async fn drive(
     }
 }
 
-/// This process's CPU time (user + system), from /proc/self/stat.
-fn process_cpu() -> Duration {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // Fields after the command's closing parenthesis; utime and stime are 14th and 15th.
-    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 = [11, 12]
-        .iter()
-        .filter_map(|&i| fields.get(i).and_then(|f| f.parse::<u64>().ok()))
+/// CPU time so far of the server's threads (its runtime, SQLite's workers), of the rest
+/// of this process (the load generator), and of PostgreSQL's processes on this machine.
+struct CpuSplit {
+    server: Duration,
+    generator: Duration,
+    postgres: Duration,
+}
+
+impl CpuSplit {
+    fn since(&self, before: &CpuSplit) -> CpuSplit {
+        CpuSplit {
+            server: self.server.saturating_sub(before.server),
+            generator: self.generator.saturating_sub(before.generator),
+            postgres: self.postgres.saturating_sub(before.postgres),
+        }
+    }
+}
+
+fn cpu_split() -> CpuSplit {
+    let mut split = CpuSplit {
+        server: Duration::ZERO,
+        generator: Duration::ZERO,
+        postgres: Duration::ZERO,
+    };
+    for (name, cpu) in cpu_of_entries("/proc/self/task") {
+        if name.starts_with(SERVER_THREADS) || name.starts_with("sqlx-sqlite") {
+            split.server += cpu;
+        } else {
+            split.generator += cpu;
+        }
+    }
+    split.postgres = cpu_of_entries("/proc")
+        .into_iter()
+        .filter(|(name, _)| name == "postgres")
+        .map(|(_, cpu)| cpu)
         .sum();
-    // USER_HZ is 100 on Linux.
-    Duration::from_millis(ticks * 10)
+    split
+}
+
+/// (command name, user + system CPU) of every `DIR/<n>/stat`.
+fn cpu_of_entries(dir: &str) -> Vec<(String, Duration)> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|entry| std::fs::read_to_string(entry.path().join("stat")).ok())
+        .filter_map(|stat| {
+            let (head, rest) = stat.rsplit_once(')')?;
+            let name = head.split_once('(')?.1.to_string();
+            // After the name: state is field 3; utime and stime are fields 14 and 15.
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            let ticks: u64 =
+                fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+            // USER_HZ is 100 on Linux.
+            Some((name, Duration::from_millis(ticks * 10)))
+        })
+        .collect()
 }
 
 // ---------------------------------------------------------------------------------------
