@@ -2,7 +2,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,11 +19,12 @@ use crate::delivery::Kick;
 use crate::ice::IceConfig;
 use crate::identity::{Identity, IdentityConfig};
 use crate::metrics::Metrics;
-use crate::pki::{CertificateAuthority, TrustStore};
+use crate::pki::{CertificateAuthority, SigningKeys, TrustStore};
 use crate::relay::Peers;
 use crate::state::{AppState, Components, SharedState};
 use crate::store::{AuditLog, Store, StoreError};
 use crate::tasks::{self, Tasks};
+use crate::tickets::Tickets;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -48,6 +49,8 @@ pub enum StartError {
     WeakAdminToken,
     #[error("CRL: {0}")]
     Crl(#[from] crate::tasks::crl::CrlError),
+    #[error("signing key: {0}")]
+    SigningKey(#[from] crate::pki::SigningKeyError),
     #[error("server: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -65,6 +68,56 @@ fn read_file(path: &Path) -> Result<Vec<u8>, StartError> {
         path: path.display().to_string(),
         message: e.to_string(),
     })
+}
+
+/// The deployment's signing key: --signing-key-file, else a file kept beside a SQLite
+/// database (or under ./data for PostgreSQL), generated at first start. An in-memory
+/// database has no place to keep one: the key then lives as long as the process.
+fn signing_keys(config: &Config) -> Result<SigningKeys, StartError> {
+    let keys = match &config.signing_key_file {
+        Some(path) => SigningKeys::load(path)?,
+        None => match default_signing_key_path(config.database_url()) {
+            Some(path) => {
+                if config.redis_url.is_some() {
+                    tracing::warn!(path = %path.display(), "no --signing-key-file with --redis-url: every node must load the same key file, or robots refuse the tickets of the others");
+                }
+                let (keys, created) = SigningKeys::load_or_generate(&path)?;
+                if created {
+                    tracing::warn!(path = %path.display(), kid = %keys.kid(), "generated the signing key; keep it (robots pin it at enrollment)");
+                }
+                keys
+            }
+            None => {
+                let keys = SigningKeys::ephemeral()?;
+                tracing::warn!(kid = %keys.kid(), "in-memory database: the signing key lasts as long as this process; set --signing-key-file to keep one");
+                keys
+            }
+        },
+    };
+    let keys = match &config.signing_key_previous_file {
+        Some(path) => keys.with_previous(path)?,
+        None => keys,
+    };
+    tracing::info!(kid = %keys.kid(), "session tickets signed");
+    Ok(keys)
+}
+
+/// Where the generated signing key lives: beside a SQLite file, under ./data otherwise;
+/// `None` for an in-memory SQLite database.
+fn default_signing_key_path(database_url: &str) -> Option<PathBuf> {
+    const FILE: &str = "signing-key.pem";
+    let Some(rest) = database_url.strip_prefix("sqlite:") else {
+        return Some(Path::new("data").join(FILE));
+    };
+    let path = rest.trim_start_matches("//");
+    let path = path.split('?').next().unwrap_or_default();
+    if path.is_empty() || path == ":memory:" || database_url.contains("mode=memory") {
+        return None;
+    }
+    let dir = Path::new(path)
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty());
+    Some(dir.unwrap_or(Path::new(".")).join(FILE))
 }
 
 /// Robot login: the trust anchors and our own CA, if configured.
@@ -208,6 +261,7 @@ impl Server {
         }
 
         let identity = build_identity(&config, &store)?;
+        let tickets = Tickets::new(signing_keys(&config)?, node_id.clone());
 
         let metrics = Metrics::new();
         let cluster = connect_cluster(&config, &node_id, &metrics).await?;
@@ -242,6 +296,7 @@ impl Server {
             clients,
             identity,
             ice,
+            tickets,
             admin_token_hash,
             cluster,
         }));
