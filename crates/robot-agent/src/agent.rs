@@ -12,9 +12,11 @@ use crate::identity::{self, IdentityError, RobotKey};
 use crate::locations::{LocationError, LocationStore};
 use crate::peer::{PeerError, PeerManager, PeerOptions};
 use crate::safety::StopReason;
+use crate::server_keys;
 use crate::session::{Metrics, Shared};
 use crate::settings::{Settings, SettingsError};
 use crate::signalling::{self, SignallingOptions, INBOUND_CAPACITY};
+use crate::tickets::TicketCheck;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
@@ -39,7 +41,28 @@ pub enum AgentError {
     #[error(transparent)]
     ArpConfig(#[from] crate::arp::config::ArpConfigError),
     #[error(transparent)]
+    ServerKeys(#[from] crate::server_keys::ServerKeyError),
+    #[error("require_tickets is on but no server key is pinned: run `robot-agent enroll` again or `robot-agent trust-key`")]
+    NoPinnedKey,
+    #[error(transparent)]
     ArpListen(#[from] crate::arp::ws::ArpListenError),
+}
+
+/// What checks the server's session tickets: the pinned keys, unless `require_tickets =
+/// false`; none for a robot that never pinned one (it keeps the behaviour of before).
+fn ticket_check(config: &RunConfig) -> Result<Option<Arc<TicketCheck>>, AgentError> {
+    let pinned = server_keys::load(&config.server_keys_file)?;
+    let require = config.require_tickets.unwrap_or(!pinned.is_empty());
+    if !require {
+        if !pinned.is_empty() {
+            tracing::warn!("require_tickets = false: the server's session tickets are not checked");
+        }
+        return Ok(None);
+    }
+    let check = TicketCheck::new(&config.robot_id, &pinned).ok_or(AgentError::NoPinnedKey)?;
+    let kids: Vec<&str> = pinned.iter().map(|k| k.kid.as_str()).collect();
+    tracing::info!(keys = %kids.join(","), "session tickets required");
+    Ok(Some(Arc::new(check)))
 }
 
 pub async fn run(config: RunConfig) -> Result<(), AgentError> {
@@ -125,8 +148,9 @@ pub async fn run(config: RunConfig) -> Result<(), AgentError> {
             crate::video::Camera::start(spec.clone(), config.video_grace)
         })
         .collect();
+    let tickets = ticket_check(&config)?;
     let (inbound_tx, inbound_rx) = mpsc::channel(INBOUND_CAPACITY);
-    let outbound = signalling::spawn(
+    let outbound = signalling::spawn_checked(
         SignallingOptions {
             urls: config.servers.clone(),
             robot_id: config.robot_id.clone(),
@@ -138,6 +162,7 @@ pub async fn run(config: RunConfig) -> Result<(), AgentError> {
             // gateway's sessions with it (`with_arp`).
             arp: true,
         },
+        tickets,
         inbound_tx,
     );
     let manager = PeerManager::new(
