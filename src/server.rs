@@ -2,7 +2,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -70,29 +70,32 @@ fn read_file(path: &Path) -> Result<Vec<u8>, StartError> {
     })
 }
 
-/// The deployment's signing key: --signing-key-file, else a file kept beside a SQLite
-/// database (or under ./data for PostgreSQL), generated at first start. An in-memory
-/// database has no place to keep one: the key then lives as long as the process.
-fn signing_keys(config: &Config) -> Result<SigningKeys, StartError> {
+/// Where the generated signing key is kept when no --signing-key-file is given.
+const SIGNING_KEY_SETTING: &str = "signing_key_pkcs8_pem";
+
+/// The deployment's signing key: --signing-key-file, else one generated at first start and
+/// kept in the database, which every node of a cluster shares (and which already decides
+/// every grant, so it is trusted with no more than before; docs/security.md).
+async fn signing_keys(config: &Config, store: &Store) -> Result<SigningKeys, StartError> {
     let keys = match &config.signing_key_file {
         Some(path) => SigningKeys::load(path)?,
-        None => match default_signing_key_path(config.database_url()) {
-            Some(path) => {
-                if config.redis_url.is_some() {
-                    tracing::warn!(path = %path.display(), "no --signing-key-file with --redis-url: every node must load the same key file, or robots refuse the tickets of the others");
+        None => {
+            let stored = match store.setting(SIGNING_KEY_SETTING).await? {
+                Some(pem) => pem,
+                None => {
+                    let fresh = SigningKeys::generate_pem()?;
+                    // Nodes starting together agree on the first one stored.
+                    let stored = store
+                        .setting_insert_once(SIGNING_KEY_SETTING, &fresh)
+                        .await?;
+                    if stored == fresh {
+                        tracing::warn!("generated the signing key of session tickets; it is kept in the database (set --signing-key-file to keep it elsewhere)");
+                    }
+                    stored
                 }
-                let (keys, created) = SigningKeys::load_or_generate(&path)?;
-                if created {
-                    tracing::warn!(path = %path.display(), kid = %keys.kid(), "generated the signing key; keep it (robots pin it at enrollment)");
-                }
-                keys
-            }
-            None => {
-                let keys = SigningKeys::ephemeral()?;
-                tracing::warn!(kid = %keys.kid(), "in-memory database: the signing key lasts as long as this process; set --signing-key-file to keep one");
-                keys
-            }
-        },
+            };
+            SigningKeys::from_pkcs8_pem(stored.as_bytes(), Path::new("(database)"))?
+        }
     };
     let keys = match &config.signing_key_previous_file {
         Some(path) => keys.with_previous(path)?,
@@ -100,24 +103,6 @@ fn signing_keys(config: &Config) -> Result<SigningKeys, StartError> {
     };
     tracing::info!(kid = %keys.kid(), "session tickets signed");
     Ok(keys)
-}
-
-/// Where the generated signing key lives: beside a SQLite file, under ./data otherwise;
-/// `None` for an in-memory SQLite database.
-fn default_signing_key_path(database_url: &str) -> Option<PathBuf> {
-    const FILE: &str = "signing-key.pem";
-    let Some(rest) = database_url.strip_prefix("sqlite:") else {
-        return Some(Path::new("data").join(FILE));
-    };
-    let path = rest.trim_start_matches("//");
-    let path = path.split('?').next().unwrap_or_default();
-    if path.is_empty() || path == ":memory:" || database_url.contains("mode=memory") {
-        return None;
-    }
-    let dir = Path::new(path)
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty());
-    Some(dir.unwrap_or(Path::new(".")).join(FILE))
 }
 
 /// Robot login: the trust anchors and our own CA, if configured.
@@ -261,7 +246,7 @@ impl Server {
         }
 
         let identity = build_identity(&config, &store)?;
-        let tickets = Tickets::new(signing_keys(&config)?, node_id.clone());
+        let tickets = Tickets::new(signing_keys(&config, &store).await?, node_id.clone());
 
         let metrics = Metrics::new();
         let cluster = connect_cluster(&config, &node_id, &metrics).await?;

@@ -1,6 +1,7 @@
 //! The deployment's signing key (Ed25519): the server signs session tickets with it and
 //! robots check them against the public keys they pinned at enrollment (docs/security.md,
-//! "Session tickets"). All nodes of a cluster must load the same key file.
+//! "Session tickets"). All nodes of a cluster sign with the same key (one file, or the one
+//! generated into the shared database: `server.rs` decides).
 //!
 //! A key's id is its RFC 7638 JWK thumbprint (SHA-256 of the canonical public JWK,
 //! base64url): a hash of the public key that anyone can recompute from `GET
@@ -132,39 +133,14 @@ impl SigningKeys {
         SigningKeys::from_pkcs8_pem(&text, path)
     }
 
-    /// Reads the key file, or creates it (0600) with a new key when there is none. Two
-    /// processes starting at once end up with the same key: the file appears whole or
-    /// not at all (written aside, then linked into place without overwriting).
-    pub fn load_or_generate(path: &Path) -> Result<(SigningKeys, bool), SigningKeyError> {
-        if path.exists() {
-            return Ok((SigningKeys::load(path)?, false));
-        }
-        let io = |source| SigningKeyError::Io {
-            path: path.to_owned(),
-            source,
-        };
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(io)?;
-        }
-        let pem_text = generate_pem()?;
-        let aside = path.with_extension(format!("new-{}", uuid::Uuid::new_v4().simple()));
-        write_private(&aside, pem_text.as_bytes()).map_err(io)?;
-        let linked = std::fs::hard_link(&aside, path);
-        let _ = std::fs::remove_file(&aside);
-        match linked {
-            Ok(()) => Ok((SigningKeys::load(path)?, true)),
-            // Another process won the race: use its key.
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                Ok((SigningKeys::load(path)?, false))
-            }
-            Err(e) => Err(io(e)),
-        }
-    }
-
-    /// A key that lives only as long as the process (no place to keep one).
-    pub fn ephemeral() -> Result<SigningKeys, SigningKeyError> {
-        let pem_text = generate_pem()?;
-        SigningKeys::from_pkcs8_pem(pem_text.as_bytes(), Path::new("(generated)"))
+    /// A new key, as PKCS#8 PEM.
+    pub fn generate_pem() -> Result<String, SigningKeyError> {
+        let rng = ring::rand::SystemRandom::new();
+        let der = Ed25519KeyPair::generate_pkcs8(&rng).map_err(|_| SigningKeyError::Generate)?;
+        Ok(pem::encode(&pem::Pem::new(
+            "PRIVATE KEY",
+            der.as_ref().to_vec(),
+        )))
     }
 
     /// Publishes the previous key (a PEM private or public key) beside the current one.
@@ -212,15 +188,6 @@ impl SigningKeys {
     }
 }
 
-fn generate_pem() -> Result<String, SigningKeyError> {
-    let rng = ring::rand::SystemRandom::new();
-    let der = Ed25519KeyPair::generate_pkcs8(&rng).map_err(|_| SigningKeyError::Generate)?;
-    Ok(pem::encode(&pem::Pem::new(
-        "PRIVATE KEY",
-        der.as_ref().to_vec(),
-    )))
-}
-
 fn private_der(text: &[u8], path: &Path) -> Result<Vec<u8>, SigningKeyError> {
     let block = pem::parse(text).map_err(|e| invalid(path, format!("not PEM: {e}")))?;
     if block.tag() != "PRIVATE KEY" {
@@ -249,20 +216,6 @@ fn invalid(path: &Path, message: String) -> SigningKeyError {
     }
 }
 
-fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create_new(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        options.mode(0o600);
-    }
-    let mut file = options.open(path)?;
-    file.write_all(bytes)?;
-    file.sync_all()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -274,21 +227,15 @@ mod tests {
     }
 
     #[test]
-    fn a_generated_key_is_kept_and_loaded_again_with_the_same_id() {
-        let dir = temp_dir();
-        let path = dir.join("sub").join("signing-key.pem");
-        let (first, created) = SigningKeys::load_or_generate(&path).unwrap();
-        assert!(created);
-        let (again, created) = SigningKeys::load_or_generate(&path).unwrap();
-        assert!(!created);
-        assert_eq!(first.kid(), again.kid());
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            let mode = std::fs::metadata(&path).unwrap().permissions().mode();
-            assert_eq!(mode & 0o777, 0o600);
-        }
-        let _ = std::fs::remove_dir_all(dir);
+    fn a_generated_key_loads_with_a_stable_id_and_signs() {
+        let pem_text = SigningKeys::generate_pem().unwrap();
+        let one = SigningKeys::from_pkcs8_pem(pem_text.as_bytes(), Path::new("t")).unwrap();
+        let two = SigningKeys::from_pkcs8_pem(pem_text.as_bytes(), Path::new("t")).unwrap();
+        assert_eq!(one.kid(), two.kid());
+        let jws = one.sign(&serde_json::json!({"exp": 1})).unwrap();
+        let header = jsonwebtoken::decode_header(&jws).unwrap();
+        assert_eq!(header.alg, Algorithm::EdDSA);
+        assert_eq!(header.kid.as_deref(), Some(one.kid()));
     }
 
     #[test]
@@ -302,9 +249,10 @@ mod tests {
     fn the_previous_key_is_published_after_the_current_one() {
         let dir = temp_dir();
         let old = dir.join("old.pem");
-        std::fs::write(&old, generate_pem().unwrap()).unwrap();
+        std::fs::write(&old, SigningKeys::generate_pem().unwrap()).unwrap();
         let old_kid = SigningKeys::load(&old).unwrap().kid().to_owned();
-        let keys = SigningKeys::ephemeral()
+        let current = SigningKeys::generate_pem().unwrap();
+        let keys = SigningKeys::from_pkcs8_pem(current.as_bytes(), Path::new("t"))
             .unwrap()
             .with_previous(&old)
             .unwrap();

@@ -199,3 +199,13 @@ async fn during_a_rotation_both_keys_are_published_and_the_new_one_signs() {
     assert_eq!(kid.as_deref(), keys[0]["kid"].as_str(), "the new key signs");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[tokio::test]
+async fn the_generated_key_is_kept_in_the_database_across_a_restart() {
+    let server = TestServer::start().await;
+    let before = signing_keys(&server).await;
+    let database_url = server.state.config.database_url().to_owned();
+    server.shutdown().await;
+    let again = TestServer::start_with(|c| c.database_url = Some(database_url)).await;
+    assert_eq!(signing_keys(&again).await, before, "robots keep trusting it");
+}
