@@ -207,5 +207,9 @@ async fn the_generated_key_is_kept_in_the_database_across_a_restart() {
     let database_url = server.state.config.database_url().to_owned();
     server.shutdown().await;
     let again = TestServer::start_with(|c| c.database_url = Some(database_url)).await;
-    assert_eq!(signing_keys(&again).await, before, "robots keep trusting it");
+    assert_eq!(
+        signing_keys(&again).await,
+        before,
+        "robots keep trusting it"
+    );
 }

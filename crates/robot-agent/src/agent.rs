@@ -203,3 +203,45 @@ impl Drop for AbortOnDrop {
         self.0.abort();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::RunFlags;
+    use crate::server_keys::{PinnedKey, SERVER_KEYS_FILE};
+
+    /// A run config in a fresh folder with `agent.toml` = `toml`, and a pinned key or not.
+    fn config(toml: &str, pinned: bool) -> RunConfig {
+        let dir = crate::testutil::temp_dir("tickets-policy");
+        std::fs::write(
+            dir.join(crate::config::CONFIG_FILE),
+            format!(
+                "server = \"ws://127.0.0.1:1/ws\"\nrobot_id = \"r1\"\ndriver = \"sim\"\n{toml}"
+            ),
+        )
+        .expect("write");
+        if pinned {
+            let key =
+                PinnedKey::from_x("11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo").expect("key");
+            server_keys::save(&dir.join(SERVER_KEYS_FILE), &[key]).expect("save");
+        }
+        RunConfig::resolve(RunFlags {
+            config_dir: Some(dir),
+            ..RunFlags::default()
+        })
+        .expect("config")
+    }
+
+    #[test]
+    fn tickets_are_required_exactly_when_a_key_is_pinned_unless_configured() {
+        assert!(ticket_check(&config("", false)).expect("ok").is_none());
+        assert!(ticket_check(&config("", true)).expect("ok").is_some());
+        let off = config("require_tickets = false\n", true);
+        assert!(ticket_check(&off).expect("ok").is_none());
+        let on_without_key = config("require_tickets = true\n", false);
+        assert!(matches!(
+            ticket_check(&on_without_key),
+            Err(AgentError::NoPinnedKey)
+        ));
+    }
+}

@@ -294,6 +294,32 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_servers_signing_keys_are_pinned_and_an_older_server_pins_none() {
+        // RFC 8037's example key and its RFC 7638 thumbprint.
+        let x = "11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo";
+        let kid = "kPrK_qmxVWaYVA9wwBF6Iuo3vVzz7TxHCTwXBygrS4k";
+        let dir = crate::testutil::temp_dir("enroll-keys");
+        let jwks = json!({"keys": [{"kty": "OKP", "crv": "Ed25519", "x": x, "kid": kid, "use": "sig", "alg": "EdDSA"}]});
+        let (url, _server) = fake_server(
+            201,
+            json!({"robotId": "robot-7", "enrolled": true, "signingKeys": jwks}),
+        )
+        .await;
+        let outcome = enroll(&request(url, &dir, false)).await.expect("enrolls");
+        assert_eq!(outcome.server_keys, vec![kid.to_owned()]);
+        let pinned = server_keys::load(&dir.join(SERVER_KEYS_FILE)).expect("pinned");
+        assert_eq!(pinned.len(), 1);
+        assert_eq!(pinned[0].x, x);
+
+        let older = crate::testutil::temp_dir("enroll-no-keys");
+        let (url, _server) =
+            fake_server(201, json!({"robotId": "robot-7", "enrolled": true})).await;
+        let outcome = enroll(&request(url, &older, false)).await.expect("enrolls");
+        assert!(outcome.server_keys.is_empty());
+        assert!(!older.join(SERVER_KEYS_FILE).exists());
+    }
+
+    #[tokio::test]
     async fn refusals_are_reported() {
         let dir = crate::testutil::temp_dir("enroll-bad");
         let (url, _server) = fake_server(
