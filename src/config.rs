@@ -102,6 +102,15 @@ pub struct Config {
     /// Private key (PEM) of --ca-cert.
     #[arg(long, env = "SIGNALLING_CA_KEY", requires = "ca_cert")]
     pub ca_key: Option<PathBuf>,
+    /// Ed25519 private key (PKCS#8 PEM) that signs session tickets; the same file on every
+    /// node [default: signing-key.pem beside a SQLite database, or under ./data; generated
+    /// at first start].
+    #[arg(long, env = "SIGNALLING_SIGNING_KEY_FILE")]
+    pub signing_key_file: Option<PathBuf>,
+    /// The signing key before a rotation (private or public PEM): still published, so
+    /// robots that enroll during the rotation pin both.
+    #[arg(long, env = "SIGNALLING_SIGNING_KEY_PREVIOUS_FILE")]
+    pub signing_key_previous_file: Option<PathBuf>,
     /// Robots whose certificate chains to a trust anchor need no prior record.
     #[arg(long, env = "SIGNALLING_AUTO_REGISTER")]
     pub auto_register: bool,

@@ -18,7 +18,8 @@
 //! - [`delivery`]: each socket's bounded queue on this node, and kicks.
 //! - [`cluster`]: several nodes on one Redis (presence, the bus between nodes, control locks).
 //! - [`identity`]: robot login (PKI challenges) and enrollment rules.
-//! - [`pki`]: keys, signatures, X.509 chains, our CA and CRLs.
+//! - [`pki`]: keys, signatures, X.509 chains, our CA and CRLs, the deployment's signing key.
+//! - [`tickets`]: the signed session tickets in what is forwarded to robots.
 //! - [`auth`]: admin and client tokens, JWTs.
 //! - [`store`]: the database.
 //! - [`messages`]: messages the server originates; [`logging`]: text logs a peer cannot forge.
@@ -52,6 +53,7 @@ pub mod shutdown;
 pub mod state;
 pub mod store;
 pub mod tasks;
+pub mod tickets;
 pub mod ws;
 
 pub use config::Config;

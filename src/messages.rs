@@ -31,14 +31,21 @@ pub const ARP_METADATA: &str = "arp";
 
 /// An `arp.frame` for the robot: one ARP JSON-RPC frame of session `connection_id`, with
 /// who calls in `meta.session` (docs/protocol.md, "ARP sessions").
-pub fn arp_frame(connection_id: &str, frame: Value, subject: &str, role: Role) -> String {
+/// `ticket`: the server's signed ticket for this frame (`meta.session.ticket`).
+pub fn arp_frame(
+    connection_id: &str,
+    frame: Value,
+    subject: &str,
+    role: Role,
+    ticket: Option<&str>,
+) -> String {
     serde_json::json!({
         "type": ARP_FRAME,
         "version": PROTOCOL_VERSION,
         "id": uuid::Uuid::new_v4().to_string(),
         "timestamp": timestamp(),
         "payload": { "connectionId": connection_id, "frame": frame },
-        "meta": { "session": { "subject": subject, "role": role.as_str() } },
+        "meta": session_meta(subject, role, ticket),
     })
     .to_string()
 }
@@ -53,7 +60,8 @@ pub fn arp_emergency_stop(subject: &str) -> [String; 2] {
         "params": { "reason": format!("emergency stop from the API by {subject}") },
     });
     [
-        arp_frame(&connection_id, stop, subject, Role::Owner),
+        // Unsigned: a robot takes an e-stop from anyone (stopping is always safe).
+        arp_frame(&connection_id, stop, subject, Role::Owner, None),
         disconnected(&connection_id, Some("closed")),
     ]
 }
@@ -164,6 +172,12 @@ pub fn error(
 /// The shape is the protocol crate's [`SessionMeta`], which the robot agent reads back.
 /// `role` is a [`Role`]'s text (callers hold the typed role); anything else would be a bug
 /// here, and is sent as the least-privileged role rather than as an unknown word.
-pub fn session_meta(subject: &str, role: Role) -> Map<String, Value> {
-    SessionMeta::new(subject, role).to_meta()
+/// `ticket`: the server's signed ticket for the message (`meta.session.ticket`).
+pub fn session_meta(subject: &str, role: Role, ticket: Option<&str>) -> Map<String, Value> {
+    let session = SessionMeta::new(subject, role);
+    match ticket {
+        Some(ticket) => session.with_ticket(ticket),
+        None => session,
+    }
+    .to_meta()
 }

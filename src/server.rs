@@ -19,11 +19,12 @@ use crate::delivery::Kick;
 use crate::ice::IceConfig;
 use crate::identity::{Identity, IdentityConfig};
 use crate::metrics::Metrics;
-use crate::pki::{CertificateAuthority, TrustStore};
+use crate::pki::{CertificateAuthority, SigningKeys, TrustStore};
 use crate::relay::Peers;
 use crate::state::{AppState, Components, SharedState};
 use crate::store::{AuditLog, Store, StoreError};
 use crate::tasks::{self, Tasks};
+use crate::tickets::Tickets;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -48,6 +49,8 @@ pub enum StartError {
     WeakAdminToken,
     #[error("CRL: {0}")]
     Crl(#[from] crate::tasks::crl::CrlError),
+    #[error("signing key: {0}")]
+    SigningKey(#[from] crate::pki::SigningKeyError),
     #[error("server: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -65,6 +68,41 @@ fn read_file(path: &Path) -> Result<Vec<u8>, StartError> {
         path: path.display().to_string(),
         message: e.to_string(),
     })
+}
+
+/// Where the generated signing key is kept when no --signing-key-file is given.
+const SIGNING_KEY_SETTING: &str = "signing_key_pkcs8_pem";
+
+/// The deployment's signing key: --signing-key-file, else one generated at first start and
+/// kept in the database, which every node of a cluster shares (and which already decides
+/// every grant, so it is trusted with no more than before; docs/security.md).
+async fn signing_keys(config: &Config, store: &Store) -> Result<SigningKeys, StartError> {
+    let keys = match &config.signing_key_file {
+        Some(path) => SigningKeys::load(path)?,
+        None => {
+            let stored = match store.setting(SIGNING_KEY_SETTING).await? {
+                Some(pem) => pem,
+                None => {
+                    let fresh = SigningKeys::generate_pem()?;
+                    // Nodes starting together agree on the first one stored.
+                    let stored = store
+                        .setting_insert_once(SIGNING_KEY_SETTING, &fresh)
+                        .await?;
+                    if stored == fresh {
+                        tracing::warn!("generated the signing key of session tickets; it is kept in the database (set --signing-key-file to keep it elsewhere)");
+                    }
+                    stored
+                }
+            };
+            SigningKeys::from_pkcs8_pem(stored.as_bytes(), Path::new("(database)"))?
+        }
+    };
+    let keys = match &config.signing_key_previous_file {
+        Some(path) => keys.with_previous(path)?,
+        None => keys,
+    };
+    tracing::info!(kid = %keys.kid(), "session tickets signed");
+    Ok(keys)
 }
 
 /// Robot login: the trust anchors and our own CA, if configured.
@@ -208,6 +246,7 @@ impl Server {
         }
 
         let identity = build_identity(&config, &store)?;
+        let tickets = Tickets::new(signing_keys(&config, &store).await?, node_id.clone());
 
         let metrics = Metrics::new();
         let cluster = connect_cluster(&config, &node_id, &metrics).await?;
@@ -242,6 +281,7 @@ impl Server {
             clients,
             identity,
             ice,
+            tickets,
             admin_token_hash,
             cluster,
         }));

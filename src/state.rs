@@ -15,6 +15,7 @@ use crate::identity::Identity;
 use crate::metrics::Metrics;
 use crate::relay::{self, HubLimits, Presence, Sessions};
 use crate::store::{AuditLog, Store};
+use crate::tickets::Tickets;
 
 pub struct AppState {
     pub config: Config,
@@ -32,6 +33,8 @@ pub struct AppState {
     pub clients: ClientAuthenticator,
     pub identity: Identity,
     pub ice: IceConfig,
+    /// The deployment's signing key: session tickets for robots.
+    pub tickets: Tickets,
     /// SHA-256 (hex) of the admin bearer token.
     pub admin_token_hash: String,
     /// Limits on open sockets, in all and per source address.
@@ -53,6 +56,7 @@ pub struct Components {
     pub clients: ClientAuthenticator,
     pub identity: Identity,
     pub ice: IceConfig,
+    pub tickets: Tickets,
     pub admin_token_hash: String,
     /// The other nodes (multi-node, with `--redis-url`).
     pub cluster: Option<Arc<Cluster>>,
@@ -91,6 +95,7 @@ impl AppState {
             clients: parts.clients,
             identity: parts.identity,
             ice: parts.ice,
+            tickets: parts.tickets,
             admin_token_hash: parts.admin_token_hash,
             cluster: parts.cluster,
             shutting_down: AtomicBool::new(false),

@@ -77,6 +77,7 @@ pub async fn enroll(
             robot_id: body.robot_id,
             enrolled: true,
             certificate,
+            signing_keys: state.tickets.jwks(),
         }),
     ))
 }

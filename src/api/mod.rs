@@ -11,6 +11,7 @@ mod me;
 mod openapi;
 mod robots;
 mod sessions;
+mod signing_keys;
 mod tokens;
 mod views;
 
@@ -31,6 +32,7 @@ pub fn router() -> Router<SharedState> {
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(health::metrics))
         .route("/v1/enroll", post(enroll::enroll))
+        .route("/v1/signing-keys", get(signing_keys::list))
         .route("/v1/robots", post(robots::create).get(robots::list))
         .route("/v1/robots/{id}", get(robots::show).delete(robots::delete))
         .route(

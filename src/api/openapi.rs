@@ -10,7 +10,9 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use super::error::ErrorBody;
-use super::{audit, confirmations, emergency, enroll, me, robots, sessions, tokens, views};
+use super::{
+    audit, confirmations, emergency, enroll, me, robots, sessions, signing_keys, tokens, views,
+};
 
 struct Security;
 
@@ -46,6 +48,7 @@ impl Modify for Security {
     ),
     paths(
         enroll::enroll,
+        signing_keys::list,
         robots::create,
         robots::list,
         robots::show,
@@ -72,7 +75,7 @@ impl Modify for Security {
         (name = "robots", description = "Robots, their credentials and grants (admin)"),
         (name = "tokens", description = "Client tokens (admin)"),
         (name = "sessions", description = "Session records (admin)"),
-        (name = "enrollment", description = "A robot enrolls its key or CSR"),
+        (name = "enrollment", description = "A robot enrolls its key or CSR and pins the server's signing keys"),
         (name = "me", description = "The caller's own view (client token or JWT)"),
     )
 )]

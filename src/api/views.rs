@@ -193,4 +193,7 @@ pub struct Enrolled {
     /// The chain our CA issued, for a CSR enrollment.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub certificate: Option<String>,
+    /// The server's public signing keys (as `GET /v1/signing-keys`): the robot pins them
+    /// and checks the session tickets of what the server forwards to it.
+    pub signing_keys: crate::pki::Jwks,
 }

@@ -25,6 +25,7 @@ use crate::relay::{
 };
 use crate::state::SharedState;
 use crate::store::{bounded, AuditRecord, MAX_PARAMS_BYTES};
+use crate::tickets::TicketFor;
 
 /// How long a write to the program may take before the connection is given up.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -498,7 +499,20 @@ impl Gateway {
     fn forward(&mut self, frame: Value) -> Option<Ending> {
         let robot = self.robot.clone()?;
         let id = frame_id(&frame);
-        let text = crate::messages::arp_frame(&self.conn, frame, &self.subject, self.role);
+        let session = TicketFor {
+            robot: &self.robot_id,
+            connection_id: &self.conn,
+            subject: &self.subject,
+            role: self.role,
+        };
+        let ticket = self.state.tickets.arp_frame(session, &frame);
+        let text = crate::messages::arp_frame(
+            &self.conn,
+            frame,
+            &self.subject,
+            self.role,
+            ticket.as_deref(),
+        );
         let share = Sender {
             share: &self.subject,
             viewer: !self.role.may_drive(),

@@ -20,11 +20,13 @@
 pub mod ca;
 pub mod crl;
 pub mod keys;
+pub mod signing;
 pub mod x509;
 
 pub use ca::{generate_ca, CaError, CertificateAuthority, IssuedCertificate};
 pub use crl::{load_crls, CrlError, RevocationList};
 pub use keys::{decode_signature, KeyError, PublicKey};
+pub use signing::{Jwk, Jwks, SigningKeyError, SigningKeys};
 pub use x509::{
     cert_id, issuer_id, leaf_key_of_chain, serial_hex, verify_chain, verify_chain_with_crls,
     CertId, TrustStore, VerifiedChain, X509Error, MAX_CHAIN_LEN,

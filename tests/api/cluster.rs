@@ -446,7 +446,7 @@ async fn three_nodes_behind_haproxy() {
     let forwarded = r1.recv_type("signalling.offer").await;
     assert_eq!(forwarded["payload"], sent["payload"]);
     assert_eq!(
-        forwarded["meta"]["session"],
+        session_of(&forwarded),
         json!({"subject": "alice", "role": "operator"})
     );
     r1.send(&answer(&s1)).await;

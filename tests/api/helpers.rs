@@ -679,6 +679,18 @@ fn validated(text: &str) -> Value {
 
 /// An `arp.frame` envelope, checked against docs/protocol.md ("ARP sessions") and its frame
 /// against the ARP schema.
+/// `meta.session` of something forwarded to a robot, its signed ticket checked to be there
+/// and taken out (tests/api/tickets.rs checks what is in it): `{subject, role}`.
+pub fn session_of(forwarded: &Value) -> Value {
+    let mut session = forwarded["meta"]["session"].clone();
+    let ticket = session
+        .as_object_mut()
+        .and_then(|s| s.remove("ticket"))
+        .unwrap_or_else(|| panic!("no ticket in meta.session: {forwarded}"));
+    assert!(ticket.is_string(), "{forwarded}");
+    session
+}
+
 pub fn check_arp_frame(value: &Value) {
     for field in ["version", "id", "timestamp"] {
         assert!(

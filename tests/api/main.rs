@@ -18,5 +18,6 @@ mod robot_login;
 mod robustness;
 mod session_end;
 mod sessions;
+mod tickets;
 mod trust;
 mod x509;

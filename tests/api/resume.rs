@@ -32,7 +32,7 @@ async fn the_same_subject_takes_its_session_back_from_a_new_socket() {
     assert_eq!(forwarded["type"], "signalling.offer", "{forwarded}");
     assert_eq!(forwarded["payload"]["connectionId"], session.as_str());
     assert_eq!(
-        forwarded["meta"]["session"],
+        session_of(&forwarded),
         json!({"subject": "alice", "role": "operator"})
     );
     let answer = envelope(

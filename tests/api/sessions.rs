@@ -18,7 +18,7 @@ async fn full_session_is_relayed_and_recorded() {
     assert_eq!(forwarded["payload"], sent["payload"]);
     assert_eq!(forwarded["id"], sent["id"]);
     assert_eq!(
-        forwarded["meta"]["session"],
+        session_of(&forwarded),
         json!({"subject": "alice", "role": "operator"})
     );
 

@@ -105,7 +105,7 @@ async fn the_gateway_passes_the_arp_conformance_run_end_to_end() {
         .as_str()
         .expect("enrollment token");
     let config_dir = running._dir.0.join("agent");
-    enroll(&EnrollRequest {
+    let enrolled = enroll(&EnrollRequest {
         server: running.base.clone(),
         robot_id: ROBOT.into(),
         token: token.into(),
@@ -116,6 +116,9 @@ async fn the_gateway_passes_the_arp_conformance_run_end_to_end() {
     })
     .await
     .expect("the agent enrolls");
+    // The agent pinned the server's signing key, so it requires a good session ticket on
+    // every frame: the whole run below goes through the robot's ticket checks.
+    assert_eq!(enrolled.server_keys.len(), 1, "{enrolled:?}");
     let mut tokens = Vec::new();
     for (subject, role) in [
         ("program-operator", "operator"),

@@ -11,6 +11,8 @@
 //!   [`Envelope::from_body`] goes the other way.
 //! * [`SessionMeta`] and [`Role`]: the `meta.session` the server stamps on
 //!   what it forwards to a robot.
+//! * [`ticket`]: the claims of the signed session tickets in
+//!   `meta.session.ticket` and how a call's params are hashed for them.
 //! * With the `schema` feature, `schema::SchemaValidator` checks whole
 //!   messages against the spec's JSON Schemas (used by tests).
 //! * [`arp`]: the Autonomous Robot Protocol's names, codes and schema;
@@ -28,6 +30,7 @@ mod legacy;
 mod relayed;
 mod session;
 mod signalling;
+pub mod ticket;
 
 #[cfg(feature = "schema")]
 pub mod arp_schema;

@@ -164,14 +164,34 @@ impl<'a> Relayed<'a> {
     /// `text` (the one this was parsed from) as the server forwards it to a robot: with
     /// `meta = {"session": {subject, role}}` in place of anything the sender put there.
     pub fn with_meta(&self, text: &str, subject: &str, role: Role) -> String {
-        let mut meta = String::with_capacity(subject.len() + 64);
+        self.with_session(text, subject, role, None)
+    }
+
+    /// [`Relayed::with_meta`] with the server's signed ticket in `meta.session.ticket`
+    /// (see [`crate::ticket`]).
+    pub fn with_session(
+        &self,
+        text: &str,
+        subject: &str,
+        role: Role,
+        ticket: Option<&str>,
+    ) -> String {
+        let extra = ticket.map_or(0, |t| t.len() + 16);
+        let mut meta = String::with_capacity(subject.len() + 64 + extra);
         meta.push_str("{\"");
         meta.push_str(SESSION_META_KEY);
         meta.push_str("\":{\"subject\":");
         push_json_string(&mut meta, subject);
         meta.push_str(",\"role\":\"");
         meta.push_str(role.as_str());
-        meta.push_str("\"}}");
+        meta.push('"');
+        if let Some(ticket) = ticket {
+            meta.push_str(",\"");
+            meta.push_str(crate::ticket::TICKET_META_KEY);
+            meta.push_str("\":");
+            push_json_string(&mut meta, ticket);
+        }
+        meta.push_str("}}");
         let mut out = String::with_capacity(text.len() + meta.len() + 8);
         match &self.meta {
             Some(span) => {

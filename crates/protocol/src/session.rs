@@ -12,6 +12,8 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use crate::ticket::TICKET_META_KEY;
+
 /// Key of the session object inside an envelope's `meta`.
 pub const SESSION_META_KEY: &str = "session";
 
@@ -73,6 +75,10 @@ impl fmt::Display for Role {
 pub struct SessionMeta {
     pub subject: String,
     pub role: Role,
+    /// The server's signed ticket for this message (`meta.session.ticket`, see
+    /// [`crate::ticket`]); `None` from a server that signs none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ticket: Option<String>,
 }
 
 impl SessionMeta {
@@ -80,15 +86,25 @@ impl SessionMeta {
         SessionMeta {
             subject: subject.into(),
             role,
+            ticket: None,
         }
     }
 
+    /// The same, with the server's signed ticket.
+    pub fn with_ticket(mut self, ticket: impl Into<String>) -> SessionMeta {
+        self.ticket = Some(ticket.into());
+        self
+    }
+
     /// The whole `meta` object a forwarded message carries:
-    /// `{"session": {"subject": …, "role": …}}`.
+    /// `{"session": {"subject": …, "role": …}}` (and `"ticket": …` when signed).
     pub fn to_meta(&self) -> Map<String, Value> {
         let mut session = Map::new();
         session.insert("subject".into(), Value::String(self.subject.clone()));
         session.insert("role".into(), Value::String(self.role.as_str().into()));
+        if let Some(ticket) = &self.ticket {
+            session.insert(TICKET_META_KEY.into(), Value::String(ticket.clone()));
+        }
         let mut meta = Map::new();
         meta.insert(SESSION_META_KEY.into(), Value::Object(session));
         meta
@@ -103,7 +119,15 @@ impl SessionMeta {
         let session = meta?.get(SESSION_META_KEY)?.as_object()?;
         let subject = session.get("subject")?.as_str()?.to_owned();
         let role = Role::parse_or_viewer(session.get("role").and_then(Value::as_str));
-        Some(SessionMeta { subject, role })
+        let ticket = session
+            .get(TICKET_META_KEY)
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        Some(SessionMeta {
+            subject,
+            role,
+            ticket,
+        })
     }
 
     /// The role a receiver should grant for `meta`: a viewer unless the

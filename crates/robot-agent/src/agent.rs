@@ -12,9 +12,11 @@ use crate::identity::{self, IdentityError, RobotKey};
 use crate::locations::{LocationError, LocationStore};
 use crate::peer::{PeerError, PeerManager, PeerOptions};
 use crate::safety::StopReason;
+use crate::server_keys;
 use crate::session::{Metrics, Shared};
 use crate::settings::{Settings, SettingsError};
 use crate::signalling::{self, SignallingOptions, INBOUND_CAPACITY};
+use crate::tickets::TicketCheck;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
@@ -39,7 +41,28 @@ pub enum AgentError {
     #[error(transparent)]
     ArpConfig(#[from] crate::arp::config::ArpConfigError),
     #[error(transparent)]
+    ServerKeys(#[from] crate::server_keys::ServerKeyError),
+    #[error("require_tickets is on but no server key is pinned: run `robot-agent enroll` again or `robot-agent trust-key`")]
+    NoPinnedKey,
+    #[error(transparent)]
     ArpListen(#[from] crate::arp::ws::ArpListenError),
+}
+
+/// What checks the server's session tickets: the pinned keys, unless `require_tickets =
+/// false`; none for a robot that never pinned one (it keeps the behaviour of before).
+fn ticket_check(config: &RunConfig) -> Result<Option<Arc<TicketCheck>>, AgentError> {
+    let pinned = server_keys::load(&config.server_keys_file)?;
+    let require = config.require_tickets.unwrap_or(!pinned.is_empty());
+    if !require {
+        if !pinned.is_empty() {
+            tracing::warn!("require_tickets = false: the server's session tickets are not checked");
+        }
+        return Ok(None);
+    }
+    let check = TicketCheck::new(&config.robot_id, &pinned).ok_or(AgentError::NoPinnedKey)?;
+    let kids: Vec<&str> = pinned.iter().map(|k| k.kid.as_str()).collect();
+    tracing::info!(keys = %kids.join(","), "session tickets required");
+    Ok(Some(Arc::new(check)))
 }
 
 pub async fn run(config: RunConfig) -> Result<(), AgentError> {
@@ -125,8 +148,9 @@ pub async fn run(config: RunConfig) -> Result<(), AgentError> {
             crate::video::Camera::start(spec.clone(), config.video_grace)
         })
         .collect();
+    let tickets = ticket_check(&config)?;
     let (inbound_tx, inbound_rx) = mpsc::channel(INBOUND_CAPACITY);
-    let outbound = signalling::spawn(
+    let outbound = signalling::spawn_checked(
         SignallingOptions {
             urls: config.servers.clone(),
             robot_id: config.robot_id.clone(),
@@ -138,6 +162,7 @@ pub async fn run(config: RunConfig) -> Result<(), AgentError> {
             // gateway's sessions with it (`with_arp`).
             arp: true,
         },
+        tickets,
         inbound_tx,
     );
     let manager = PeerManager::new(
@@ -176,5 +201,47 @@ struct AbortOnDrop(tokio::task::JoinHandle<()>);
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::RunFlags;
+    use crate::server_keys::{PinnedKey, SERVER_KEYS_FILE};
+
+    /// A run config in a fresh folder with `agent.toml` = `toml`, and a pinned key or not.
+    fn config(toml: &str, pinned: bool) -> RunConfig {
+        let dir = crate::testutil::temp_dir("tickets-policy");
+        std::fs::write(
+            dir.join(crate::config::CONFIG_FILE),
+            format!(
+                "server = \"ws://127.0.0.1:1/ws\"\nrobot_id = \"r1\"\ndriver = \"sim\"\n{toml}"
+            ),
+        )
+        .expect("write");
+        if pinned {
+            let key =
+                PinnedKey::from_x("11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo").expect("key");
+            server_keys::save(&dir.join(SERVER_KEYS_FILE), &[key]).expect("save");
+        }
+        RunConfig::resolve(RunFlags {
+            config_dir: Some(dir),
+            ..RunFlags::default()
+        })
+        .expect("config")
+    }
+
+    #[test]
+    fn tickets_are_required_exactly_when_a_key_is_pinned_unless_configured() {
+        assert!(ticket_check(&config("", false)).expect("ok").is_none());
+        assert!(ticket_check(&config("", true)).expect("ok").is_some());
+        let off = config("require_tickets = false\n", true);
+        assert!(ticket_check(&off).expect("ok").is_none());
+        let on_without_key = config("require_tickets = true\n", false);
+        assert!(matches!(
+            ticket_check(&on_without_key),
+            Err(AgentError::NoPinnedKey)
+        ));
     }
 }

@@ -125,6 +125,11 @@ pub struct FileConfig {
     pub video_grace_s: Option<f64>,
     /// `[arp]`: the ARP server's settings.
     pub arp: Option<ArpFileConfig>,
+    /// Refuse offers and gateway ARP frames without a valid session ticket of the
+    /// server [default: on once a server key is pinned, see docs/robot-agent.md].
+    pub require_tickets: Option<bool>,
+    /// The pinned server signing keys [default: CONFIG_DIR/server-keys.json].
+    pub server_keys_file: Option<PathBuf>,
 }
 
 impl FileConfig {
@@ -179,6 +184,10 @@ pub struct RunConfig {
     pub arp: ArpFileConfig,
     /// The local ARP WebSocket, if enabled.
     pub arp_listen: Option<ListenConfig>,
+    /// `require_tickets` as configured (`None`: on once a key is pinned).
+    pub require_tickets: Option<bool>,
+    /// The pinned server signing keys ([`crate::server_keys`]).
+    pub server_keys_file: PathBuf,
 }
 
 impl RunConfig {
@@ -267,6 +276,11 @@ impl RunConfig {
             driver,
             key_file: within(file.key_file.unwrap_or_else(|| KEY_FILE.into())),
             certificate_file: within(file.certificate_file.unwrap_or_else(|| CERT_FILE.into())),
+            server_keys_file: within(
+                file.server_keys_file
+                    .unwrap_or_else(|| crate::server_keys::SERVER_KEYS_FILE.into()),
+            ),
+            require_tickets: file.require_tickets,
             ca_file: file.ca_file.map(&within),
             data_dir,
             include_loopback_candidates: file.include_loopback_candidates.unwrap_or(false),

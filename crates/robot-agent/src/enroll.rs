@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 use crate::config::{self, CERT_FILE, CONFIG_FILE, KEY_FILE};
 use crate::fsutil;
 use crate::identity::{IdentityError, KeyType, RobotKey};
+use crate::server_keys::{self, SERVER_KEYS_FILE};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EnrollError {
@@ -32,6 +33,8 @@ pub enum EnrollError {
     },
     #[error("cannot read CA file {path}: {message}")]
     CaFile { path: PathBuf, message: String },
+    #[error(transparent)]
+    ServerKeys(#[from] crate::server_keys::ServerKeyError),
 }
 
 /// What `enroll` was asked to do.
@@ -53,6 +56,9 @@ pub struct EnrollOutcome {
     pub key_created: bool,
     pub certificate_file: Option<PathBuf>,
     pub config_file: Option<PathBuf>,
+    /// Ids of the server's signing keys now pinned (none from a server that signs no
+    /// session tickets: the robot then checks none).
+    pub server_keys: Vec<String>,
 }
 
 pub async fn enroll(request: &EnrollRequest) -> Result<EnrollOutcome, EnrollError> {
@@ -123,6 +129,12 @@ pub async fn enroll(request: &EnrollRequest) -> Result<EnrollOutcome, EnrollErro
         None
     };
 
+    // The server that just enrolled us (over TLS, with a single-use token) is the one
+    // whose session tickets we will believe: pin its keys, replacing any earlier ones.
+    let pinned = server_keys::from_jwks(answer.get("signingKeys").unwrap_or(&Value::Null));
+    if !pinned.is_empty() {
+        server_keys::save(&request.config_dir.join(SERVER_KEYS_FILE), &pinned)?;
+    }
     let config_file =
         write_config_if_missing(&request.config_dir, &request.server, &request.robot_id)?;
     Ok(EnrollOutcome {
@@ -130,6 +142,7 @@ pub async fn enroll(request: &EnrollRequest) -> Result<EnrollOutcome, EnrollErro
         key_created,
         certificate_file,
         config_file,
+        server_keys: pinned.into_iter().map(|k| k.kid).collect(),
     })
 }
 
@@ -278,6 +291,32 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&cert).expect("read"), chain);
         let mode = std::fs::metadata(&cert).expect("meta").permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
+    }
+
+    #[tokio::test]
+    async fn the_servers_signing_keys_are_pinned_and_an_older_server_pins_none() {
+        // RFC 8037's example key and its RFC 7638 thumbprint.
+        let x = "11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo";
+        let kid = "kPrK_qmxVWaYVA9wwBF6Iuo3vVzz7TxHCTwXBygrS4k";
+        let dir = crate::testutil::temp_dir("enroll-keys");
+        let jwks = json!({"keys": [{"kty": "OKP", "crv": "Ed25519", "x": x, "kid": kid, "use": "sig", "alg": "EdDSA"}]});
+        let (url, _server) = fake_server(
+            201,
+            json!({"robotId": "robot-7", "enrolled": true, "signingKeys": jwks}),
+        )
+        .await;
+        let outcome = enroll(&request(url, &dir, false)).await.expect("enrolls");
+        assert_eq!(outcome.server_keys, vec![kid.to_owned()]);
+        let pinned = server_keys::load(&dir.join(SERVER_KEYS_FILE)).expect("pinned");
+        assert_eq!(pinned.len(), 1);
+        assert_eq!(pinned[0].x, x);
+
+        let older = crate::testutil::temp_dir("enroll-no-keys");
+        let (url, _server) =
+            fake_server(201, json!({"robotId": "robot-7", "enrolled": true})).await;
+        let outcome = enroll(&request(url, &older, false)).await.expect("enrolls");
+        assert!(outcome.server_keys.is_empty());
+        assert!(!older.join(SERVER_KEYS_FILE).exists());
     }
 
     #[tokio::test]

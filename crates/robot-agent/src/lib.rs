@@ -4,6 +4,8 @@
 //!
 //! Layers, outermost first:
 //! * [`signalling`]: WebSocket client (register, PKI proof, reconnect);
+//! * [`tickets`]: the server's signed session tickets, checked against the keys
+//!   pinned at enrollment ([`server_keys`]) before anything acts on a message;
 //! * [`peer`]: one WebRTC peer connection per session;
 //! * [`session`]: the `agent.*` protocol of one session;
 //! * [`controller`] + [`safety`]: every motion decision, in one task;
@@ -25,9 +27,11 @@ pub mod locations;
 pub mod messages;
 pub mod peer;
 pub mod safety;
+pub mod server_keys;
 pub mod session;
 pub mod settings;
 pub mod signalling;
+pub mod tickets;
 pub mod video;
 
 #[cfg(test)]

@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use robot_agent::config::{self, RunConfig, RunFlags};
 use robot_agent::enroll::{self, EnrollRequest};
 use robot_agent::identity::KeyType;
+use robot_agent::server_keys::{self, PinnedKey};
 
 #[derive(Parser)]
 #[command(
@@ -52,6 +53,12 @@ enum Command {
         /// Extra CA certificates (PEM) to trust for https.
         #[arg(long)]
         ca_file: Option<PathBuf>,
+    },
+    /// Pin one more server signing key (a JWK from GET /v1/signing-keys, or its `x`):
+    /// session tickets signed with it are accepted, e.g. ahead of a key rotation.
+    TrustKey {
+        /// The key: a JWK as JSON, or the raw Ed25519 key in base64url (the JWK's `x`).
+        key: String,
     },
     /// Connect to the server and serve WebRTC sessions.
     Run {
@@ -127,6 +134,24 @@ async fn main() -> anyhow::Result<()> {
             }
             if let Some(file) = outcome.config_file {
                 println!("Config written: {}", file.display());
+            }
+            if outcome.server_keys.is_empty() {
+                println!("The server signs no session tickets: none will be checked.");
+            }
+            for kid in outcome.server_keys {
+                println!("Server signing key pinned: {kid}");
+            }
+            Ok(())
+        }
+        Command::TrustKey { key } => {
+            let config_dir = cli.config_dir.unwrap_or_else(config::default_config_dir);
+            let key = PinnedKey::parse(&key).context("the key")?;
+            let path = config_dir.join(server_keys::SERVER_KEYS_FILE);
+            let kid = key.kid.clone();
+            if server_keys::add(&path, key)? {
+                println!("Server signing key trusted: {kid} ({})", path.display());
+            } else {
+                println!("Server signing key already trusted: {kid}");
             }
             Ok(())
         }

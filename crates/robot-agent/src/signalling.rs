@@ -32,6 +32,7 @@ use tokio_tungstenite::tungstenite::Message;
 use crate::config::ReconnectConfig;
 use crate::identity::{IdentityError, RobotKey};
 use crate::safety::Role;
+use crate::tickets::{self, TicketCheck};
 
 /// Capacity of the outbound queue (answers, candidates, state reports).
 pub const OUTBOUND_CAPACITY: usize = 256;
@@ -116,13 +117,24 @@ pub struct SignallingOptions {
 /// Starts the client task. Messages for the server go into the returned
 /// sender; they are dropped while offline (sessions die with the link).
 pub fn spawn(options: SignallingOptions, inbound: mpsc::Sender<Inbound>) -> mpsc::Sender<Envelope> {
+    spawn_checked(options, None, inbound)
+}
+
+/// [`spawn`], checking session tickets with `tickets` (`None`: a robot that pinned no
+/// key, which takes `meta.session` as it comes, as before tickets existed).
+pub fn spawn_checked(
+    options: SignallingOptions,
+    tickets: Option<Arc<TicketCheck>>,
+    inbound: mpsc::Sender<Inbound>,
+) -> mpsc::Sender<Envelope> {
     let (out_tx, out_rx) = mpsc::channel(OUTBOUND_CAPACITY);
-    tokio::spawn(run(options, inbound, out_rx));
+    tokio::spawn(run(options, tickets, inbound, out_rx));
     out_tx
 }
 
 async fn run(
     options: SignallingOptions,
+    tickets: Option<Arc<TicketCheck>>,
     inbound: mpsc::Sender<Inbound>,
     mut out_rx: mpsc::Receiver<Envelope>,
 ) {
@@ -142,6 +154,7 @@ async fn run(
         let url = server_for(&options.urls, start, failures);
         let result = connection(
             &options,
+            tickets.as_deref(),
             url,
             &connector,
             &inbound,
@@ -280,6 +293,7 @@ type Socket =
 
 async fn connection(
     options: &SignallingOptions,
+    tickets: Option<&TicketCheck>,
     url: &str,
     connector: &tokio_tungstenite::Connector,
     inbound: &mpsc::Sender<Inbound>,
@@ -368,7 +382,7 @@ async fn connection(
                     Message::Close(_) => return Err(SignallingError::Closed),
                     _ => continue,
                 };
-                let Some(event) = dispatch(&text, &mut ws).await? else { continue };
+                let Some(event) = dispatch(&text, &mut ws, tickets).await? else { continue };
                 if inbound.send(event).await.is_err() {
                     return Ok(());
                 }
@@ -422,7 +436,11 @@ fn register_message(options: &SignallingOptions) -> Envelope {
 }
 
 /// Turns a server message into an event for the peer manager.
-async fn dispatch(text: &str, ws: &mut Socket) -> Result<Option<Inbound>, SignallingError> {
+async fn dispatch(
+    text: &str,
+    ws: &mut Socket,
+    tickets: Option<&TicketCheck>,
+) -> Result<Option<Inbound>, SignallingError> {
     let envelope = match Envelope::parse(text) {
         Ok(e) => e,
         Err(e) => {
@@ -431,7 +449,10 @@ async fn dispatch(text: &str, ws: &mut Socket) -> Result<Option<Inbound>, Signal
         }
     };
     if envelope.kind == FRAME_TYPE {
-        return Ok(arp_frame(envelope));
+        return match arp_frame(envelope, tickets) {
+            Ok(frame) => Ok(frame),
+            Err(refusal) => send(ws, &refusal).await.map(|()| None),
+        };
     }
     let body = match envelope.body() {
         Ok(Body::Signalling(s)) => s,
@@ -444,7 +465,17 @@ async fn dispatch(text: &str, ws: &mut Socket) -> Result<Option<Inbound>, Signal
     Ok(match body {
         Signalling::Offer(offer) => {
             // Least privilege unless the server vouched for more.
-            let session = SessionMeta::from_meta(envelope.meta.as_ref());
+            let mut session = SessionMeta::from_meta(envelope.meta.as_ref());
+            if let Some(check) = tickets {
+                match check.offer(session.as_ref(), &offer.connection_id) {
+                    Ok(vouched) => session = Some(vouched),
+                    Err(e) => {
+                        check.refuse("offer", &offer.connection_id, &e);
+                        send(ws, &tickets::offer_refusal(&offer.connection_id, &e)).await?;
+                        return Ok(None);
+                    }
+                }
+            }
             let role = session.as_ref().map_or(Role::Viewer, |s| s.role);
             let subject = session.map(|s| s.subject);
             Some(Inbound::Offer {
@@ -474,19 +505,43 @@ async fn dispatch(text: &str, ws: &mut Socket) -> Result<Option<Inbound>, Signal
 }
 
 /// An `arp.frame` from the server's gateway; a malformed one (e.g. a frame
-/// that is not a JSON object) is logged and dropped, never answered.
-fn arp_frame(envelope: Envelope) -> Option<Inbound> {
-    match ArpFramePayload::from_envelope(&envelope) {
-        Ok(p) => Some(Inbound::ArpFrame {
-            connection: p.connection_id,
-            frame: p.frame,
-            session: SessionMeta::from_meta(envelope.meta.as_ref()),
-        }),
+/// that is not a JSON object) is logged and dropped, never answered. With
+/// `tickets`, who sends it is the ticket's word; a frame without a good
+/// ticket is refused (`Err`: the answer to send back, if any, else dropped).
+fn arp_frame(
+    envelope: Envelope,
+    tickets: Option<&TicketCheck>,
+) -> Result<Option<Inbound>, Box<Envelope>> {
+    let p = match ArpFramePayload::from_envelope(&envelope) {
+        Ok(p) => p,
         Err(e) => {
             tracing::warn!(id = %envelope.id, error = %e, "malformed arp.frame from the server; dropped");
-            None
+            return Ok(None);
+        }
+    };
+    let mut session = SessionMeta::from_meta(envelope.meta.as_ref());
+    if let Some(check) = tickets {
+        match check.arp_frame(session.as_ref(), &p.connection_id, &p.frame) {
+            Ok(vouched) => session = Some(vouched),
+            Err(_) if tickets::is_emergency_stop(&p.frame) => {
+                // Taken from anyone (see `is_emergency_stop`), with no privilege.
+                let subject = session.map_or_else(|| "unknown".to_owned(), |s| s.subject);
+                session = Some(SessionMeta::new(subject, Role::Viewer));
+            }
+            Err(e) => {
+                check.refuse("arp.frame", &p.connection_id, &e);
+                return match tickets::arp_refusal(&p.connection_id, &p.frame, &e) {
+                    Some(answer) => Err(Box::new(answer)),
+                    None => Ok(None),
+                };
+            }
         }
     }
+    Ok(Some(Inbound::ArpFrame {
+        connection: p.connection_id,
+        frame: p.frame,
+        session,
+    }))
 }
 
 async fn send(ws: &mut Socket, envelope: &Envelope) -> Result<(), SignallingError> {

@@ -70,12 +70,15 @@ impl Forward<'_> {
         }
     }
 
-    /// For the robot: `meta.session` says who it talks to, whatever the sender put there.
-    fn into_robot(self, subject: &str, role: Role) -> Utf8Bytes {
+    /// For the robot: `meta.session` says who it talks to, whatever the sender put there,
+    /// with the server's signed ticket when there is one (offers).
+    fn into_robot(self, subject: &str, role: Role, ticket: Option<&str>) -> Utf8Bytes {
         match self {
-            Forward::Received { text, view } => view.with_meta(text, subject, role).into(),
+            Forward::Received { text, view } => {
+                view.with_session(text, subject, role, ticket).into()
+            }
             Forward::Parsed(mut envelope) => {
-                envelope.meta = Some(messages::session_meta(subject, role));
+                envelope.meta = Some(messages::session_meta(subject, role, ticket));
                 envelope.to_json().into()
             }
         }

@@ -11,6 +11,7 @@ use crate::messages::{SessionKind, ARP_FRAME};
 use crate::relay::{
     ConnId, DeliveryError, EndReason, OpenSession, Outbound, RelayError, Route, Sender,
 };
+use crate::tickets::TicketFor;
 use crate::ws::error::WsError;
 
 impl Protocol {
@@ -94,7 +95,14 @@ impl Protocol {
             return Ok(());
         };
         let metrics = self.state.metrics.relay(forward.kind());
-        let text = forward.into_robot(&identity.subject, role);
+        // The robot's proof that this offer and its role come from us.
+        let ticket = self.state.tickets.offer(TicketFor {
+            robot: robot_id,
+            connection_id: session_id,
+            subject: &identity.subject,
+            role,
+        });
+        let text = forward.into_robot(&identity.subject, role, ticket.as_deref());
         let share = Sender {
             share: &identity.subject,
             viewer: !role.may_drive(),
@@ -250,7 +258,7 @@ impl Protocol {
         let text = if route.from_robot {
             forward.into_client()
         } else {
-            forward.into_robot(&route.subject, route.role)
+            forward.into_robot(&route.subject, route.role, None)
         };
         let share = if route.from_robot {
             Sender {

@@ -1,0 +1,148 @@
+//! Session tickets: the server's signed word on who may do what with a robot.
+//!
+//! The server puts a compact JWS (EdDSA, Ed25519) in `meta.session.ticket` of every
+//! offer and every `arp.frame` it forwards to a robot; a robot that pinned the
+//! deployment's signing keys at enrollment checks it before it acts, and enforces the
+//! ticket's role rather than the plain `meta.session.role` (which anything in the
+//! path could rewrite). This module holds what both ends must agree on: the claims,
+//! and how a call's params are hashed. Signing and verifying are each end's own
+//! (the server's `tickets`, robot-agent's `tickets`).
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::session::Role;
+
+/// Key of the ticket inside `meta.session`.
+pub const TICKET_META_KEY: &str = "ticket";
+
+/// Longest life of a ticket, in seconds (the server mints shorter ones).
+pub const MAX_TICKET_LIFETIME_SECS: u64 = 300;
+
+/// The claims of a session ticket.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TicketClaims {
+    /// The robot the ticket is for.
+    pub robot: String,
+    /// The session (teleop) or ARP session the message belongs to.
+    pub connection_id: String,
+    /// Who is on the other end.
+    pub subject: String,
+    /// What they may do: the role the robot enforces.
+    pub role: Role,
+    /// The node that minted the ticket (for the record).
+    pub node: String,
+    /// Issued at, seconds since the Unix epoch.
+    pub iat: u64,
+    /// Expires at, seconds since the Unix epoch.
+    pub exp: u64,
+    /// For an ARP request: its JSON-RPC id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call_id: Option<Value>,
+    /// For an `arp.callTool`: [`params_hash`] of its params.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub params_hash: Option<String>,
+}
+
+/// The JSON text of `value` in canonical form: object keys sorted (recursively), no
+/// whitespace. Both ends hash this, so neither's map order nor its formatting matters.
+pub fn canonical_json(value: &Value) -> String {
+    let mut out = String::new();
+    write_canonical(value, &mut out);
+    out
+}
+
+fn write_canonical(value: &Value, out: &mut String) {
+    match value {
+        Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            out.push('{');
+            for (i, key) in keys.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&Value::String(key.clone()).to_string());
+                out.push(':');
+                write_canonical(&map[key], out);
+            }
+            out.push('}');
+        }
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_canonical(item, out);
+            }
+            out.push(']');
+        }
+        scalar => out.push_str(&scalar.to_string()),
+    }
+}
+
+/// SHA-256 (base64url, no padding) of the canonical JSON of a call's `params`
+/// (`null` when it has none): binds a ticket to the exact arguments of one call.
+pub fn params_hash(params: Option<&Value>) -> String {
+    use base64::Engine;
+    let text = canonical_json(params.unwrap_or(&Value::Null));
+    let digest = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(digest.as_ref())
+}
+
+/// Whether an ARP frame is a tool call, whose ticket must carry [`params_hash`].
+pub fn is_tool_call(frame: &Value) -> bool {
+    frame.get("method").and_then(Value::as_str) == Some(crate::arp::method::CALL_TOOL)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn canonical_json_sorts_keys_at_every_depth_and_drops_whitespace() {
+        let a: Value =
+            serde_json::from_str(r#"{ "b": 1, "a": { "y": [1, {"d":2,"c":3}], "x": "é" } }"#)
+                .unwrap();
+        assert_eq!(
+            canonical_json(&a),
+            r#"{"a":{"x":"é","y":[1,{"c":3,"d":2}]},"b":1}"#
+        );
+    }
+
+    #[test]
+    fn params_hash_ignores_key_order_and_sees_any_change() {
+        let one = json!({ "name": "move", "arguments": { "linear": 0.2, "angular": 0 } });
+        let two: Value =
+            serde_json::from_str(r#"{"arguments":{"angular":0,"linear":0.2},"name":"move"}"#)
+                .unwrap();
+        assert_eq!(params_hash(Some(&one)), params_hash(Some(&two)));
+        let faster = json!({ "name": "move", "arguments": { "linear": 0.9, "angular": 0 } });
+        assert_ne!(params_hash(Some(&one)), params_hash(Some(&faster)));
+        assert_eq!(params_hash(None), params_hash(Some(&Value::Null)));
+        assert_eq!(params_hash(None).len(), 43);
+    }
+
+    #[test]
+    fn claims_use_camel_case_and_leave_out_what_is_absent() {
+        let claims = TicketClaims {
+            robot: "r1".into(),
+            connection_id: "c1".into(),
+            subject: "alice".into(),
+            role: Role::Operator,
+            node: "n1".into(),
+            iat: 1,
+            exp: 2,
+            call_id: None,
+            params_hash: None,
+        };
+        let value = serde_json::to_value(&claims).unwrap();
+        assert_eq!(
+            value,
+            json!({"robot":"r1","connectionId":"c1","subject":"alice","role":"operator","node":"n1","iat":1,"exp":2})
+        );
+    }
+}

@@ -1,0 +1,588 @@
+//! Session tickets: the checks one by one, then end to end through the real agent (a
+//! scripted signalling server on 127.0.0.1:0 injects crafted offers and `arp.frame`s;
+//! signalling client, peer manager, ARP server and sim driver are all real). A forged
+//! ticket never moves the sim; a good one does.
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+use base64::Engine as _;
+use futures_util::{SinkExt, StreamExt};
+use jsonwebtoken::{EncodingKey, Header};
+use ring::signature::{Ed25519KeyPair, KeyPair};
+use serde_json::{json, Value};
+use signalling_protocol::arp::FRAME_TYPE;
+use signalling_protocol::Role;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::WebSocketStream;
+
+use super::*;
+use crate::arp::tests::{fixture, until, Fixture};
+use crate::arp::ArpOptions;
+use crate::config::ReconnectConfig;
+use crate::identity::{KeyType, RobotKey};
+use crate::peer::{PeerManager, PeerOptions};
+use crate::server_keys::PinnedKey;
+use crate::signalling::{self, SignallingOptions, INBOUND_CAPACITY};
+use crate::testutil::WAIT;
+
+const ROBOT: &str = "robot-1";
+
+/// A server signing key, as the server holds it.
+struct Signer {
+    encoding: EncodingKey,
+    pinned: PinnedKey,
+}
+
+impl Signer {
+    fn new() -> Signer {
+        let rng = ring::rand::SystemRandom::new();
+        let der = Ed25519KeyPair::generate_pkcs8(&rng).expect("key");
+        let pair = Ed25519KeyPair::from_pkcs8(der.as_ref()).expect("pair");
+        let x = URL_SAFE_NO_PAD.encode(pair.public_key().as_ref());
+        Signer {
+            encoding: EncodingKey::from_ed_der(der.as_ref()),
+            pinned: PinnedKey::from_x(&x).expect("pinned"),
+        }
+    }
+
+    /// Signs `claims`, naming key `kid` in the header.
+    fn sign_as(&self, kid: &str, claims: &TicketClaims) -> String {
+        let mut header = Header::new(Algorithm::EdDSA);
+        header.kid = Some(kid.to_owned());
+        jsonwebtoken::encode(&header, claims, &self.encoding).expect("sign")
+    }
+
+    fn sign(&self, claims: &TicketClaims) -> String {
+        self.sign_as(&self.pinned.kid, claims)
+    }
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock")
+        .as_secs()
+}
+
+fn claims(connection: &str, role: Role) -> TicketClaims {
+    TicketClaims {
+        robot: ROBOT.into(),
+        connection_id: connection.into(),
+        subject: "alice".into(),
+        role,
+        node: "node-1".into(),
+        iat: now(),
+        exp: now() + 120,
+        call_id: None,
+        params_hash: None,
+    }
+}
+
+/// The claims of one ARP frame, as the server's gateway makes them.
+fn frame_claims(connection: &str, role: Role, frame: &Value) -> TicketClaims {
+    let mut c = claims(connection, role);
+    c.call_id = frame.get("id").cloned();
+    if is_tool_call(frame) {
+        c.params_hash = Some(params_hash(frame.get("params")));
+    }
+    c
+}
+
+fn meta(role: &str, ticket: Option<String>) -> SessionMeta {
+    let mut session = SessionMeta::new("alice", Role::parse(role).expect("role"));
+    session.ticket = ticket;
+    session
+}
+
+#[test]
+fn a_good_ticket_gives_its_own_subject_and_role_not_the_plain_meta() {
+    let signer = Signer::new();
+    let check = TicketCheck::new(ROBOT, std::slice::from_ref(&signer.pinned)).expect("check");
+    let ticket = signer.sign(&claims("c1", Role::Viewer));
+    // meta.session.role says owner: rewritten on the way; the ticket says viewer.
+    let vouched = check
+        .offer(Some(&meta("owner", Some(ticket))), "c1")
+        .expect("accepted");
+    assert_eq!(vouched.role, Role::Viewer);
+    assert_eq!(vouched.subject, "alice");
+}
+
+#[test]
+fn every_forgery_of_an_offer_ticket_is_refused_with_its_reason() {
+    let signer = Signer::new();
+    let other = Signer::new();
+    let check = TicketCheck::new(ROBOT, std::slice::from_ref(&signer.pinned)).expect("check");
+    let offer = |ticket: Option<String>| check.offer(Some(&meta("operator", ticket)), "c1");
+    assert_eq!(offer(None), Err(TicketError::Missing));
+    assert!(matches!(
+        offer(Some("not.a.jws".into())),
+        Err(TicketError::Malformed(_))
+    ));
+    // Right shape, no signature: `alg: none` is never accepted.
+    let payload = URL_SAFE_NO_PAD.encode(serde_json::to_vec(&claims("c1", Role::Owner)).unwrap());
+    let unsigned = format!(
+        "{}.{payload}.",
+        URL_SAFE_NO_PAD.encode(br#"{"alg":"none"}"#)
+    );
+    assert!(offer(Some(unsigned)).is_err());
+    // A key we never pinned, under its own id or under ours.
+    let foreign = other.sign(&claims("c1", Role::Owner));
+    assert!(matches!(
+        offer(Some(foreign)),
+        Err(TicketError::UnknownKey(_))
+    ));
+    let wrong_signature = other.sign_as(&signer.pinned.kid, &claims("c1", Role::Owner));
+    assert!(matches!(
+        offer(Some(wrong_signature)),
+        Err(TicketError::Invalid(_))
+    ));
+    // A good viewer ticket whose payload was upgraded to owner: the signature breaks.
+    let good = signer.sign(&claims("c1", Role::Viewer));
+    let parts: Vec<&str> = good.split('.').collect();
+    let upgraded = format!("{}.{payload}.{}", parts[0], parts[2]);
+    assert!(matches!(
+        offer(Some(upgraded)),
+        Err(TicketError::Invalid(_))
+    ));
+    let mut for_another = claims("c1", Role::Owner);
+    for_another.robot = "robot-2".into();
+    assert_eq!(
+        offer(Some(signer.sign(&for_another))),
+        Err(TicketError::OtherRobot("robot-2".into()))
+    );
+    let mut expired = claims("c1", Role::Owner);
+    expired.iat = now() - 600;
+    expired.exp = now() - 300;
+    assert_eq!(
+        offer(Some(signer.sign(&expired))),
+        Err(TicketError::Expired)
+    );
+    let mut forever = claims("c1", Role::Owner);
+    forever.exp = now() + 86_400;
+    assert_eq!(
+        offer(Some(signer.sign(&forever))),
+        Err(TicketError::TooLong)
+    );
+    let elsewhere = signer.sign(&claims("c2", Role::Owner));
+    assert_eq!(
+        offer(Some(elsewhere)),
+        Err(TicketError::OtherSession("c2".into()))
+    );
+}
+
+#[test]
+fn an_arp_ticket_is_bound_to_its_call_and_its_params() {
+    let signer = Signer::new();
+    let check = TicketCheck::new(ROBOT, std::slice::from_ref(&signer.pinned)).expect("check");
+    let call =
+        json!({"jsonrpc": "2.0", "id": 7, "method": "arp.callTool", "params": drive(0.2, 0.3)});
+    let ticket = signer.sign(&frame_claims("a1", Role::Operator, &call));
+    let with =
+        |frame: &Value| check.arp_frame(Some(&meta("operator", Some(ticket.clone()))), "a1", frame);
+    assert_eq!(with(&call).expect("accepted").role, Role::Operator);
+    let mut faster = call.clone();
+    faster["params"] = drive(2.0, 30.0);
+    assert_eq!(with(&faster), Err(TicketError::OtherParams));
+    let mut other_id = call.clone();
+    other_id["id"] = json!(8);
+    assert_eq!(with(&other_id), Err(TicketError::OtherCall));
+}
+
+#[test]
+fn during_a_rotation_tickets_of_both_pinned_keys_are_accepted() {
+    let old = Signer::new();
+    let new = Signer::new();
+    let unknown = Signer::new();
+    let check = TicketCheck::new(ROBOT, &[old.pinned.clone(), new.pinned.clone()]).expect("check");
+    for signer in [&old, &new] {
+        let ticket = signer.sign(&claims("c1", Role::Operator));
+        assert!(check
+            .offer(Some(&meta("operator", Some(ticket))), "c1")
+            .is_ok());
+    }
+    let ticket = unknown.sign(&claims("c1", Role::Operator));
+    assert!(check
+        .offer(Some(&meta("operator", Some(ticket))), "c1")
+        .is_err());
+}
+
+#[test]
+fn no_pinned_key_means_no_check() {
+    assert!(TicketCheck::new(ROBOT, &[]).is_none());
+}
+
+// --- end to end ---------------------------------------------------------------
+
+type Socket = WebSocketStream<TcpStream>;
+
+struct Rig {
+    f: Fixture,
+    ws: Socket,
+    signer: Signer,
+    check: Arc<TicketCheck>,
+    _listener: TcpListener,
+    peers: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        self.peers.abort();
+    }
+}
+
+fn envelope(kind: &str, payload: Value) -> Value {
+    json!({
+        "type": kind, "version": "0.5", "id": uuid::Uuid::new_v4().to_string(),
+        "timestamp": "2026-01-06T12:00:00Z", "payload": payload,
+    })
+}
+
+fn drive(linear: f64, secs: f64) -> Value {
+    json!({"name": "drive", "arguments": {"linear": linear, "angular": 0.0, "durationSecs": secs}})
+}
+
+/// The real agent, pinned to a fresh server key, logged in to a scripted server.
+async fn rig() -> Rig {
+    let f = fixture(ArpOptions::default()).await;
+    let signer = Signer::new();
+    let check =
+        Arc::new(TicketCheck::new(ROBOT, std::slice::from_ref(&signer.pinned)).expect("check"));
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let options = SignallingOptions {
+        urls: vec![format!("ws://{}/ws", listener.local_addr().expect("addr"))],
+        robot_id: ROBOT.into(),
+        key: Arc::new(RobotKey::generate(KeyType::Ed25519).expect("key")),
+        certificate: None,
+        reconnect: ReconnectConfig {
+            initial_delay_ms: 10,
+            max_delay_ms: 50,
+        },
+        ca_file: None,
+        arp: true,
+    };
+    let (in_tx, in_rx) = mpsc::channel(INBOUND_CAPACITY);
+    let out = signalling::spawn_checked(options, Some(check.clone()), in_tx);
+    let manager = PeerManager::new(
+        &PeerOptions {
+            include_loopback_candidates: true,
+            loopback_only: true,
+        },
+        out,
+        shared_with(&f),
+    )
+    .expect("manager")
+    .with_arp(f.server.clone());
+    let peers = tokio::spawn(manager.run(in_rx));
+    let ws = login(&listener).await;
+    Rig {
+        f,
+        ws,
+        signer,
+        check,
+        _listener: listener,
+        peers,
+    }
+}
+
+/// What the peer manager shares, around the fixture's controller (the one the ARP
+/// server drives).
+fn shared_with(f: &Fixture) -> crate::session::Shared {
+    let limits = crate::safety::SafetyLimits::default();
+    crate::session::Shared {
+        controller: f.controller.clone(),
+        locations: Arc::new(std::sync::Mutex::new(
+            crate::locations::LocationStore::in_memory(10),
+        )),
+        settings: Arc::new(std::sync::Mutex::new(crate::settings::Settings::defaults(
+            &limits,
+        ))),
+        base_limits: limits,
+        metrics: Arc::new(crate::session::Metrics::default()),
+    }
+}
+
+async fn login(listener: &TcpListener) -> Socket {
+    let (tcp, _) = tokio::time::timeout(WAIT, listener.accept())
+        .await
+        .expect("agent connects in time")
+        .expect("accept");
+    let mut ws = tokio_tungstenite::accept_async(tcp).await.expect("upgrade");
+    assert_eq!(next_text(&mut ws).await["type"], "signalling.register");
+    let challenge = envelope(
+        "signalling.pki_challenge",
+        json!({"challenge": STANDARD.encode([3u8; 32])}),
+    );
+    ws.send(Message::text(challenge.to_string()))
+        .await
+        .expect("send");
+    let response = next_text(&mut ws).await;
+    assert_eq!(response["type"], "signalling.pki_response");
+    let mut verified = envelope("signalling.pki_verified", json!({"agentId": ROBOT}));
+    verified["correlationId"] = response["id"].clone();
+    ws.send(Message::text(verified.to_string()))
+        .await
+        .expect("send");
+    ws
+}
+
+async fn next_text(ws: &mut Socket) -> Value {
+    loop {
+        let frame = tokio::time::timeout(WAIT, ws.next())
+            .await
+            .expect("message in time")
+            .expect("open")
+            .expect("frame");
+        if let Message::Text(text) = frame {
+            return serde_json::from_str(&text).expect("JSON");
+        }
+    }
+}
+
+impl Rig {
+    /// Injects one `arp.frame` with `meta.session = session` (as anything in the path
+    /// could) and returns the robot's answer to it.
+    async fn inject(&mut self, connection: &str, session: Value, frame: Value) -> Value {
+        let id = frame["id"].clone();
+        let mut message = envelope(
+            FRAME_TYPE,
+            json!({"connectionId": connection, "frame": frame}),
+        );
+        message["meta"] = json!({ "session": session });
+        self.ws
+            .send(Message::text(message.to_string()))
+            .await
+            .expect("send");
+        loop {
+            let v = next_text(&mut self.ws).await;
+            let answer = &v["payload"]["frame"];
+            if v["type"] == FRAME_TYPE && answer["id"] == id && answer.get("method").is_none() {
+                return answer.clone();
+            }
+        }
+    }
+
+    /// A frame with a ticket as the server mints it.
+    async fn signed(&mut self, connection: &str, role: Role, frame: Value) -> Value {
+        let ticket = self.signer.sign(&frame_claims(connection, role, &frame));
+        let session = json!({"subject": "alice", "role": role.as_str(), "ticket": ticket});
+        self.inject(connection, session, frame).await
+    }
+}
+
+fn request(id: &str, method: &str, params: Value) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+}
+
+fn initialize(id: &str) -> Value {
+    request(
+        id,
+        "arp.initialize",
+        json!({"protocolVersion": "0.1.0", "clientInfo": {"name": "tickets-test", "version": "1"}}),
+    )
+}
+
+fn assert_bad_ticket(answer: &Value) {
+    assert_eq!(answer["error"]["code"], -32603, "{answer}");
+    assert_eq!(answer["error"]["data"]["reason"], "bad_ticket", "{answer}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_arp_tickets_never_move_the_sim_and_a_good_one_does() {
+    let mut r = rig().await;
+    let c = "arp-forged";
+    let init = r.signed(c, Role::Operator, initialize("i1")).await;
+    assert!(init.get("error").is_none(), "{init}");
+
+    let call = |id: &str| request(id, "arp.callTool", drive(0.3, 0.3));
+    let other = Signer::new();
+    let mut forged: Vec<(&str, Value)> = Vec::new();
+    forged.push(("no ticket", json!({"subject": "alice", "role": "owner"})));
+    forged.push((
+        "an unsigned ticket",
+        json!({"subject": "alice", "role": "owner", "ticket": format!(
+            "{}.{}.",
+            URL_SAFE_NO_PAD.encode(br#"{"alg":"none"}"#),
+            URL_SAFE_NO_PAD.encode(serde_json::to_vec(&frame_claims(c, Role::Owner, &call("f2"))).unwrap())
+        )}),
+    ));
+    forged.push((
+        "a wrong signature",
+        json!({"subject": "alice", "role": "owner",
+               "ticket": other.sign_as(&r.signer.pinned.kid, &frame_claims(c, Role::Owner, &call("f3")))}),
+    ));
+    let mut for_another = frame_claims(c, Role::Owner, &call("f4"));
+    for_another.robot = "robot-2".into();
+    forged.push((
+        "another robot's ticket",
+        json!({"subject": "alice", "role": "owner", "ticket": r.signer.sign(&for_another)}),
+    ));
+    let mut expired = frame_claims(c, Role::Owner, &call("f5"));
+    expired.iat = now() - 600;
+    expired.exp = now() - 300;
+    forged.push((
+        "an expired ticket",
+        json!({"subject": "alice", "role": "owner", "ticket": r.signer.sign(&expired)}),
+    ));
+    // A good ticket for a slow drive, sent with a fast one.
+    let mut slow = frame_claims(
+        c,
+        Role::Operator,
+        &request("f6", "arp.callTool", drive(0.01, 0.1)),
+    );
+    slow.call_id = Some(json!("f6"));
+    forged.push((
+        "a ticket for other params",
+        json!({"subject": "alice", "role": "operator", "ticket": r.signer.sign(&slow)}),
+    ));
+    for (i, (what, session)) in forged.into_iter().enumerate() {
+        let id = format!("f{}", i + 1);
+        let answer = r.inject(c, session, call(&id)).await;
+        assert_bad_ticket(&answer);
+        let state = r.f.probe.state();
+        assert!(
+            state.x == 0.0 && state.linear == 0.0,
+            "{what} moved the sim: {state:?}"
+        );
+    }
+    // Role upgraded in the plain meta: a viewer's good ticket, "owner" beside it.
+    let upgraded = request("u1", "arp.callTool", drive(0.3, 0.3));
+    let ticket = r.signer.sign(&frame_claims(c, Role::Viewer, &upgraded));
+    let answer = r
+        .inject(
+            c,
+            json!({"subject": "alice", "role": "owner", "ticket": ticket}),
+            upgraded,
+        )
+        .await;
+    // The session opened as an operator; a frame whose ticket says viewer is refused.
+    assert!(answer.get("error").is_some(), "{answer}");
+    assert_eq!(r.f.probe.state().x, 0.0, "an upgraded role moved the sim");
+    assert_eq!(r.check.refused(), 6);
+
+    let done = r.signed(c, Role::Operator, call("ok")).await;
+    assert_eq!(done["result"]["state"], "completed", "{done}");
+    until(&r.f.probe, "stopped after the drive", |s| s.linear == 0.0).await;
+    let x = r.f.probe.state().x;
+    assert!(x > 0.05, "the good ticket moved the sim: x = {x}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_viewer_ticket_under_an_owner_meta_opens_a_viewer_session_that_cannot_drive() {
+    let mut r = rig().await;
+    let c = "arp-viewer";
+    let init = initialize("i1");
+    let ticket = r.signer.sign(&frame_claims(c, Role::Viewer, &init));
+    let session = json!({"subject": "alice", "role": "owner", "ticket": ticket});
+    let opened = r.inject(c, session, init).await;
+    assert!(opened.get("error").is_none(), "{opened}");
+    let drive_call = request("d1", "arp.callTool", drive(0.3, 0.3));
+    let ticket = r.signer.sign(&frame_claims(c, Role::Viewer, &drive_call));
+    let session = json!({"subject": "alice", "role": "owner", "ticket": ticket});
+    let answer = r.inject(c, session, drive_call).await;
+    assert_eq!(answer["error"]["data"]["reason"], "forbidden", "{answer}");
+    assert_eq!(r.f.probe.state().x, 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_emergency_stop_needs_no_ticket() {
+    let mut r = rig().await;
+    let stop =
+        json!({"jsonrpc": "2.0", "method": "arp.emergencyStop", "params": {"reason": "test"}});
+    let mut message = envelope(
+        FRAME_TYPE,
+        json!({"connectionId": "estop-1", "frame": stop}),
+    );
+    message["meta"] = json!({"session": {"subject": "api", "role": "owner"}});
+    r.ws.send(Message::text(message.to_string()))
+        .await
+        .expect("send");
+    until(&r.f.probe, "the e-stop reached the sim", |s| {
+        s.last_stop.is_some()
+    })
+    .await;
+    assert_eq!(r.check.refused(), 0);
+}
+
+/// A browser-like offer with a `control` data channel.
+async fn offer_sdp() -> (Arc<webrtc::peer_connection::RTCPeerConnection>, String) {
+    use webrtc::api::media_engine::MediaEngine;
+    use webrtc::api::setting_engine::SettingEngine;
+    use webrtc::api::APIBuilder;
+    use webrtc::ice::mdns::MulticastDnsMode;
+    use webrtc::peer_connection::configuration::RTCConfiguration;
+    let mut settings = SettingEngine::default();
+    settings.set_ice_multicast_dns_mode(MulticastDnsMode::Disabled);
+    settings.set_include_loopback_candidate(true);
+    settings.set_ip_filter(Box::new(|ip: std::net::IpAddr| ip.is_loopback()));
+    let mut media = MediaEngine::default();
+    media.register_default_codecs().expect("codecs");
+    let api = APIBuilder::new()
+        .with_media_engine(media)
+        .with_setting_engine(settings)
+        .build();
+    let pc = Arc::new(
+        api.new_peer_connection(RTCConfiguration::default())
+            .await
+            .expect("pc"),
+    );
+    pc.create_data_channel("control", None)
+        .await
+        .expect("channel");
+    let offer = pc.create_offer(None).await.expect("offer");
+    pc.set_local_description(offer).await.expect("local");
+    let sdp = pc.local_description().await.expect("sdp").sdp;
+    (pc, sdp)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_offer_without_a_good_ticket_is_refused_and_one_with_it_is_answered() {
+    let mut r = rig().await;
+    let (pc, sdp) = offer_sdp().await;
+    let offer = |connection: &str, session: Value| {
+        let mut m = envelope(
+            "signalling.offer",
+            json!({"robotId": ROBOT, "connectionId": connection, "sdp": sdp, "sdpType": "offer"}),
+        );
+        m["meta"] = json!({ "session": session });
+        m.to_string()
+    };
+    let foreign = Signer::new().sign(&claims("s1", Role::Owner));
+    let other_session = r.signer.sign(&claims("s-other", Role::Owner));
+    for (connection, session) in [
+        ("s1", json!({"subject": "alice", "role": "owner"})),
+        (
+            "s1",
+            json!({"subject": "alice", "role": "owner", "ticket": foreign}),
+        ),
+        (
+            "s1",
+            json!({"subject": "alice", "role": "owner", "ticket": other_session}),
+        ),
+    ] {
+        r.ws.send(Message::text(offer(connection, session)))
+            .await
+            .expect("send");
+        let refused = next_text(&mut r.ws).await;
+        assert_eq!(refused["type"], "signalling.disconnected", "{refused}");
+        assert_eq!(refused["payload"]["details"]["reason"], "bad_ticket");
+    }
+    assert_eq!(r.check.refused(), 3);
+    let ticket = r.signer.sign(&claims("s2", Role::Operator));
+    let session = json!({"subject": "alice", "role": "operator", "ticket": ticket});
+    r.ws.send(Message::text(offer("s2", session)))
+        .await
+        .expect("send");
+    loop {
+        let v = next_text(&mut r.ws).await;
+        assert_ne!(v["type"], "signalling.disconnected", "{v}");
+        if v["type"] == "signalling.answer" {
+            assert_eq!(v["payload"]["connectionId"], "s2");
+            break;
+        }
+    }
+    pc.close().await.expect("close");
+}

@@ -1,0 +1,281 @@
+//! The deployment's signing key (Ed25519): the server signs session tickets with it and
+//! robots check them against the public keys they pinned at enrollment (docs/security.md,
+//! "Session tickets"). All nodes of a cluster sign with the same key (one file, or the one
+//! generated into the shared database: `server.rs` decides).
+//!
+//! A key's id is its RFC 7638 JWK thumbprint (SHA-256 of the canonical public JWK,
+//! base64url): a hash of the public key that anyone can recompute from `GET
+//! /v1/signing-keys`. During a rotation the previous key is published beside the
+//! current one, so robots that enroll meanwhile pin both.
+
+use std::path::{Path, PathBuf};
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use jsonwebtoken::{Algorithm, EncodingKey, Header};
+use ring::signature::{Ed25519KeyPair, KeyPair};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+/// The DER prefix of an Ed25519 SubjectPublicKeyInfo; the raw key follows.
+const ED25519_SPKI_PREFIX: [u8; 12] = [
+    0x30, 0x2a, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x03, 0x21, 0x00,
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum SigningKeyError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Invalid { path: PathBuf, message: String },
+    #[error("cannot generate a signing key")]
+    Generate,
+    #[error("cannot sign a ticket: {0}")]
+    Sign(#[from] jsonwebtoken::errors::Error),
+}
+
+/// One public key as a JWK (RFC 8037: `OKP`, `Ed25519`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct Jwk {
+    /// Always `OKP`.
+    #[schema(example = "OKP")]
+    pub kty: &'static str,
+    /// Always `Ed25519`.
+    #[schema(example = "Ed25519")]
+    pub crv: &'static str,
+    /// The key id: its RFC 7638 thumbprint (SHA-256, base64url).
+    pub kid: String,
+    /// The raw 32-byte public key, base64url without padding.
+    pub x: String,
+    /// Always `sig`.
+    #[serde(rename = "use")]
+    #[schema(example = "sig")]
+    pub use_: &'static str,
+    /// Always `EdDSA`.
+    #[schema(example = "EdDSA")]
+    pub alg: &'static str,
+}
+
+impl Jwk {
+    pub fn ed25519(public: &[u8]) -> Jwk {
+        let x = URL_SAFE_NO_PAD.encode(public);
+        Jwk {
+            kty: "OKP",
+            crv: "Ed25519",
+            kid: key_id(&x),
+            x,
+            use_: "sig",
+            alg: "EdDSA",
+        }
+    }
+}
+
+/// The public keys robots may check tickets against: the current one first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct Jwks {
+    pub keys: Vec<Jwk>,
+}
+
+/// RFC 7638 thumbprint of an Ed25519 key given by its JWK `x`.
+pub fn key_id(x: &str) -> String {
+    // The members in lexicographic order, no whitespace (RFC 7638, section 3).
+    let canonical = format!(r#"{{"crv":"Ed25519","kty":"OKP","x":"{x}"}}"#);
+    let digest = ring::digest::digest(&ring::digest::SHA256, canonical.as_bytes());
+    URL_SAFE_NO_PAD.encode(digest.as_ref())
+}
+
+/// The key the server signs with, and the previous one still published.
+pub struct SigningKeys {
+    encoding: EncodingKey,
+    header: Header,
+    current: Jwk,
+    previous: Option<Jwk>,
+}
+
+impl std::fmt::Debug for SigningKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the private key.
+        f.debug_struct("SigningKeys")
+            .field("current", &self.current.kid)
+            .field("previous", &self.previous.as_ref().map(|k| &k.kid))
+            .finish()
+    }
+}
+
+impl SigningKeys {
+    /// From a PKCS#8 (PEM) Ed25519 private key.
+    pub fn from_pkcs8_pem(pem_text: &[u8], path: &Path) -> Result<SigningKeys, SigningKeyError> {
+        let der = private_der(pem_text, path)?;
+        SigningKeys::from_pkcs8_der(&der).map_err(|message| invalid(path, message))
+    }
+
+    fn from_pkcs8_der(der: &[u8]) -> Result<SigningKeys, String> {
+        let pair = Ed25519KeyPair::from_pkcs8_maybe_unchecked(der)
+            .map_err(|e| format!("not an Ed25519 PKCS#8 private key ({e})"))?;
+        let current = Jwk::ed25519(pair.public_key().as_ref());
+        let mut header = Header::new(Algorithm::EdDSA);
+        header.kid = Some(current.kid.clone());
+        Ok(SigningKeys {
+            encoding: EncodingKey::from_ed_der(der),
+            header,
+            current,
+            previous: None,
+        })
+    }
+
+    /// Reads the key file.
+    pub fn load(path: &Path) -> Result<SigningKeys, SigningKeyError> {
+        let text = read(path)?;
+        SigningKeys::from_pkcs8_pem(&text, path)
+    }
+
+    /// A new key, as PKCS#8 PEM.
+    pub fn generate_pem() -> Result<String, SigningKeyError> {
+        let rng = ring::rand::SystemRandom::new();
+        let der = Ed25519KeyPair::generate_pkcs8(&rng).map_err(|_| SigningKeyError::Generate)?;
+        Ok(pem::encode(&pem::Pem::new(
+            "PRIVATE KEY",
+            der.as_ref().to_vec(),
+        )))
+    }
+
+    /// Publishes the previous key (a PEM private or public key) beside the current one.
+    pub fn with_previous(mut self, path: &Path) -> Result<SigningKeys, SigningKeyError> {
+        let text = read(path)?;
+        let block = pem::parse(&text).map_err(|e| invalid(path, format!("not PEM: {e}")))?;
+        let public = match block.tag() {
+            "PUBLIC KEY" => block
+                .contents()
+                .strip_prefix(&ED25519_SPKI_PREFIX[..])
+                .filter(|raw| raw.len() == 32)
+                .ok_or_else(|| invalid(path, "not an Ed25519 public key".into()))?
+                .to_vec(),
+            "PRIVATE KEY" => Ed25519KeyPair::from_pkcs8_maybe_unchecked(block.contents())
+                .map_err(|e| invalid(path, format!("not an Ed25519 PKCS#8 key ({e})")))?
+                .public_key()
+                .as_ref()
+                .to_vec(),
+            other => return Err(invalid(path, format!("a PEM {other}, not a key"))),
+        };
+        let previous = Jwk::ed25519(&public);
+        if previous.kid != self.current.kid {
+            self.previous = Some(previous);
+        }
+        Ok(self)
+    }
+
+    /// The id of the key tickets are signed with.
+    pub fn kid(&self) -> &str {
+        &self.current.kid
+    }
+
+    /// The public keys: the current one, then the previous one.
+    pub fn jwks(&self) -> Jwks {
+        Jwks {
+            keys: std::iter::once(self.current.clone())
+                .chain(self.previous.clone())
+                .collect(),
+        }
+    }
+
+    /// A compact JWS (EdDSA) of `claims`, with the key id in its header.
+    pub fn sign<T: Serialize>(&self, claims: &T) -> Result<String, SigningKeyError> {
+        Ok(jsonwebtoken::encode(&self.header, claims, &self.encoding)?)
+    }
+}
+
+fn private_der(text: &[u8], path: &Path) -> Result<Vec<u8>, SigningKeyError> {
+    let block = pem::parse(text).map_err(|e| invalid(path, format!("not PEM: {e}")))?;
+    if block.tag() != "PRIVATE KEY" {
+        return Err(invalid(
+            path,
+            format!(
+                "a PEM {}, not a PKCS#8 PRIVATE KEY (openssl genpkey -algorithm ed25519)",
+                block.tag()
+            ),
+        ));
+    }
+    Ok(block.into_contents())
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, SigningKeyError> {
+    std::fs::read(path).map_err(|source| SigningKeyError::Io {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+fn invalid(path: &Path, message: String) -> SigningKeyError {
+    SigningKeyError::Invalid {
+        path: path.to_owned(),
+        message,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp_dir() -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("signing-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn a_generated_key_loads_with_a_stable_id_and_signs() {
+        let pem_text = SigningKeys::generate_pem().unwrap();
+        let one = SigningKeys::from_pkcs8_pem(pem_text.as_bytes(), Path::new("t")).unwrap();
+        let two = SigningKeys::from_pkcs8_pem(pem_text.as_bytes(), Path::new("t")).unwrap();
+        assert_eq!(one.kid(), two.kid());
+        let jws = one.sign(&serde_json::json!({"exp": 1})).unwrap();
+        let header = jsonwebtoken::decode_header(&jws).unwrap();
+        assert_eq!(header.alg, Algorithm::EdDSA);
+        assert_eq!(header.kid.as_deref(), Some(one.kid()));
+    }
+
+    #[test]
+    fn the_key_id_is_the_rfc7638_thumbprint() {
+        // RFC 8037, appendix A.3: the thumbprint of its example key.
+        let x = "11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo";
+        assert_eq!(key_id(x), "kPrK_qmxVWaYVA9wwBF6Iuo3vVzz7TxHCTwXBygrS4k");
+    }
+
+    #[test]
+    fn the_previous_key_is_published_after_the_current_one() {
+        let dir = temp_dir();
+        let old = dir.join("old.pem");
+        std::fs::write(&old, SigningKeys::generate_pem().unwrap()).unwrap();
+        let old_kid = SigningKeys::load(&old).unwrap().kid().to_owned();
+        let current = SigningKeys::generate_pem().unwrap();
+        let keys = SigningKeys::from_pkcs8_pem(current.as_bytes(), Path::new("t"))
+            .unwrap()
+            .with_previous(&old)
+            .unwrap();
+        let jwks = keys.jwks();
+        assert_eq!(jwks.keys.len(), 2);
+        assert_eq!(jwks.keys[0].kid, keys.kid());
+        assert_eq!(jwks.keys[1].kid, old_kid);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_file_that_is_not_an_ed25519_key_is_refused() {
+        let dir = temp_dir();
+        let path = dir.join("bad.pem");
+        std::fs::write(
+            &path,
+            "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        assert!(matches!(
+            SigningKeys::load(&path),
+            Err(SigningKeyError::Invalid { .. })
+        ));
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

@@ -1,0 +1,91 @@
+//! Session tickets, the server's side: what goes into `meta.session.ticket` of an offer
+//! or an `arp.frame` for a robot (claims in `signalling_protocol::ticket`, signed with the
+//! deployment's key, [`crate::pki::SigningKeys`]). The robot checks them before it acts
+//! (docs/security.md, "Session tickets").
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde_json::Value;
+use signalling_protocol::ticket::{is_tool_call, params_hash, TicketClaims};
+use signalling_protocol::Role;
+
+use crate::pki::{Jwks, SigningKeys};
+
+/// How long a ticket is good for: long enough for a queue and a robot clock a little
+/// off, short enough that a captured one is soon useless (at most the protocol's 5 min).
+pub const TICKET_LIFETIME_SECS: u64 = 120;
+
+/// Who a ticket is about: one session of one subject with one robot.
+#[derive(Debug, Clone, Copy)]
+pub struct TicketFor<'a> {
+    pub robot: &'a str,
+    pub connection_id: &'a str,
+    pub subject: &'a str,
+    pub role: Role,
+}
+
+/// Mints tickets with this node's copy of the deployment key.
+#[derive(Debug)]
+pub struct Tickets {
+    keys: SigningKeys,
+    node: String,
+}
+
+impl Tickets {
+    pub fn new(keys: SigningKeys, node: String) -> Tickets {
+        Tickets { keys, node }
+    }
+
+    /// The public keys robots pin (`GET /v1/signing-keys`, enrollment's answer).
+    pub fn jwks(&self) -> Jwks {
+        self.keys.jwks()
+    }
+
+    /// The ticket of an offer.
+    pub fn offer(&self, session: TicketFor<'_>) -> Option<String> {
+        self.mint(self.claims(session, None, None))
+    }
+
+    /// The ticket of one ARP frame: a request's id, and for a tool call the hash of its
+    /// params, so that the ticket cannot be moved to another call.
+    pub fn arp_frame(&self, session: TicketFor<'_>, frame: &Value) -> Option<String> {
+        let call_id = frame.get("id").filter(|_| frame.get("method").is_some());
+        let hash = is_tool_call(frame).then(|| params_hash(frame.get("params")));
+        self.mint(self.claims(session, call_id.cloned(), hash))
+    }
+
+    fn claims(
+        &self,
+        session: TicketFor<'_>,
+        call_id: Option<Value>,
+        params_hash: Option<String>,
+    ) -> TicketClaims {
+        // A clock before 1970 is not worth a failure: the robot refuses the ticket.
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        TicketClaims {
+            robot: session.robot.to_owned(),
+            connection_id: session.connection_id.to_owned(),
+            subject: session.subject.to_owned(),
+            role: session.role,
+            node: self.node.clone(),
+            iat: now,
+            exp: now + TICKET_LIFETIME_SECS,
+            call_id,
+            params_hash,
+        }
+    }
+
+    /// Signing does not fail with a key that loaded; if it ever did, the message goes
+    /// without a ticket and a robot that requires one refuses it (fail closed there).
+    fn mint(&self, claims: TicketClaims) -> Option<String> {
+        match self.keys.sign(&claims) {
+            Ok(ticket) => Some(ticket),
+            Err(e) => {
+                tracing::error!(error = %e, robot = %claims.robot, "cannot sign a session ticket");
+                None
+            }
+        }
+    }
+}

@@ -1,0 +1,215 @@
+//! Session tickets, the server's side (issue 33): the public signing keys (`GET
+//! /v1/signing-keys`, enrollment's answer) and the signed ticket in `meta.session` of every
+//! offer and `arp.frame` forwarded to a robot. The robot's checks are robot-agent's tests
+//! (src/tickets_tests.rs) and tests/arp/gateway.rs end to end.
+
+use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+use base64::Engine;
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use ring::signature::KeyPair;
+use serde_json::{json, Value};
+use signalling_protocol::schema::SchemaValidator;
+use signalling_protocol::ticket::{params_hash, TicketClaims, MAX_TICKET_LIFETIME_SECS};
+
+use crate::arp_gateway::{arp_robot_at, initialize_result, robot_answers, ArpClient};
+use crate::helpers::*;
+
+async fn signing_keys(server: &TestServer) -> Value {
+    let response = server
+        .http
+        .get(server.url("/v1/signing-keys"))
+        .send()
+        .await
+        .expect("GET");
+    assert_eq!(response.status(), 200);
+    response.json().await.expect("JSON")
+}
+
+/// RFC 7638 thumbprint of an Ed25519 JWK.
+fn thumbprint(x: &str) -> String {
+    let canonical = format!(r#"{{"crv":"Ed25519","kty":"OKP","x":"{x}"}}"#);
+    URL_SAFE_NO_PAD.encode(ring::digest::digest(
+        &ring::digest::SHA256,
+        canonical.as_bytes(),
+    ))
+}
+
+/// The claims of `ticket`, checked against the published keys as a robot would.
+fn verify(jwks: &Value, ticket: &str) -> TicketClaims {
+    let header = jsonwebtoken::decode_header(ticket).expect("a JWS");
+    assert_eq!(header.alg, Algorithm::EdDSA);
+    let kid = header.kid.expect("kid");
+    let key = jwks["keys"]
+        .as_array()
+        .expect("keys")
+        .iter()
+        .find(|k| k["kid"] == kid.as_str())
+        .unwrap_or_else(|| panic!("{kid} is not published: {jwks}"));
+    let decoding = DecodingKey::from_ed_components(key["x"].as_str().expect("x")).expect("key");
+    let mut validation = Validation::new(Algorithm::EdDSA);
+    validation.validate_aud = false;
+    let claims = jsonwebtoken::decode::<TicketClaims>(ticket, &decoding, &validation)
+        .expect("the ticket checks")
+        .claims;
+    assert!(claims.exp > claims.iat && claims.exp - claims.iat <= MAX_TICKET_LIFETIME_SECS);
+    claims
+}
+
+fn ticket_of(forwarded: &Value) -> &str {
+    forwarded["meta"]["session"]["ticket"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no ticket: {forwarded}"))
+}
+
+#[tokio::test]
+async fn the_signing_keys_are_public_ed25519_jwks_and_enrollment_pins_them() {
+    let server = TestServer::start().await;
+    let jwks = signing_keys(&server).await;
+    let keys = jwks["keys"].as_array().expect("keys");
+    assert_eq!(keys.len(), 1, "{jwks}");
+    let key = &keys[0];
+    assert_eq!(key["kty"], "OKP");
+    assert_eq!(key["crv"], "Ed25519");
+    assert_eq!(key["alg"], "EdDSA");
+    assert_eq!(key["use"], "sig");
+    let x = key["x"].as_str().expect("x");
+    assert_eq!(URL_SAFE_NO_PAD.decode(x).expect("base64url").len(), 32);
+    assert_eq!(key["kid"], thumbprint(x));
+
+    let token = server.create_robot("robot-1").await;
+    let robot_key = new_ed25519();
+    let (status, body) = server
+        .post(
+            "/v1/enroll",
+            json!({
+                "robotId": "robot-1",
+                "enrollmentToken": token,
+                "publicKey": STANDARD.encode(robot_key.public_key().as_ref()),
+            }),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(body["signingKeys"], jwks);
+}
+
+#[tokio::test]
+async fn every_offer_to_a_robot_carries_a_ticket_for_that_session_and_role() {
+    let server = TestServer::start().await;
+    let jwks = signing_keys(&server).await;
+    let (mut robot, _) = server.online_robot("robot-1").await;
+    let mut client = server.client_for("robot-1", "alice", "viewer").await;
+    let session = client.connection_id.clone();
+    let mut sent = offer("robot-1", &session);
+    // Whatever the client writes in meta is replaced, a ticket included.
+    sent["meta"] = json!({"session": {"subject": "root", "role": "owner", "ticket": "x.y.z"}});
+    client.send(&sent).await;
+    let forwarded = robot.recv_type("signalling.offer").await;
+    // The Modulr-like peer: the message, ticket and all, still passes the spec's schema.
+    SchemaValidator::shared()
+        .validate(&forwarded)
+        .expect("the spec's schema");
+    let claims = verify(&jwks, ticket_of(&forwarded));
+    assert_eq!(claims.robot, "robot-1");
+    assert_eq!(claims.connection_id, session);
+    assert_eq!(claims.subject, "alice");
+    assert_eq!(claims.role.as_str(), "viewer");
+    assert_eq!(claims.node, server.state.node_id);
+    assert!(claims.call_id.is_none() && claims.params_hash.is_none());
+}
+
+#[tokio::test]
+async fn every_gateway_frame_carries_a_ticket_bound_to_its_call_and_params() {
+    let server = TestServer::start().await;
+    let jwks = signing_keys(&server).await;
+    let key = server.enrolled_robot("robot-arp").await;
+    let mut robot = arp_robot_at(&server.ws_url(), "robot-arp", &key).await;
+    server.grant("robot-arp", "planner", "operator").await;
+    let token = server.client_token("planner").await;
+    let mut program = ArpClient::connect(&server, "robot-arp", &token).await;
+    let init = json!({"protocolVersion": "0.1.0", "clientInfo": {"name": "t", "version": "1"}, "capabilities": {}});
+    let init_id = program.request("arp.initialize", init).await;
+    let message = robot.recv_type("arp.frame").await;
+    let claims = verify(&jwks, ticket_of(&message));
+    let connection = message["payload"]["connectionId"].as_str().expect("id");
+    assert_eq!(claims.connection_id, connection);
+    assert_eq!(claims.robot, "robot-arp");
+    assert_eq!(claims.subject, "planner");
+    assert_eq!(claims.role.as_str(), "operator");
+    assert_eq!(
+        claims.call_id,
+        Some(message["payload"]["frame"]["id"].clone())
+    );
+    assert!(claims.params_hash.is_none(), "not a tool call");
+    robot_answers(
+        &mut robot,
+        connection,
+        json!({"jsonrpc": "2.0", "id": message["payload"]["frame"]["id"], "result": initialize_result()}),
+    )
+    .await;
+    program.answer(&init_id).await;
+    let params = json!({"name": "drive", "arguments": {"linear": 0.2, "angular": 0.0}});
+    program.request("arp.callTool", params.clone()).await;
+    let message = loop {
+        let m = robot.recv_type("arp.frame").await;
+        if m["payload"]["frame"]["method"] == "arp.callTool" {
+            break m;
+        }
+    };
+    let claims = verify(&jwks, ticket_of(&message));
+    assert_eq!(
+        claims.call_id,
+        Some(message["payload"]["frame"]["id"].clone())
+    );
+    assert_eq!(claims.params_hash, Some(params_hash(Some(&params))));
+}
+
+#[tokio::test]
+async fn during_a_rotation_both_keys_are_published_and_the_new_one_signs() {
+    let dir = std::env::temp_dir().join(format!("rotation-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let (old, new) = (dir.join("old.pem"), dir.join("new.pem"));
+    for path in [&old, &new] {
+        let rng = ring::rand::SystemRandom::new();
+        let der = ring::signature::Ed25519KeyPair::generate_pkcs8(&rng).expect("key");
+        let text = pem::encode(&pem::Pem::new("PRIVATE KEY", der.as_ref().to_vec()));
+        std::fs::write(path, text).expect("write");
+    }
+    let before = TestServer::start_with(|c| c.signing_key_file = Some(old.clone())).await;
+    let old_keys = signing_keys(&before).await;
+    let server = TestServer::start_with(|c| {
+        c.signing_key_file = Some(new.clone());
+        c.signing_key_previous_file = Some(old.clone());
+    })
+    .await;
+    let jwks = signing_keys(&server).await;
+    let keys = jwks["keys"].as_array().expect("keys");
+    assert_eq!(keys.len(), 2, "{jwks}");
+    assert_eq!(
+        keys[1], old_keys["keys"][0],
+        "the previous key, still published"
+    );
+    let (mut robot, _) = server.online_robot("robot-1").await;
+    let mut client = server.client_for("robot-1", "alice", "operator").await;
+    let session = client.connection_id.clone();
+    client.send(&offer("robot-1", &session)).await;
+    let forwarded = robot.recv_type("signalling.offer").await;
+    let ticket = ticket_of(&forwarded);
+    verify(&jwks, ticket);
+    let kid = jsonwebtoken::decode_header(ticket).expect("JWS").kid;
+    assert_eq!(kid.as_deref(), keys[0]["kid"].as_str(), "the new key signs");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
+async fn the_generated_key_is_kept_in_the_database_across_a_restart() {
+    let server = TestServer::start().await;
+    let before = signing_keys(&server).await;
+    let database_url = server.state.config.database_url().to_owned();
+    server.shutdown().await;
+    let again = TestServer::start_with(|c| c.database_url = Some(database_url)).await;
+    assert_eq!(
+        signing_keys(&again).await,
+        before,
+        "robots keep trusting it"
+    );
+}
