@@ -111,6 +111,16 @@ pub struct Config {
     /// robots that enroll during the rotation pin both.
     #[arg(long, env = "SIGNALLING_SIGNING_KEY_PREVIOUS_FILE")]
     pub signing_key_previous_file: Option<PathBuf>,
+    /// Sign session tickets into offers and ARP frames for robots (`false`: none are
+    /// minted, and robots that require them refuse every offer and ARP call; for fleets
+    /// whose robots check none, and for measuring what tickets cost).
+    #[arg(long, env = "SIGNALLING_SESSION_TICKETS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub session_tickets: bool,
+    /// How often the tickets of live teleop sessions are renewed for robots that take
+    /// renewals (they end a session whose ticket runs out) [default: a third of a
+    /// ticket's 120 s life].
+    #[arg(long, env = "SIGNALLING_TICKET_RENEW_SECS", default_value_t = crate::tickets::RENEW_INTERVAL.as_secs(), value_parser = clap::value_parser!(u64).range(1..=100))]
+    pub ticket_renew_secs: u64,
     /// Robots whose certificate chains to a trust anchor need no prior record.
     #[arg(long, env = "SIGNALLING_AUTO_REGISTER")]
     pub auto_register: bool,

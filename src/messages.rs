@@ -50,6 +50,20 @@ pub fn arp_frame(
     .to_string()
 }
 
+/// A `session.ticket` for the robot: the fresh ticket of live teleop session
+/// `connection_id`, in `meta.session` as on its offer (docs/protocol.md, "Session tickets").
+pub fn ticket_renewal(connection_id: &str, subject: &str, role: Role, ticket: &str) -> String {
+    serde_json::json!({
+        "type": signalling_protocol::ticket::RENEW_TYPE,
+        "version": PROTOCOL_VERSION,
+        "id": uuid::Uuid::new_v4().to_string(),
+        "timestamp": timestamp(),
+        "payload": { "connectionId": connection_id },
+        "meta": session_meta(subject, role, Some(ticket)),
+    })
+    .to_string()
+}
+
 /// The frames that e-stop a robot from the API, on `subject`'s word: an `arp.emergencyStop`
 /// notification in a session of its own, then that session's end.
 pub fn arp_emergency_stop(subject: &str) -> [String; 2] {

@@ -46,6 +46,11 @@ pub struct Metrics {
     /// (see `Presence::access_cuts`), by what was checked (robot, client, offer) and outcome
     /// (stands, cut).
     pub access_rechecks: IntCounterVec,
+    /// Session tickets renewed for live teleop sessions (`session.ticket`).
+    pub ticket_renewals: IntCounter,
+    /// What robots refused or ended for a bad or lapsed session ticket, as they report
+    /// it: `offer`, `arp` (a gateway frame), `expired` (a session whose ticket ran out).
+    pub robot_ticket_refusals: IntCounterVec,
     /// Loaded CRLs past their nextUpdate (still enforced; the issuer owes a newer one).
     pub crl_stale: IntGauge,
     /// 1 while this node's Redis link (commands and its subscription) works (multi-node).
@@ -170,6 +175,15 @@ impl Metrics {
                 "signalling_access_rechecks_total",
                 "Logins and offers checked again because a revocation or grant change overlapped their check",
                 &["kind", "outcome"],
+            ),
+            ticket_renewals: r.counter(
+                "signalling_ticket_renewals_total",
+                "Session tickets renewed for live teleop sessions",
+            ),
+            robot_ticket_refusals: r.counters(
+                "signalling_robot_ticket_refusals_total",
+                "Offers, gateway ARP frames and sessions robots refused or ended for a bad or lapsed session ticket, as they report it",
+                &["kind"],
             ),
             crl_stale: r.gauge("signalling_crl_stale", "Loaded CRLs past their nextUpdate"),
             cluster_up: r.gauge(

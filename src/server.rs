@@ -190,6 +190,11 @@ async fn spawn_background(state: &SharedState, tasks: &mut Tasks) -> Result<(), 
             tasks::heartbeat::heartbeat(beating, cluster, stop)
         });
     }
+    let renewing = state.clone();
+    let every = std::time::Duration::from_secs(state.config.ticket_renew_secs);
+    tasks.spawn("ticket-renew", move |stop| {
+        tasks::tickets::renew(renewing, every, stop)
+    });
     if state.config.session_resume_secs > 0 {
         let window = std::time::Duration::from_secs(state.config.session_resume_secs);
         let expiring = state.clone();
@@ -246,7 +251,13 @@ impl Server {
         }
 
         let identity = build_identity(&config, &store)?;
-        let tickets = Tickets::new(signing_keys(&config, &store).await?, node_id.clone());
+        let mut tickets = Tickets::new(signing_keys(&config, &store).await?, node_id.clone());
+        if !config.session_tickets {
+            tracing::warn!(
+                "--session-tickets false: robots that require tickets refuse everything"
+            );
+            tickets = tickets.unsigned();
+        }
 
         let metrics = Metrics::new();
         let cluster = connect_cluster(&config, &node_id, &metrics).await?;

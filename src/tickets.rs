@@ -15,6 +15,22 @@ use crate::pki::{Jwks, SigningKeys};
 /// off, short enough that a captured one is soon useless (at most the protocol's 5 min).
 pub const TICKET_LIFETIME_SECS: u64 = 120;
 
+/// How often the robot's node renews the tickets of live teleop sessions: a third of
+/// a ticket's life, so two renewals may be lost before a robot ends the session.
+pub const RENEW_INTERVAL: std::time::Duration =
+    std::time::Duration::from_secs(TICKET_LIFETIME_SECS / 3);
+
+/// A random id of one ticket (128 bits, base64url): what robots' replay caches key on.
+fn ticket_id() -> String {
+    use base64::Engine as _;
+    use ring::rand::SecureRandom as _;
+    let mut bytes = [0u8; 16];
+    // The OS generator does not fail on a running system; a zero id would only make
+    // the robot refuse a second ticket with it (fail closed).
+    let _ = ring::rand::SystemRandom::new().fill(&mut bytes);
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+}
+
 /// Who a ticket is about: one session of one subject with one robot.
 #[derive(Debug, Clone, Copy)]
 pub struct TicketFor<'a> {
@@ -29,11 +45,25 @@ pub struct TicketFor<'a> {
 pub struct Tickets {
     keys: SigningKeys,
     node: String,
+    /// `--session-tickets`: mint any at all.
+    minting: bool,
 }
 
 impl Tickets {
     pub fn new(keys: SigningKeys, node: String) -> Tickets {
-        Tickets { keys, node }
+        Tickets {
+            keys,
+            node,
+            minting: true,
+        }
+    }
+
+    /// Mints none (`--session-tickets false`); the keys are still published.
+    pub fn unsigned(self) -> Tickets {
+        Tickets {
+            minting: false,
+            ..self
+        }
     }
 
     /// The public keys robots pin (`GET /v1/signing-keys`, enrollment's answer).
@@ -41,14 +71,20 @@ impl Tickets {
         self.keys.jwks()
     }
 
-    /// The ticket of an offer.
+    /// The ticket of an offer, or of a live teleop session's renewal ([`RENEW_INTERVAL`]).
     pub fn offer(&self, session: TicketFor<'_>) -> Option<String> {
+        if !self.minting {
+            return None;
+        }
         self.mint(self.claims(session, None, None))
     }
 
     /// The ticket of one ARP frame: a request's id, and for a tool call the hash of its
     /// params, so that the ticket cannot be moved to another call.
     pub fn arp_frame(&self, session: TicketFor<'_>, frame: &Value) -> Option<String> {
+        if !self.minting {
+            return None;
+        }
         let call_id = frame.get("id").filter(|_| frame.get("method").is_some());
         let hash = is_tool_call(frame).then(|| params_hash(frame.get("params")));
         self.mint(self.claims(session, call_id.cloned(), hash))
@@ -72,6 +108,7 @@ impl Tickets {
             node: self.node.clone(),
             iat: now,
             exp: now + TICKET_LIFETIME_SECS,
+            jti: Some(ticket_id()),
             call_id,
             params_hash,
         }

@@ -596,6 +596,12 @@ impl Gateway {
             self.out.push(frame.to_string());
             return;
         }
+        if frame.pointer("/error/data/reason").and_then(Value::as_str)
+            == Some(signalling_protocol::arp::reason::BAD_TICKET)
+        {
+            let refusals = &self.state.metrics.robot_ticket_refusals;
+            refusals.with_label_values(&["arp"]).inc();
+        }
         if let Some(id) = frame.get("id") {
             if let Some(pending) = self.pending.remove(&id.to_string()) {
                 if self.initializing.as_ref() == Some(id) {

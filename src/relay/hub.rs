@@ -303,7 +303,13 @@ mod tests {
             creds: Vec<String>,
             seen: u64,
         ) -> RobotVerified {
-            self.presence.robot_verified(conn, id, creds, false, seen)
+            self.presence.robot_verified(
+                conn,
+                id,
+                creds,
+                crate::relay::RobotDeclared::default(),
+                seen,
+            )
         }
         fn set_client(&self, conn: &ConnId, token: Option<String>, seen: u64) -> bool {
             self.presence.set_client(conn, token, seen)

@@ -29,7 +29,7 @@ pub use crate::delivery::{
 pub use crate::messages::ViewerCap;
 pub use error::{RelayError, SessionError};
 pub use peers::Peers;
-pub use presence::{LoggedInWith, Presence, RobotVerified};
+pub use presence::{LoggedInWith, Presence, RobotDeclared, RobotVerified};
 pub use sessions::{EndReason, Sessions};
 pub use table::{
     EndedSession, FrameShare, GrantScope, HubLimits, OpenSession, Route, SessionOpened,

@@ -20,6 +20,15 @@ pub enum LoggedInWith {
     Token(String),
 }
 
+/// What a robot said it speaks when it registered (`register.metadata`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RobotDeclared {
+    /// ARP through the gateway (`arp`).
+    pub arp: bool,
+    /// Renewals of its sessions' tickets (`sessionTickets`).
+    pub session_tickets: bool,
+}
+
 /// A robot registered by [`Presence::robot_verified`].
 #[derive(Debug)]
 pub struct RobotVerified {
@@ -96,7 +105,7 @@ impl Presence {
         conn: &ConnId,
         robot_id: &str,
         credentials: Vec<String>,
-        serves_arp: bool,
+        declared: RobotDeclared,
         cuts_seen: u64,
     ) -> RobotVerified {
         let (replaced, cut_since) = {
@@ -106,7 +115,8 @@ impl Presence {
                 entry.kind = ConnKind::Robot {
                     robot_id: robot_id.to_string(),
                     credentials,
-                    serves_arp,
+                    serves_arp: declared.arp,
+                    renews_tickets: declared.session_tickets,
                 };
             }
             (

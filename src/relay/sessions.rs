@@ -8,10 +8,11 @@
 use std::sync::Arc;
 
 use super::hub::Hub;
-use super::table::{EndedSession, GrantScope, OpenSession, Route, SessionOpened};
+use super::table::{EndedSession, GrantScope, OpenSession, Route, SessionOpened, TicketRenewal};
 use super::{RelayError, SessionError};
 use crate::cluster::{Control, MirrorSession};
 use crate::delivery::{ConnId, DeliveryError, Outbound, Sender};
+use crate::messages;
 use crate::store::{Role, Store, StoreError};
 
 /// Why a session ended, as written in its record (`end_reason`).
@@ -220,6 +221,35 @@ impl Sessions {
                 opened => return opened,
             }
         }
+    }
+
+    /// Sends each live teleop session whose robot is here and takes renewals a fresh
+    /// ticket (`mint`); returns how many were sent.
+    pub fn renew_tickets(&self, mint: impl Fn(&TicketRenewal) -> Option<String>) -> usize {
+        let due = self.hub.state().tickets_to_renew();
+        let mut sent = 0;
+        for session in &due {
+            // Without a ticket the robot ends the session when the last one runs out.
+            let Some(ticket) = mint(session) else {
+                continue;
+            };
+            let text = messages::ticket_renewal(
+                &session.session_id,
+                &session.subject,
+                session.role,
+                &ticket,
+            );
+            // Past the queue limits, like a stop: a lost renewal can end a session.
+            if self
+                .hub
+                .router
+                .deliver_here(None, &session.robot_conn, Outbound::text(text))
+                .is_ok()
+            {
+                sent += 1;
+            }
+        }
+        sent
     }
 
     /// Whether a driving session with `robot_id` has an end on this node.

@@ -1,5 +1,5 @@
 //! Background work that lives as long as the server: the CRL watcher, the JWKS refresh,
-//! the end of sessions not resumed in time and, on several nodes, the cluster's writer,
+//! the end of sessions not resumed in time, the renewal of session tickets and, on several nodes, the cluster's writer,
 //! subscription and heartbeat.
 //!
 //! Every task is started through [`Tasks`], which owns it: [`Tasks::stop`] tells the tasks
@@ -11,6 +11,7 @@ pub mod crl;
 pub mod heartbeat;
 pub mod jwks;
 pub mod resume;
+pub mod tickets;
 
 use std::future::Future;
 use std::time::Duration;

@@ -671,14 +671,16 @@ fn validated(text: &str) -> Value {
         check_arp_frame(&value);
         return value;
     }
+    if value["type"] == "session.ticket" {
+        check_ticket_renewal(&value);
+        return value;
+    }
     if let Err(e) = SchemaValidator::shared().validate(&value) {
         panic!("server sent a message that breaks the spec: {e}\n{value}");
     }
     value
 }
 
-/// An `arp.frame` envelope, checked against docs/protocol.md ("ARP sessions") and its frame
-/// against the ARP schema.
 /// `meta.session` of something forwarded to a robot, its signed ticket checked to be there
 /// and taken out (tests/api/tickets.rs checks what is in it): `{subject, role}`.
 pub fn session_of(forwarded: &Value) -> Value {
@@ -691,6 +693,38 @@ pub fn session_of(forwarded: &Value) -> Value {
     session
 }
 
+/// A `session.ticket` envelope, checked against docs/protocol.md ("Session tickets"):
+/// the envelope's fields, exactly `{connectionId}` as payload, and `meta.session` with
+/// subject, role and ticket.
+pub fn check_ticket_renewal(value: &Value) {
+    for field in ["version", "id", "timestamp"] {
+        assert!(
+            value[field].is_string(),
+            "session.ticket without {field}: {value}"
+        );
+    }
+    let payload = value["payload"].as_object().expect("payload object");
+    assert_eq!(payload.len(), 1, "session.ticket payload: {value}");
+    assert!(
+        payload["connectionId"]
+            .as_str()
+            .is_some_and(|c| !c.is_empty()),
+        "session.ticket without connectionId: {value}"
+    );
+    let session = &value["meta"]["session"];
+    assert!(session["subject"].is_string(), "{value}");
+    assert!(
+        matches!(
+            session["role"].as_str(),
+            Some("viewer" | "operator" | "owner")
+        ),
+        "{value}"
+    );
+    assert!(session["ticket"].is_string(), "{value}");
+}
+
+/// An `arp.frame` envelope, checked against docs/protocol.md ("ARP sessions") and its frame
+/// against the ARP schema.
 pub fn check_arp_frame(value: &Value) {
     for field in ["version", "id", "timestamp"] {
         assert!(

@@ -213,3 +213,181 @@ async fn the_generated_key_is_kept_in_the_database_across_a_restart() {
         "robots keep trusting it"
     );
 }
+
+/// A robot that takes ticket renewals (`register.metadata.sessionTickets`), logged in.
+async fn renewing_robot(server: &TestServer, robot_id: &str) -> WsClient {
+    let key = server.enrolled_robot(robot_id).await;
+    let mut robot = WsClient::connect(&server.ws_url()).await;
+    let verified = robot
+        .try_prove_with(robot_id, &key, json!({ "sessionTickets": true }))
+        .await;
+    assert_eq!(verified["type"], "signalling.pki_verified", "{verified}");
+    robot
+}
+
+/// The next message of `robot`'s that is not a welcome.
+async fn next_but_welcomes(robot: &mut WsClient) -> Value {
+    loop {
+        let message = robot.recv().await;
+        if message["type"] != "signalling.welcome" {
+            return message;
+        }
+    }
+}
+
+/// The value of a metric without labels, from `/metrics`.
+async fn metric(server: &TestServer, name: &str) -> f64 {
+    let text = server.metrics().await;
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in /metrics"))
+}
+
+/// A renewal's session id, or `None` for anything else.
+fn renewed_session(message: &Value) -> Option<String> {
+    (message["type"] == "session.ticket")
+        .then(|| {
+            message["payload"]["connectionId"]
+                .as_str()
+                .map(str::to_owned)
+        })
+        .flatten()
+}
+
+#[tokio::test]
+async fn live_sessions_get_fresh_tickets_only_on_robots_that_asked_for_them() {
+    let server = TestServer::start_with(|c| c.ticket_renew_secs = 1).await;
+    let jwks = signing_keys(&server).await;
+    let mut renewing = renewing_robot(&server, "robot-1").await;
+    // The Modulr-like robot declares nothing: it must never see the extension type.
+    let (mut plain, _) = server.online_robot("robot-2").await;
+    let mut alice = server.client_for("robot-1", "alice", "operator").await;
+    let mut carol = server.client_for("robot-1", "carol", "viewer").await;
+    let mut bob = server.client_for("robot-2", "bob", "viewer").await;
+    let (driving, watching) = (alice.connection_id.clone(), carol.connection_id.clone());
+    alice.send(&offer("robot-1", &driving)).await;
+    let first = verify(&jwks, ticket_of(&next_but_welcomes(&mut renewing).await)).jti;
+    carol.send(&offer("robot-1", &watching)).await;
+    next_but_welcomes(&mut renewing).await;
+    bob.send(&offer("robot-2", &bob.connection_id.clone()))
+        .await;
+    plain.recv_type("signalling.offer").await;
+
+    // Two renewals of the driving session, each a fresh ticket for it.
+    let mut ids = vec![first];
+    while ids.len() < 3 {
+        let renewal = next_but_welcomes(&mut renewing).await;
+        assert!(renewed_session(&renewal).is_some(), "{renewal}");
+        if renewed_session(&renewal).as_deref() != Some(driving.as_str()) {
+            continue;
+        }
+        assert_eq!(renewal["meta"]["session"]["subject"], "alice");
+        assert_eq!(renewal["meta"]["session"]["role"], "operator");
+        let claims = verify(&jwks, ticket_of(&renewal));
+        assert_eq!(claims.connection_id, driving);
+        assert_eq!(claims.role.as_str(), "operator");
+        assert!(claims.jti.as_deref().is_some_and(|id| id.len() >= 22));
+        ids.push(claims.jti);
+    }
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 3, "every ticket has an id of its own: {ids:?}");
+    assert!(metric(&server, "signalling_ticket_renewals_total").await >= 2.0);
+
+    // Renewals went out at least twice; the other robot's socket holds none of them: the
+    // first thing it has after its offer is the answer to this ping.
+    let ping = json!({"type": "signalling.ping", "version": "0.5",
+        "id": "p-1", "timestamp": "2026-01-06T12:00:00Z", "payload": {}});
+    plain.send(&ping).await;
+    let pong = next_but_welcomes(&mut plain).await;
+    assert_eq!(pong["type"], "signalling.pong", "{pong}");
+
+    // The driving session ends: once a round has renewed the viewer's after that, no
+    // renewal names the ended one.
+    drop(alice);
+    loop {
+        let message = next_but_welcomes(&mut renewing).await;
+        if message["type"] == "signalling.disconnected" {
+            assert_eq!(message["payload"]["connectionId"], driving.as_str());
+            break;
+        }
+        assert!(renewed_session(&message).is_some(), "{message}");
+    }
+    let mut rounds = 0;
+    while rounds < 2 {
+        let message = next_but_welcomes(&mut renewing).await;
+        match renewed_session(&message) {
+            Some(id) if id == watching => rounds += 1,
+            Some(id) => assert!(rounds == 0, "a renewal for ended session {id}"),
+            None => panic!("{message}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn what_robots_refuse_or_end_for_a_ticket_is_counted_by_kind() {
+    let server = TestServer::start().await;
+    let (mut robot, _) = server.online_robot("robot-1").await;
+    for (why, kind) in [("bad_ticket", "offer"), ("ticket_expired", "expired")] {
+        let mut client = server.client_for("robot-1", "alice", "viewer").await;
+        let session = client.connection_id.clone();
+        client.send(&offer("robot-1", &session)).await;
+        robot.recv_type("signalling.offer").await;
+        robot
+            .send(&json!({
+                "type": "signalling.disconnected", "version": "0.5", "id": format!("d-{kind}"),
+                "timestamp": "2026-01-06T12:00:00Z",
+                "payload": {"connectionId": session, "reason": "failed",
+                    "details": {"reason": why, "error": "refused"}},
+            }))
+            .await;
+        let told = client.recv_type("signalling.disconnected").await;
+        assert_eq!(told["payload"]["details"]["reason"], why, "{told}");
+        let name = format!("signalling_robot_ticket_refusals_total{{kind=\"{kind}\"}}");
+        assert_eq!(metric(&server, &name).await, 1.0, "{kind}");
+    }
+}
+
+#[tokio::test]
+async fn with_session_tickets_off_nothing_is_minted_and_the_keys_stay_published() {
+    let server = TestServer::start_with(|c| c.session_tickets = false).await;
+    assert_eq!(
+        signing_keys(&server).await["keys"].as_array().map(Vec::len),
+        Some(1)
+    );
+    let (mut robot, _) = server.online_robot("robot-1").await;
+    let mut client = server.client_for("robot-1", "alice", "operator").await;
+    let session = client.connection_id.clone();
+    client.send(&offer("robot-1", &session)).await;
+    let forwarded = robot.recv_type("signalling.offer").await;
+    assert_eq!(
+        forwarded["meta"]["session"]["role"], "operator",
+        "{forwarded}"
+    );
+    assert!(
+        forwarded["meta"]["session"].get("ticket").is_none(),
+        "{forwarded}"
+    );
+}
+
+#[tokio::test]
+async fn an_arp_request_a_robot_refuses_for_its_ticket_is_counted() {
+    let server = TestServer::start().await;
+    let key = server.enrolled_robot("robot-arp").await;
+    let mut robot = arp_robot_at(&server.ws_url(), "robot-arp", &key).await;
+    server.grant("robot-arp", "planner", "operator").await;
+    let token = server.client_token("planner").await;
+    let mut program = ArpClient::connect(&server, "robot-arp", &token).await;
+    let init = json!({"protocolVersion": "0.1.0", "clientInfo": {"name": "t", "version": "1"}, "capabilities": {}});
+    let init_id = program.request("arp.initialize", init).await;
+    let message = robot.recv_type("arp.frame").await;
+    let connection = message["payload"]["connectionId"].as_str().expect("id");
+    let refused = json!({"jsonrpc": "2.0", "id": message["payload"]["frame"]["id"],
+        "error": {"code": -32603, "message": "refused: the ticket was used before",
+                  "data": {"reason": "bad_ticket"}}});
+    robot_answers(&mut robot, connection, refused).await;
+    let answer = program.answer(&init_id).await;
+    assert_eq!(answer["error"]["data"]["reason"], "bad_ticket", "{answer}");
+    let name = "signalling_robot_ticket_refusals_total{kind=\"arp\"}";
+    assert_eq!(metric(&server, name).await, 1.0);
+}

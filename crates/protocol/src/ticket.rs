@@ -19,6 +19,21 @@ pub const TICKET_META_KEY: &str = "ticket";
 /// Longest life of a ticket, in seconds (the server mints shorter ones).
 pub const MAX_TICKET_LIFETIME_SECS: u64 = 300;
 
+/// `type` of the envelope in which the server renews the ticket of a live teleop
+/// session: payload `{"connectionId"}`, the new ticket in `meta.session` as on an offer.
+/// Ours, not the Modulr spec's: sent only to robots that declared
+/// [`REGISTER_METADATA_KEY`], so the Modulr agent never sees one.
+pub const RENEW_TYPE: &str = "session.ticket";
+
+/// `details.reason` of the `signalling.disconnected` by which a robot ends a session
+/// whose ticket ran out unrenewed.
+pub const EXPIRED_REASON: &str = "ticket_expired";
+
+/// Key of `signalling.register`'s `payload.metadata` under which a robot says it
+/// takes [`RENEW_TYPE`] (value `true`). A session whose ticket the robot checks lasts
+/// only as long as the server keeps renewing it.
+pub const REGISTER_METADATA_KEY: &str = "sessionTickets";
+
 /// The claims of a session ticket.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -37,6 +52,10 @@ pub struct TicketClaims {
     pub iat: u64,
     /// Expires at, seconds since the Unix epoch.
     pub exp: u64,
+    /// A random id of this one ticket: a robot takes each ticket once (replays are
+    /// refused within its life).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jti: Option<String>,
     /// For an ARP request: its JSON-RPC id.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub call_id: Option<Value>,
@@ -136,6 +155,7 @@ mod tests {
             node: "n1".into(),
             iat: 1,
             exp: 2,
+            jti: None,
             call_id: None,
             params_hash: None,
         };

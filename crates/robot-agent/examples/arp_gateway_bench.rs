@@ -12,6 +12,8 @@
 //!
 //! `cargo run --release -p robot-agent --example arp_gateway_bench -- [CALLS] [STEPS] [SECS]`
 //! (defaults 1000, `250,500,750`, 10). Prints figures; asserts nothing about time.
+//! `BENCH_TICKETS=off` runs it all with the server minting no session tickets (and the
+//! agent checking none), for the cost of tickets: alternate runs with and without it.
 
 #[path = "../../../tests/api/helpers.rs"]
 mod helpers;
@@ -49,7 +51,8 @@ async fn main() {
         .unwrap_or_else(|| vec![250, 500, 750]);
     let secs: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(10);
 
-    println!("# ARP gateway bench: {calls} calls per path, steps {steps:?}, {secs} s each");
+    let tickets = if tickets_on() { "on" } else { "off" };
+    println!("# ARP gateway bench: {calls} calls per path, steps {steps:?}, {secs} s each, session tickets {tickets}");
     round_trip_against_the_agent(calls).await;
     for programs in steps {
         throughput(programs, secs).await;
@@ -72,10 +75,16 @@ async fn bench_server(
             config.rate_limit = 1_000_000;
             config.max_connections_per_ip = 0;
             config.max_tcp_connections_per_ip = 0;
+            config.session_tickets = tickets_on();
             adjust(config);
         }))
         .await
         .expect("the server starts")
+}
+
+/// Whether this run has session tickets (`BENCH_TICKETS=off`: none).
+fn tickets_on() -> bool {
+    std::env::var("BENCH_TICKETS").map_or(true, |v| v != "off")
 }
 
 fn server_runtime() -> &'static tokio::runtime::Runtime {
@@ -112,7 +121,7 @@ async fn round_trip_against_the_agent(calls: usize) {
     .await
     .expect("the agent enrolls");
     let port = free_port();
-    let agent_config = RunConfig::resolve(RunFlags {
+    let mut agent_config = RunConfig::resolve(RunFlags {
         config_dir: Some(dir.clone()),
         server: Some(server.ws_url()),
         robot_id: Some(robot.into()),
@@ -122,6 +131,8 @@ async fn round_trip_against_the_agent(calls: usize) {
         ..RunFlags::default()
     })
     .expect("agent config");
+    // Without tickets the agent must not require them (it pinned the key at enrollment).
+    agent_config.require_tickets = Some(tickets_on());
     let agent = tokio::spawn(robot_agent::agent::run(agent_config));
     wait_online(&server, robot).await;
 

@@ -15,6 +15,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use signalling_protocol::ticket::EXPIRED_REASON;
 use signalling_protocol::{
     AnswerPayload, AnswerSdpType, ConnectedIceState, ConnectedPayload, DataChannelState,
     DisconnectReason, DisconnectedPayload, Envelope, IceCandidatePayload, IceServer, Signalling,
@@ -48,6 +49,7 @@ use crate::messages;
 use crate::safety::{Role, StopReason};
 use crate::session::{Session, Shared};
 use crate::signalling::Inbound;
+use crate::tickets::{self, Vouched};
 use crate::video::{Camera, CameraStatus};
 
 /// Label of the data channel that carries `agent.*` messages.
@@ -162,6 +164,9 @@ struct PeerSession {
     subject: Option<String>,
     /// The ARP handler and writer of an `arp` channel, aborted with it.
     arp_tasks: Vec<JoinHandle<()>>,
+    /// When the session's last good ticket runs out (Unix seconds), if tickets are
+    /// checked: the session ends then unless the server renews it.
+    ticket_expires: Option<u64>,
 }
 
 /// Owns every peer connection; driven by signalling events.
@@ -238,6 +243,7 @@ impl PeerManager {
     /// Runs until `inbound` closes (the agent shuts down).
     pub async fn run(mut self, mut inbound: mpsc::Receiver<Inbound>) {
         loop {
+            let lapse = ticket_lapse(self.next_ticket_expiry());
             tokio::select! {
                 message = inbound.recv() => {
                     let Some(message) = message else { break };
@@ -249,6 +255,7 @@ impl PeerManager {
                         gateway.ended(ended);
                     }
                 }
+                () = lapse => self.end_lapsed_sessions().await,
             }
         }
         if let Some(gateway) = &mut self.gateway {
@@ -285,9 +292,14 @@ impl PeerManager {
                 sdp,
                 role,
                 subject,
+                ticket_expires,
             } => {
                 tracing::info!(%session, role = role.as_str(), subject = subject.as_deref().unwrap_or("-"), "offer");
-                if let Err(e) = self.offer(&session, sdp, role, subject).await {
+                let offered = self.offer(&session, sdp, role, subject).await;
+                if let (Ok(()), Some(peer)) = (&offered, self.sessions.get_mut(&session)) {
+                    peer.ticket_expires = peer.ticket_expires.max(ticket_expires);
+                }
+                if let Err(e) = offered {
                     tracing::warn!(%session, error = %e, "cannot answer the offer");
                     let existed = self.sessions.contains_key(&session);
                     if existed {
@@ -306,6 +318,7 @@ impl PeerManager {
                     }
                 }
             }
+            Inbound::TicketRenewed { session, vouched } => self.renewed(&session, vouched).await,
             Inbound::RemoteCandidate(c) => {
                 let Some(peer) = self.sessions.get(&c.connection_id) else {
                     tracing::debug!(session = %c.connection_id, "candidate for no session");
@@ -470,10 +483,70 @@ impl PeerManager {
                 watching,
                 subject,
                 arp_tasks: Vec::new(),
+                ticket_expires: None,
             },
         );
         self.send_answer(session, answer.sdp);
         Ok(())
+    }
+
+    /// The earliest time a session's ticket runs out, if any session has one.
+    fn next_ticket_expiry(&self) -> Option<u64> {
+        self.sessions
+            .values()
+            .filter_map(|p| p.ticket_expires)
+            .min()
+    }
+
+    /// A live session's fresh ticket: it lives on, as long as the ticket names the same
+    /// subject and role (anything else is not a renewal: the session ends).
+    async fn renewed(&mut self, session: &str, vouched: Vouched) {
+        let Some(peer) = self.sessions.get_mut(session) else {
+            tracing::debug!(%session, "ticket renewal for no session");
+            return;
+        };
+        let same = peer.role == vouched.session.role
+            && peer.subject.as_deref() == Some(vouched.session.subject.as_str());
+        if same {
+            peer.ticket_expires = peer.ticket_expires.max(Some(vouched.expires));
+            return;
+        }
+        tracing::warn!(%session, "a renewed ticket names another subject or role; session ended");
+        self.teardown(session, StopReason::SessionEnded, None).await;
+        let why = "the renewed ticket names another subject or role".to_owned();
+        self.send_disconnected(
+            session,
+            DisconnectReason::Failed,
+            Some((signalling_protocol::arp::reason::BAD_TICKET, why)),
+        );
+    }
+
+    /// Ends the sessions whose last ticket ran out unrenewed: the server no longer vouches
+    /// for them (it cut them and the notice was lost, or it is gone).
+    async fn end_lapsed_sessions(&mut self) {
+        let now = tickets::unix_now();
+        let lapsed: Vec<String> = self
+            .sessions
+            .iter()
+            .filter(|(_, p)| {
+                p.ticket_expires
+                    .is_some_and(|exp| exp + tickets::LEEWAY_SECS < now)
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        for session in lapsed {
+            tracing::warn!(%session, "session ticket ran out unrenewed; session ended");
+            self.teardown(&session, StopReason::TicketExpired, None)
+                .await;
+            self.send_disconnected(
+                &session,
+                DisconnectReason::Failed,
+                Some((
+                    EXPIRED_REASON,
+                    "the session's ticket ran out unrenewed".into(),
+                )),
+            );
+        }
     }
 
     /// Keeps a slot for a controller: viewers may hold at most
@@ -879,6 +952,19 @@ impl PeerManager {
             tracing::warn!("signalling queue full or closed; message dropped");
         }
     }
+}
+
+/// Resolves once a ticket expiring at `expires` (Unix seconds) can no longer pass,
+/// leeway included; never, without one.
+async fn ticket_lapse(expires: Option<u64>) {
+    let Some(expires) = expires else {
+        return std::future::pending().await;
+    };
+    let lapse = std::time::UNIX_EPOCH + Duration::from_secs(expires + tickets::LEEWAY_SECS + 1);
+    let wait = lapse
+        .duration_since(std::time::SystemTime::now())
+        .unwrap_or(Duration::ZERO);
+    tokio::time::sleep(wait).await;
 }
 
 /// The next gateway ARP session that ended on the robot's side; never,

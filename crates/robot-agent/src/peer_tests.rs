@@ -147,6 +147,7 @@ async fn answers_a_teleop_style_offer_and_serves_the_control_channel() {
             sdp: offer_sdp,
             role: Role::Operator,
             subject: Some("alice".into()),
+            ticket_expires: None,
         })
         .await
         .expect("offer");
@@ -333,6 +334,7 @@ async fn a_broken_offer_is_reported_as_failed() {
             sdp: "not sdp".into(),
             role: Role::Owner,
             subject: None,
+            ticket_expires: None,
         })
         .await
         .expect("offer");
@@ -451,6 +453,7 @@ async fn viewer_session(
             sdp: offer_sdp,
             role: Role::Viewer,
             subject: Some("viewer".into()),
+            ticket_expires: None,
         })
         .await
         .expect("offer");
@@ -760,6 +763,7 @@ async fn an_ice_restart_offer_is_answered_in_the_same_session() {
             sdp,
             role: Role::Viewer,
             subject: Some("viewer".into()),
+            ticket_expires: None,
         })
         .await
         .expect("offer");
@@ -915,6 +919,7 @@ async fn viewers_filling_every_slot_leave_one_for_the_operator() {
                 sdp: sdp.clone(),
                 role: Role::Viewer,
                 subject: Some("mallory".into()),
+                ticket_expires: None,
             })
             .await
             .expect("offer");
@@ -925,6 +930,7 @@ async fn viewers_filling_every_slot_leave_one_for_the_operator() {
             sdp,
             role: Role::Operator,
             subject: Some("alice".into()),
+            ticket_expires: None,
         })
         .await
         .expect("offer");
@@ -971,6 +977,7 @@ async fn viewers_filling_every_slot_leave_one_for_the_operator() {
             sdp: offer_sdp(&["control"]).await.1,
             role: Role::Owner,
             subject: Some("olga".into()),
+            ticket_expires: None,
         })
         .await
         .expect("offer");
@@ -1066,6 +1073,7 @@ async fn an_arp_data_channel_is_served_with_the_sessions_role() {
             sdp,
             role: Role::Viewer,
             subject: Some("vera".into()),
+            ticket_expires: None,
         })
         .await
         .expect("offer");
@@ -1218,6 +1226,7 @@ impl OneController {
                 sdp,
                 role,
                 subject: Some(format!("{session}-subject")),
+                ticket_expires: None,
             })
             .await
             .expect("offer");

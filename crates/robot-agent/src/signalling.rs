@@ -22,6 +22,7 @@ use futures_util::{SinkExt, StreamExt};
 use ring::rand::{SecureRandom, SystemRandom};
 use serde_json::{Map, Value};
 use signalling_protocol::arp::{ArpFramePayload, FRAME_TYPE};
+use signalling_protocol::ticket::RENEW_TYPE;
 use signalling_protocol::{
     Body, Envelope, IceCandidatePayload, IceServer, PkiResponsePayload, RegisterPayload,
     SessionMeta, Signalling, PROTOCOL_VERSION,
@@ -32,7 +33,7 @@ use tokio_tungstenite::tungstenite::Message;
 use crate::config::ReconnectConfig;
 use crate::identity::{IdentityError, RobotKey};
 use crate::safety::Role;
-use crate::tickets::{self, TicketCheck};
+use crate::tickets::{self, TicketCheck, Vouched};
 
 /// Capacity of the outbound queue (answers, candidates, state reports).
 pub const OUTBOUND_CAPACITY: usize = 256;
@@ -81,6 +82,14 @@ pub enum Inbound {
         sdp: String,
         role: Role,
         subject: Option<String>,
+        /// When the offer's session ticket runs out (Unix seconds); `None` when tickets
+        /// are not checked. The session ends then unless a renewal extends it.
+        ticket_expires: Option<u64>,
+    },
+    /// The server renewed a live session's ticket (`session.ticket`, checked).
+    TicketRenewed {
+        session: String,
+        vouched: Vouched,
     },
     RemoteCandidate(IceCandidatePayload),
     /// The client left (or the server ended the session).
@@ -312,7 +321,7 @@ async fn connection(
     // welcome (older servers) or not until it is asked to (issue 15), so
     // the login never waits for one. A welcome is taken whenever it comes.
     let mut ice_servers = Vec::new();
-    let register = register_message(options);
+    let register = register_message(options, tickets.is_some());
     send(&mut ws, &register).await?;
     // The challenge: sign the decoded bytes, answer with its id.
     let (challenge_id, challenge) = loop {
@@ -408,8 +417,9 @@ pub const WANTS_WELCOME_KEY: &str = "wantsWelcome";
 
 /// `signalling.register`: our id, and metadata merged from the agent's
 /// version, the welcome request, the ARP version served through the
-/// gateway and, with X.509 identity, the certificate chain.
-fn register_message(options: &SignallingOptions) -> Envelope {
+/// gateway, whether we take ticket renewals (when we check tickets) and,
+/// with X.509 identity, the certificate chain.
+fn register_message(options: &SignallingOptions, checks_tickets: bool) -> Envelope {
     let mut metadata = Map::new();
     metadata.insert(
         "agentVersion".into(),
@@ -418,6 +428,12 @@ fn register_message(options: &SignallingOptions) -> Envelope {
     metadata.insert(WANTS_WELCOME_KEY.into(), Value::Bool(true));
     if let Some(chain) = &options.certificate {
         metadata.insert("certificate".into(), Value::String(chain.clone()));
+    }
+    if checks_tickets {
+        metadata.insert(
+            signalling_protocol::ticket::REGISTER_METADATA_KEY.into(),
+            Value::Bool(true),
+        );
     }
     if options.arp {
         metadata.insert(
@@ -454,6 +470,9 @@ async fn dispatch(
             Err(refusal) => send(ws, &refusal).await.map(|()| None),
         };
     }
+    if envelope.kind == RENEW_TYPE {
+        return Ok(tickets.and_then(|check| ticket_renewal(&envelope, check)));
+    }
     let body = match envelope.body() {
         Ok(Body::Signalling(s)) => s,
         Ok(Body::Agent(_)) => return Ok(None),
@@ -466,9 +485,13 @@ async fn dispatch(
         Signalling::Offer(offer) => {
             // Least privilege unless the server vouched for more.
             let mut session = SessionMeta::from_meta(envelope.meta.as_ref());
+            let mut ticket_expires = None;
             if let Some(check) = tickets {
                 match check.offer(session.as_ref(), &offer.connection_id) {
-                    Ok(vouched) => session = Some(vouched),
+                    Ok(vouched) => {
+                        ticket_expires = Some(vouched.expires);
+                        session = Some(vouched.session);
+                    }
                     Err(e) => {
                         check.refuse("offer", &offer.connection_id, &e);
                         send(ws, &tickets::offer_refusal(&offer.connection_id, &e)).await?;
@@ -483,6 +506,7 @@ async fn dispatch(
                 sdp: offer.sdp,
                 role,
                 subject,
+                ticket_expires,
             })
         }
         Signalling::IceCandidate(candidate) => Some(Inbound::RemoteCandidate(candidate)),
@@ -502,6 +526,33 @@ async fn dispatch(
         }
         _ => None,
     })
+}
+
+/// A `session.ticket`: the fresh ticket of a live session, checked as an offer's.
+/// A bad one is refused and logged, and changes nothing: the session then ends when
+/// its last good ticket runs out. No answer goes back (the server expects none).
+fn ticket_renewal(envelope: &Envelope, check: &TicketCheck) -> Option<Inbound> {
+    let session = envelope
+        .payload
+        .as_ref()
+        .and_then(|p| p.get("connectionId"))
+        .and_then(Value::as_str)
+        .filter(|id| !id.is_empty());
+    let Some(session) = session else {
+        tracing::warn!(id = %envelope.id, "session.ticket without a connectionId; dropped");
+        return None;
+    };
+    let meta = SessionMeta::from_meta(envelope.meta.as_ref());
+    match check.offer(meta.as_ref(), session) {
+        Ok(vouched) => Some(Inbound::TicketRenewed {
+            session: session.to_owned(),
+            vouched,
+        }),
+        Err(e) => {
+            check.refuse("ticket renewal", session, &e);
+            None
+        }
+    }
 }
 
 /// An `arp.frame` from the server's gateway; a malformed one (e.g. a frame

@@ -280,7 +280,8 @@ async fn registers_relays_and_reregisters_after_reconnect() {
             session: "sess-1".into(),
             sdp: "v=0\r\n".into(),
             role: Role::Operator,
-            subject: Some("alice".into())
+            subject: Some("alice".into()),
+            ticket_expires: None,
         }
     );
     offer["meta"] = json!({});

@@ -10,6 +10,8 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde_json::{json, Value};
@@ -25,7 +27,12 @@ use crate::messages;
 use crate::server_keys::PinnedKey;
 
 /// Clock difference between server and robot a ticket survives, in seconds.
-const LEEWAY_SECS: u64 = 30;
+pub const LEEWAY_SECS: u64 = 30;
+
+/// Tickets remembered against replay at once. Each is remembered until it could no
+/// longer pass anyway (`exp` + leeway); the gateway's limits keep far fewer alive. When
+/// full, new tickets are refused (fail closed) rather than old ones forgotten.
+const MAX_REMEMBERED: usize = 100_000;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TicketError {
@@ -49,6 +56,57 @@ pub enum TicketError {
     OtherCall,
     #[error("the ticket is for other params")]
     OtherParams,
+    #[error("the ticket has no id (jti)")]
+    NoId,
+    #[error("the ticket was used before")]
+    Replayed,
+    #[error("too many live tickets to remember ({MAX_REMEMBERED})")]
+    TooManyLive,
+}
+
+/// What a good ticket vouches for: who, in what role, until when (Unix seconds).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Vouched {
+    pub session: SessionMeta,
+    pub expires: u64,
+}
+
+/// Ids of the tickets taken, each until it expires: a ticket is good once.
+#[derive(Debug, Default)]
+struct Seen {
+    ids: HashMap<String, u64>,
+    /// Earliest time an entry may be dropped: no sweep before it.
+    next_sweep: u64,
+}
+
+impl Seen {
+    fn take(&mut self, id: &str, exp: u64, now: u64) -> Result<(), TicketError> {
+        if self.ids.contains_key(id) {
+            return Err(TicketError::Replayed);
+        }
+        if now >= self.next_sweep || self.ids.len() >= MAX_REMEMBERED {
+            self.ids.retain(|_, exp| *exp + LEEWAY_SECS >= now);
+            self.next_sweep = self
+                .ids
+                .values()
+                .min()
+                .map_or(u64::MAX, |e| e + LEEWAY_SECS + 1);
+        }
+        if self.ids.len() >= MAX_REMEMBERED {
+            return Err(TicketError::TooManyLive);
+        }
+        self.ids.insert(id.to_owned(), exp);
+        self.next_sweep = self.next_sweep.min(exp + LEEWAY_SECS + 1);
+        Ok(())
+    }
+}
+
+/// Now, in Unix seconds (0 before 1970: every ticket then looks unexpired to this
+/// clock, but the JWT check, with the same clock, is what refuses expired ones).
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// Checks tickets against the pinned keys, for one robot.
@@ -57,6 +115,7 @@ pub struct TicketCheck {
     keys: HashMap<String, DecodingKey>,
     validation: Validation,
     refused: AtomicU64,
+    seen: Mutex<Seen>,
 }
 
 impl std::fmt::Debug for TicketCheck {
@@ -87,6 +146,7 @@ impl TicketCheck {
             keys,
             validation,
             refused: AtomicU64::new(0),
+            seen: Mutex::new(Seen::default()),
         })
     }
 
@@ -95,8 +155,9 @@ impl TicketCheck {
         self.refused.load(Ordering::Relaxed)
     }
 
-    /// A ticket's claims, if it is signed by a pinned key, for this robot, current and
-    /// not claiming a longer life than tickets have.
+    /// A ticket's claims, if it is signed by a pinned key, for this robot, current, with
+    /// an id, and not claiming a longer life than tickets have. Whether it was taken
+    /// before is [`TicketCheck::take`]'s, once everything else about the message holds.
     pub fn verify(&self, ticket: Option<&str>) -> Result<TicketClaims, TicketError> {
         let ticket = ticket.ok_or(TicketError::Missing)?;
         let header = jsonwebtoken::decode_header(ticket)
@@ -118,18 +179,36 @@ impl TicketCheck {
         if claims.robot != self.robot {
             return Err(TicketError::OtherRobot(claims.robot));
         }
+        if claims.jti.as_deref().is_none_or(str::is_empty) {
+            return Err(TicketError::NoId);
+        }
         Ok(claims)
     }
 
-    /// The session an offer may open: the ticket's subject and role.
+    /// Takes a checked ticket: each is good once, so a copy replayed within its life
+    /// (by anything that saw it on the way) is refused.
+    fn take(&self, claims: &TicketClaims) -> Result<(), TicketError> {
+        let id = claims.jti.as_deref().ok_or(TicketError::NoId)?;
+        self.seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take(id, claims.exp, unix_now())
+    }
+
+    /// The session an offer may open (or a renewal may extend): the ticket's subject
+    /// and role, and when the ticket runs out.
     pub fn offer(
         &self,
         session: Option<&SessionMeta>,
         connection_id: &str,
-    ) -> Result<SessionMeta, TicketError> {
+    ) -> Result<Vouched, TicketError> {
         let claims = self.verify(session.and_then(|s| s.ticket.as_deref()))?;
         same_session(&claims, connection_id)?;
-        Ok(SessionMeta::new(claims.subject, claims.role))
+        self.take(&claims)?;
+        Ok(Vouched {
+            expires: claims.exp,
+            session: SessionMeta::new(claims.subject, claims.role),
+        })
     }
 
     /// Who sends an ARP frame: the ticket's subject and role, for this session, and for
@@ -151,6 +230,7 @@ impl TicketCheck {
         {
             return Err(TicketError::OtherParams);
         }
+        self.take(&claims)?;
         Ok(SessionMeta::new(claims.subject, claims.role))
     }
 
@@ -214,3 +294,40 @@ pub fn is_emergency_stop(frame: &Value) -> bool {
 #[cfg(test)]
 #[path = "tickets_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+mod seen_tests {
+    use super::*;
+
+    #[test]
+    fn an_id_is_remembered_until_its_ticket_could_no_longer_pass() {
+        let mut seen = Seen::default();
+        seen.take("a", 100, 50).expect("first");
+        assert_eq!(seen.take("a", 100, 60), Err(TicketError::Replayed));
+        // Still inside exp + leeway: still a replay.
+        assert_eq!(
+            seen.take("a", 100, 100 + LEEWAY_SECS),
+            Err(TicketError::Replayed)
+        );
+        // Past it, the entry is swept with the next ticket (the JWT check refuses the
+        // old ticket by then anyway).
+        seen.take("b", 300, 100 + LEEWAY_SECS + 1).expect("b");
+        assert_eq!(seen.ids.len(), 1);
+    }
+
+    #[test]
+    fn when_full_of_live_tickets_new_ones_are_refused_not_old_ones_forgotten() {
+        let mut seen = Seen::default();
+        for i in 0..MAX_REMEMBERED {
+            seen.take(&i.to_string(), 1_000, 10).expect("room");
+        }
+        assert_eq!(
+            seen.take("one more", 1_000, 10),
+            Err(TicketError::TooManyLive)
+        );
+        assert_eq!(seen.take("0", 1_000, 10), Err(TicketError::Replayed));
+        // Once those expire, there is room again.
+        seen.take("later", 2_000, 1_000 + LEEWAY_SECS + 1)
+            .expect("room");
+    }
+}

@@ -77,6 +77,7 @@ fn claims(connection: &str, role: Role) -> TicketClaims {
         node: "node-1".into(),
         iat: now(),
         exp: now() + 120,
+        jti: Some(uuid::Uuid::new_v4().to_string()),
         call_id: None,
         params_hash: None,
     }
@@ -107,8 +108,8 @@ fn a_good_ticket_gives_its_own_subject_and_role_not_the_plain_meta() {
     let vouched = check
         .offer(Some(&meta("owner", Some(ticket))), "c1")
         .expect("accepted");
-    assert_eq!(vouched.role, Role::Viewer);
-    assert_eq!(vouched.subject, "alice");
+    assert_eq!(vouched.session.role, Role::Viewer);
+    assert_eq!(vouched.session.subject, "alice");
 }
 
 #[test]
@@ -190,6 +191,30 @@ fn an_arp_ticket_is_bound_to_its_call_and_its_params() {
     let mut other_id = call.clone();
     other_id["id"] = json!(8);
     assert_eq!(with(&other_id), Err(TicketError::OtherCall));
+    // Taken once: the same call again, ticket and all, is a replay.
+    assert_eq!(with(&call), Err(TicketError::Replayed));
+}
+
+#[test]
+fn a_ticket_is_good_once_and_one_without_an_id_never() {
+    let signer = Signer::new();
+    let check = TicketCheck::new(ROBOT, std::slice::from_ref(&signer.pinned)).expect("check");
+    let offer = |ticket: String| check.offer(Some(&meta("operator", Some(ticket))), "c1");
+    let ticket = signer.sign(&claims("c1", Role::Operator));
+    assert!(offer(ticket.clone()).is_ok());
+    assert_eq!(offer(ticket), Err(TicketError::Replayed));
+    // A refused message does not use its ticket up: the one it was minted for still
+    // passes after a copy was tried in another session.
+    let ticket = signer.sign(&claims("c1", Role::Operator));
+    assert!(check
+        .offer(Some(&meta("operator", Some(ticket.clone()))), "c2")
+        .is_err());
+    assert!(offer(ticket).is_ok());
+    for jti in [None, Some(String::new())] {
+        let mut anonymous = claims("c1", Role::Operator);
+        anonymous.jti = jti;
+        assert_eq!(offer(signer.sign(&anonymous)), Err(TicketError::NoId));
+    }
 }
 
 #[test]
@@ -585,4 +610,112 @@ async fn an_offer_without_a_good_ticket_is_refused_and_one_with_it_is_answered()
         }
     }
     pc.close().await.expect("close");
+}
+
+/// Claims that a robot still takes for about `secs` seconds (exp lies in the leeway).
+fn lapsing(connection: &str, role: Role, secs: u64) -> TicketClaims {
+    let mut c = claims(connection, role);
+    c.exp = now() + secs - LEEWAY_SECS;
+    c.iat = c.exp - 60;
+    c
+}
+
+impl Rig {
+    /// Sends an offer for `connection` with `ticket` and waits for the robot's answer.
+    async fn open(&mut self, sdp: &str, connection: &str, role: Role, ticket: String) {
+        let mut m = envelope(
+            "signalling.offer",
+            json!({"robotId": ROBOT, "connectionId": connection, "sdp": sdp, "sdpType": "offer"}),
+        );
+        m["meta"] =
+            json!({"session": {"subject": "alice", "role": role.as_str(), "ticket": ticket}});
+        self.ws
+            .send(Message::text(m.to_string()))
+            .await
+            .expect("send");
+        loop {
+            let v = next_text(&mut self.ws).await;
+            assert_ne!(v["type"], "signalling.disconnected", "{v}");
+            if v["type"] == "signalling.answer" && v["payload"]["connectionId"] == connection {
+                return;
+            }
+        }
+    }
+
+    /// A `session.ticket` for `connection`, as the server renews it.
+    async fn renew(&mut self, connection: &str, role: Role, ticket: String) {
+        let mut m = envelope("session.ticket", json!({"connectionId": connection}));
+        m["meta"] =
+            json!({"session": {"subject": "alice", "role": role.as_str(), "ticket": ticket}});
+        self.ws
+            .send(Message::text(m.to_string()))
+            .await
+            .expect("send");
+    }
+
+    /// The next `disconnected` the robot sends (other messages skipped).
+    async fn next_disconnected(&mut self) -> Value {
+        loop {
+            let v = next_text(&mut self.ws).await;
+            if v["type"] == "signalling.disconnected" {
+                return v;
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_whose_ticket_runs_out_unrenewed_ends_and_gives_control_back() {
+    let mut r = rig().await;
+    let (pc, sdp) = offer_sdp().await;
+    let ticket = r.signer.sign(&lapsing("s-lapse", Role::Operator, 2));
+    r.open(&sdp, "s-lapse", Role::Operator, ticket).await;
+    // The teleop session holds control: a program cannot take the robot.
+    let busy = r.signed("arp-1", Role::Operator, initialize("i1")).await;
+    assert_eq!(busy["error"]["data"]["reason"], "robot_busy", "{busy}");
+    // A renewal signed by a key the robot never pinned changes nothing.
+    let forged = Signer::new().sign(&claims("s-lapse", Role::Operator));
+    r.renew("s-lapse", Role::Operator, forged).await;
+
+    let ended = r.next_disconnected().await;
+    assert_eq!(ended["payload"]["connectionId"], "s-lapse", "{ended}");
+    assert_eq!(
+        ended["payload"]["details"]["reason"], "ticket_expired",
+        "{ended}"
+    );
+    assert_eq!(r.check.refused(), 1);
+    // Control is free again.
+    let init = r.signed("arp-2", Role::Operator, initialize("i2")).await;
+    assert!(init.get("error").is_none(), "{init}");
+    pc.close().await.expect("close");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewed_session_outlives_its_first_ticket() {
+    let mut r = rig().await;
+    let (pc, sdp) = offer_sdp().await;
+    let (pc2, sdp2) = offer_sdp().await;
+    let ticket = r.signer.sign(&lapsing("s-kept", Role::Viewer, 2));
+    r.open(&sdp, "s-kept", Role::Viewer, ticket).await;
+    let fresh = r.signer.sign(&claims("s-kept", Role::Viewer));
+    r.renew("s-kept", Role::Viewer, fresh.clone()).await;
+    // A replay of the renewal is refused (and changes nothing either way).
+    r.renew("s-kept", Role::Viewer, fresh).await;
+    // A witness that lapses a second after the first ticket would have: by the time it
+    // ends, the renewed session has outlived its first ticket.
+    let witness = r.signer.sign(&lapsing("s-witness", Role::Viewer, 3));
+    r.open(&sdp2, "s-witness", Role::Viewer, witness).await;
+    let ended = r.next_disconnected().await;
+    assert_eq!(ended["payload"]["connectionId"], "s-witness", "{ended}");
+    assert_eq!(ended["payload"]["details"]["reason"], "ticket_expired");
+    assert_eq!(r.check.refused(), 1, "the replayed renewal");
+
+    // A renewal naming another role is no renewal: the session ends at once.
+    let upgraded = r.signer.sign(&claims("s-kept", Role::Owner));
+    r.renew("s-kept", Role::Owner, upgraded).await;
+    let ended = r.next_disconnected().await;
+    assert_eq!(ended["payload"]["connectionId"], "s-kept", "{ended}");
+    assert_eq!(ended["payload"]["details"]["reason"], "bad_ticket");
+    pc.close().await.expect("close");
+    pc2.close().await.expect("close");
 }

@@ -241,6 +241,7 @@ async fn an_offer_published_on_the_bus_without_a_good_ticket_is_refused_by_the_r
         node: EVIL.into(),
         iat: now(),
         exp: now() + 60,
+        jti: Some(uuid::Uuid::new_v4().to_string()),
         call_id: None,
         params_hash: None,
     };

@@ -54,6 +54,8 @@ pub(in crate::relay) enum ConnKind {
         credentials: Vec<String>,
         /// It declared ARP when it registered (`register.metadata.arp`).
         serves_arp: bool,
+        /// It takes ticket renewals (`register.metadata.sessionTickets`).
+        renews_tickets: bool,
     },
     Client {
         token_id: Option<String>,
@@ -78,6 +80,16 @@ struct Ended {
     subject: Arc<str>,
     role: Role,
     at: Instant,
+}
+
+/// A live session whose ticket is due for renewal (see [`State::tickets_to_renew`]).
+#[derive(Debug, Clone)]
+pub struct TicketRenewal {
+    pub robot_conn: ConnId,
+    pub robot_id: String,
+    pub session_id: String,
+    pub subject: Arc<str>,
+    pub role: Role,
 }
 
 #[derive(Debug, Clone)]
@@ -281,6 +293,33 @@ impl State {
         self.conns.get(robot_conn).is_some_and(
             |entry| matches!(entry.kind, ConnKind::Robot { serves_arp, .. } if serves_arp),
         )
+    }
+
+    /// The live teleop sessions whose robot is on this node and takes ticket renewals:
+    /// each needs a fresh ticket before its last one runs out.
+    pub(super) fn tickets_to_renew(&self) -> Vec<TicketRenewal> {
+        self.sessions
+            .iter()
+            .filter(|(_, s)| s.kind == SessionKind::Teleop)
+            .filter(|(_, s)| {
+                self.conns.get(&s.robot_conn).is_some_and(|entry| {
+                    matches!(
+                        entry.kind,
+                        ConnKind::Robot {
+                            renews_tickets: true,
+                            ..
+                        }
+                    )
+                })
+            })
+            .map(|(id, s)| TicketRenewal {
+                robot_conn: s.robot_conn.clone(),
+                robot_id: s.robot_id.clone(),
+                session_id: id.clone(),
+                subject: s.subject.clone(),
+                role: s.role,
+            })
+            .collect()
     }
 
     /// The id ended within the grace period as another subject's session.

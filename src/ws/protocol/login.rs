@@ -8,6 +8,7 @@ use super::{Peer, Protocol, WANTS_WELCOME};
 use crate::cluster::PRESENCE_WAIT;
 use crate::identity::IdentityError;
 use crate::messages;
+use crate::relay::RobotDeclared;
 use crate::ws::error::WsError;
 
 impl Protocol {
@@ -48,12 +49,17 @@ impl Protocol {
         {
             self.wants_welcome = true;
         }
-        self.serves_arp = payload
-            .metadata
-            .as_ref()
-            .and_then(|m| m.get(messages::ARP_METADATA))
-            .and_then(serde_json::Value::as_str)
-            == Some(signalling_protocol::arp::ARP_VERSION);
+        let metadata = payload.metadata.as_ref();
+        self.declared = RobotDeclared {
+            arp: metadata
+                .and_then(|m| m.get(messages::ARP_METADATA))
+                .and_then(serde_json::Value::as_str)
+                == Some(signalling_protocol::arp::ARP_VERSION),
+            session_tickets: metadata
+                .and_then(|m| m.get(signalling_protocol::ticket::REGISTER_METADATA_KEY))
+                .and_then(serde_json::Value::as_bool)
+                == Some(true),
+        };
         let mut challenge = match self
             .state
             .identity
@@ -94,7 +100,7 @@ impl Protocol {
         };
         let state = &self.state;
         let conn = &self.conn;
-        let serves_arp = self.serves_arp;
+        let declared = self.declared;
         let result = async {
             let challenge = challenge.ok_or(IdentityError::NoChallenge)?;
             let cuts_seen = challenge.access_cuts_seen;
@@ -111,7 +117,7 @@ impl Protocol {
                 conn,
                 &verified.robot_id,
                 verified.credentials.clone(),
-                serves_arp,
+                declared,
                 cuts_seen,
             );
             // A cut came between the check and the registration, and may have missed

@@ -72,6 +72,30 @@ impl Forward<'_> {
 
     /// For the robot: `meta.session` says who it talks to, whatever the sender put there,
     /// with the server's signed ticket when there is one (offers).
+    /// What a robot's `disconnected` says of a session ticket (`details.reason`
+    /// `bad_ticket` or `ticket_expired`), as the kind the refusal metric counts it under.
+    /// Disconnects are once per session: reading the text again costs nothing that shows.
+    fn ticket_refusal(&self) -> Option<&'static str> {
+        let details = match self {
+            Forward::Received { text, .. } => serde_json::from_str::<serde_json::Value>(text)
+                .ok()?
+                .pointer("/payload/details/reason")?
+                .as_str()
+                .map(str::to_owned)?,
+            Forward::Parsed(envelope) => envelope
+                .payload
+                .as_ref()?
+                .pointer("/details/reason")?
+                .as_str()?
+                .to_owned(),
+        };
+        match details.as_str() {
+            signalling_protocol::arp::reason::BAD_TICKET => Some("offer"),
+            signalling_protocol::ticket::EXPIRED_REASON => Some("expired"),
+            _ => None,
+        }
+    }
+
     fn into_robot(self, subject: &str, role: Role, ticket: Option<&str>) -> Utf8Bytes {
         match self {
             Forward::Received { text, view } => {
@@ -126,8 +150,8 @@ pub struct Protocol {
     /// A token-less socket asked for welcomes (`ready`, or `register` with
     /// `metadata.wantsWelcome`): it gets a fresh one, with TURN credentials, once verified.
     wants_welcome: bool,
-    /// The robot declared ARP when it registered (`register.metadata.arp`).
-    serves_arp: bool,
+    /// What the robot declared when it registered (ARP, ticket renewals).
+    declared: crate::relay::RobotDeclared,
     /// The client speaks Modulr's older flat dialect (see `legacy`): its replies are
     /// rendered flat by the writer.
     pub legacy: bool,
@@ -155,7 +179,7 @@ impl Protocol {
             token_deadline,
             replies: Vec::new(),
             wants_welcome: false,
-            serves_arp: false,
+            declared: crate::relay::RobotDeclared::default(),
             legacy: false,
             credentials_issued: None,
         }

@@ -126,6 +126,12 @@ impl Protocol {
             // Records are written once per session: their futures go on the heap.
             Relay::Connected => Box::pin(self.state.sessions.connected(&route)).await?,
             Relay::Ends(reason) => {
+                if self.is_robot() {
+                    if let Some(kind) = forward.ticket_refusal() {
+                        let refusals = &self.state.metrics.robot_ticket_refusals;
+                        refusals.with_label_values(&[kind]).inc();
+                    }
+                }
                 let reason = match reason {
                     DisconnectReason::Closed => EndReason::Closed,
                     DisconnectReason::Failed => EndReason::Failed,

@@ -96,6 +96,8 @@ pub enum StopReason {
     WorkspaceBound,
     /// An ARP tool call ended (completed, cancelled, `stop`).
     CallEnded,
+    /// The session's ticket ran out and the server sent no fresh one.
+    TicketExpired,
     Shutdown,
 }
 
@@ -112,6 +114,7 @@ impl StopReason {
             StopReason::NavigationCancelled => "navigation_cancelled",
             StopReason::WorkspaceBound => "workspace_bound",
             StopReason::CallEnded => "call_ended",
+            StopReason::TicketExpired => "ticket_expired",
             StopReason::Shutdown => "shutdown",
         }
     }
