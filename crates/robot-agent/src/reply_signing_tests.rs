@@ -392,3 +392,38 @@ fn sign_replies_is_off_unless_the_config_file_says_so() {
     signer.sign(&mut pong).expect("sign");
     assert_eq!(verify(&pong, &signer.jwk()).expect("verifies").kid, "r1");
 }
+
+/// The SDK's tests check replies signed by this module (clients/js/test/fixtures, made by
+/// `examples/signed_replies.rs`): they must still verify here, against the key served
+/// with them, so the fixture cannot drift from what the agent signs.
+#[test]
+fn the_sdks_fixture_still_verifies() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../clients/js/test/fixtures/signed-replies.json"
+    );
+    let fixture: Value =
+        serde_json::from_str(&std::fs::read_to_string(path).expect("the fixture")).expect("JSON");
+    let robots = fixture["robots"].as_array().expect("robots");
+    let mut algs: Vec<&str> = Vec::new();
+    for robot in robots {
+        let key = &robot["key"];
+        let robot_id = key["robotId"].as_str().expect("robotId");
+        let messages = robot["messages"].as_array().expect("messages");
+        assert!(messages.len() >= 5, "{robot_id}");
+        for text in messages {
+            let text = text.as_str().expect("the text sent");
+            let envelope = Envelope::parse(text).expect("an envelope");
+            assert!(envelope.kind.starts_with("agent."));
+            let header = verify(&envelope, &key["jwk"])
+                .unwrap_or_else(|e| panic!("{robot_id}: {e}: {text}"));
+            assert_eq!(header.kid, robot_id);
+            assert_eq!(header.alg, key["jwk"]["alg"].as_str().expect("alg"));
+            // The same text this module sends for that message (serde_json's form).
+            assert_eq!(envelope.to_json(), text);
+            algs.push(key["jwk"]["alg"].as_str().expect("alg"));
+        }
+    }
+    algs.dedup();
+    assert_eq!(algs, ["EdDSA", "ES256"]);
+}
