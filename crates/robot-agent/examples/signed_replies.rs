@@ -57,7 +57,7 @@ fn replies() -> Vec<signalling_protocol::Envelope> {
     let location: Location = serde_json::from_value(json!({
         "name": "dock é \"A\"",
         "position": { "x": 1.0, "y": -0.5, "z": 0.0 },
-        "orientation": { "yaw": 1.5707963267948966, "pitch": 0.0, "roll": -0.0 },
+        "orientation": { "yaw": 0.30000000000000004, "pitch": 0.0, "roll": -0.0 },
         "metadata": { "floor": 2, "note": "tab\there, line\nbreak, 😀", "tiny": 1e-7, "huge": 1e21 }
     }))
     .expect("a location");
