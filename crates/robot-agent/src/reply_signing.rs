@@ -218,3 +218,7 @@ fn jwk_bytes(jwk: &Value, field: &str, len: usize) -> Result<Vec<u8>, ReplySigni
 #[cfg(test)]
 #[path = "reply_signing_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "reply_signing_peer_tests.rs"]
+mod peer_tests;
