@@ -109,20 +109,9 @@ impl OwnerOrAdmin {
         headers: &axum::http::HeaderMap,
         robot_id: &str,
     ) -> Result<OwnerOrAdmin, ApiError> {
-        let token = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim)
-            .ok_or_else(|| ApiError::Unauthorized("bearer token required".into()))?;
-        let presented = sha256_hex(token.as_bytes());
-        if constant_time_eq(presented.as_bytes(), state.admin_token_hash.as_bytes()) {
+        let Some(identity) = client_unless_admin(state, headers).await? else {
             return Ok(OwnerOrAdmin::Admin);
-        }
-        let identity = state
-            .clients
-            .authenticate(token, crate::store::now_ms())
-            .await?;
+        };
         match state.store.grant(robot_id, &identity.subject).await? {
             Some(crate::store::Role::Owner) => Ok(OwnerOrAdmin::Owner(identity)),
             _ => Err(ApiError::Forbidden(format!(
@@ -130,4 +119,44 @@ impl OwnerOrAdmin {
             ))),
         }
     }
+}
+
+/// Who may read what a robot shows its users (its public key): the admin, or a client
+/// holding any grant on it; anyone else is refused (403 whether or not the robot exists).
+pub async fn require_grant_or_admin(
+    state: &SharedState,
+    headers: &axum::http::HeaderMap,
+    robot_id: &str,
+) -> Result<(), ApiError> {
+    let Some(identity) = client_unless_admin(state, headers).await? else {
+        return Ok(());
+    };
+    match state.store.grant(robot_id, &identity.subject).await? {
+        Some(_) => Ok(()),
+        None => Err(ApiError::Forbidden(format!(
+            "only holders of a grant on robot {robot_id} and the admin may do this"
+        ))),
+    }
+}
+
+/// The bearer's client identity, or `None` for the admin token.
+async fn client_unless_admin(
+    state: &SharedState,
+    headers: &axum::http::HeaderMap,
+) -> Result<Option<ClientIdentity>, ApiError> {
+    let token = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .ok_or_else(|| ApiError::Unauthorized("bearer token required".into()))?;
+    let presented = sha256_hex(token.as_bytes());
+    if constant_time_eq(presented.as_bytes(), state.admin_token_hash.as_bytes()) {
+        return Ok(None);
+    }
+    let identity = state
+        .clients
+        .authenticate(token, crate::store::now_ms())
+        .await?;
+    Ok(Some(identity))
 }

@@ -40,6 +40,7 @@ pub fn router() -> Router<SharedState> {
             post(robots::new_enrollment_token),
         )
         .route("/v1/robots/{id}/revoke", post(robots::revoke))
+        .route("/v1/robots/{id}/key", get(robots::key))
         .route("/v1/robots/{id}/audit", get(audit::list))
         .route("/v1/robots/{id}/emergency-stop", post(emergency::stop))
         .route("/v1/robots/{id}/grants", get(robots::grants))

@@ -52,6 +52,7 @@ impl Modify for Security {
         robots::create,
         robots::list,
         robots::show,
+        robots::key,
         robots::delete,
         robots::new_enrollment_token,
         robots::revoke,

@@ -1,21 +1,24 @@
 use std::collections::HashMap;
 
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::Value;
 use utoipa::ToSchema;
 
-use super::extract::{Admin, ApiJson, ApiPath};
-use super::views::{EnrollmentToken, GrantView, Revoked, RobotCreated, RobotView};
+use super::extract::{require_grant_or_admin, Admin, ApiJson, ApiPath};
+use super::views::{
+    EnrollmentToken, GrantView, Revoked, RobotCreated, RobotJwk, RobotKeyView, RobotView,
+};
 use super::{rfc3339, ApiError};
 use crate::auth::{random_token, sha256_hex};
 use crate::identity::{valid_robot_id, ROBOT_ID_RULE};
+use crate::pki::{leaf_key_of_chain, PublicKey};
 use crate::relay::{EndReason, Kick};
 use crate::state::SharedState;
-use crate::store::{now_ms, NewRobot, RobotRecord, Role};
+use crate::store::{now_ms, Credential, NewRobot, RobotRecord, Role};
 
 #[derive(Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -131,6 +134,52 @@ pub async fn show(
     let nodes = presence(&state, &[robot.robot_id.as_str()]).await;
     let node = nodes.get(&robot.robot_id).map(String::as_str);
     Ok(Json(view(&robot, node)).into_response())
+}
+
+/// The robot's public key as a JWK (Ed25519 or P-256; for a certificate, its leaf's key):
+/// what a client checks the robot's signed replies against (robot-agent's `sign_replies`).
+/// For the admin and any holder of a grant on the robot.
+#[utoipa::path(get, path = "/v1/robots/{id}/key", tag = "robots",
+    security(("admin" = []), ("client" = [])),
+    params(("id" = String, Path, description = "robotId")),
+    responses((status = 200, body = RobotKeyView), super::error::CommonErrors))]
+pub async fn key(
+    State(state): State<SharedState>,
+    ApiPath(id): ApiPath<String>,
+    headers: HeaderMap,
+) -> Result<Json<RobotKeyView>, ApiError> {
+    require_grant_or_admin(&state, &headers, &id).await?;
+    let robot = existing(&state, &id).await?;
+    if robot.credential_revoked {
+        return Err(ApiError::NotFound(format!(
+            "robot {id}'s credential is revoked"
+        )));
+    }
+    let (credential, public) = match &robot.credential {
+        None => return Err(ApiError::NotFound(format!("robot {id} is not enrolled"))),
+        Some(Credential::PublicKey { kind, stored }) => (
+            kind.clone(),
+            PublicKey::from_stored(stored)
+                .map_err(|e| ApiError::Internal(format!("stored key of {id}: {e}")))?,
+        ),
+        Some(Credential::Certificate { chain_pem, .. }) => (
+            "x509".to_owned(),
+            leaf_key_of_chain(chain_pem)
+                .map_err(|e| ApiError::Internal(format!("stored certificate of {id}: {e}")))?
+                .0,
+        ),
+    };
+    let jwk = RobotJwk::of(&public).ok_or_else(|| {
+        ApiError::NotFound(format!(
+            "robot {id}'s key is {}: only Ed25519 and P-256 keys have a JWK here",
+            public.kind()
+        ))
+    })?;
+    Ok(Json(RobotKeyView {
+        robot_id: id,
+        credential,
+        jwk,
+    }))
 }
 
 /// Deletes a robot with its grants; its connection is closed.

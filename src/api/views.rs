@@ -6,6 +6,7 @@ use serde_json::Value;
 use utoipa::ToSchema;
 
 use super::rfc3339;
+use crate::pki::PublicKey;
 use crate::store::{ClientToken, Grant, RobotRecord, Role, SessionRecord};
 
 /// A role's spelling on the wire and in the API (the protocol crate's `Role`).
@@ -46,6 +47,62 @@ impl<'a> RobotView<'a> {
             created_at: rfc3339(robot.created_at),
             last_seen_at: robot.last_seen_at.and_then(rfc3339),
             node: robot.node.as_deref(),
+        }
+    }
+}
+
+/// A robot's public key (`GET /v1/robots/{id}/key`): what its signed replies are checked
+/// against.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RobotKeyView {
+    pub robot_id: String,
+    /// `ed25519`, `ecdsa-p256`, or `x509` (then `jwk` is the leaf certificate's key).
+    pub credential: String,
+    pub jwk: RobotJwk,
+}
+
+/// A public key as a JWK (RFC 7517/8037): Ed25519 or P-256.
+#[derive(Serialize, ToSchema)]
+pub struct RobotJwk {
+    /// `OKP` (Ed25519) or `EC` (P-256).
+    #[schema(example = "OKP")]
+    pub kty: &'static str,
+    /// `Ed25519` or `P-256`.
+    #[schema(example = "Ed25519")]
+    pub crv: &'static str,
+    /// The raw key (Ed25519) or the point's x coordinate, base64url without padding.
+    pub x: String,
+    /// P-256 only: the point's y coordinate.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub y: Option<String>,
+    /// The JWS algorithm the robot signs with: `EdDSA` or `ES256`.
+    #[schema(example = "EdDSA")]
+    pub alg: &'static str,
+}
+
+impl RobotJwk {
+    /// `None` for the key types robot-agent does not sign replies with.
+    pub fn of(key: &PublicKey) -> Option<RobotJwk> {
+        use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        use base64::Engine as _;
+        match key {
+            PublicKey::Ed25519(raw) => Some(RobotJwk {
+                kty: "OKP",
+                crv: "Ed25519",
+                x: URL_SAFE_NO_PAD.encode(raw),
+                y: None,
+                alg: "EdDSA",
+            }),
+            // An uncompressed point: 0x04, x, y (checked when it was stored).
+            PublicKey::EcdsaP256(point) if point.len() == 65 => Some(RobotJwk {
+                kty: "EC",
+                crv: "P-256",
+                x: URL_SAFE_NO_PAD.encode(&point[1..33]),
+                y: Some(URL_SAFE_NO_PAD.encode(&point[33..])),
+                alg: "ES256",
+            }),
+            _ => None,
         }
     }
 }

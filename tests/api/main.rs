@@ -14,6 +14,7 @@ mod harness;
 mod legacy;
 mod openapi;
 mod resume;
+mod robot_key;
 mod robot_login;
 mod robustness;
 mod session_end;

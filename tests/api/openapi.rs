@@ -8,7 +8,7 @@ use reqwest::Method;
 use serde_json::{json, Value};
 
 /// Every API route (path in OpenAPI form, method) the document must describe.
-const DESCRIBED: [(&str, &str); 16] = [
+const DESCRIBED: [(&str, &str); 17] = [
     ("/v1/enroll", "post"),
     ("/v1/robots", "get"),
     ("/v1/robots", "post"),
@@ -16,6 +16,7 @@ const DESCRIBED: [(&str, &str); 16] = [
     ("/v1/robots/{id}", "delete"),
     ("/v1/robots/{id}/enrollment-token", "post"),
     ("/v1/robots/{id}/revoke", "post"),
+    ("/v1/robots/{id}/key", "get"),
     ("/v1/robots/{id}/grants", "get"),
     ("/v1/robots/{id}/grants/{subject}", "put"),
     ("/v1/robots/{id}/grants/{subject}", "delete"),
@@ -58,6 +59,8 @@ async fn the_openapi_document_describes_every_api_route() {
     }
     for schema in [
         "RobotView",
+        "RobotKeyView",
+        "RobotJwk",
         "RobotCreated",
         "GrantView",
         "SessionView",

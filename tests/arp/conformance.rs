@@ -49,6 +49,7 @@ async fn agent() -> Agent {
         settings: Arc::new(Mutex::new(Settings::defaults(&limits))),
         base_limits: limits,
         metrics: Arc::new(Metrics::default()),
+        reply_signer: None,
     };
     let server = ArpServer::new(shared, pose, ArpOptions::default());
     let tokens: Vec<Token> = [format!("operator:{OPERATOR}"), format!("viewer:{VIEWER}")]

@@ -20,7 +20,8 @@ export type Outgoing = {
 /**
  * Every failure the SDK reports. `code` is the server's or the robot's code
  * (`FORBIDDEN`, `UNAUTHORIZED`, `CONNECTION_FAILED`, `MOVEMENT_FAILED`, …) or one of the
- * SDK's own (`TIMEOUT`, `CLOSED`, `NETWORK`); `reason` is `details.reason` when the
+ * SDK's own (`TIMEOUT`, `CLOSED`, `NETWORK`, `INVALID_SIGNATURE` for a robot message
+ * refused by `verifyRobot`); `reason` is `details.reason` when the
  * server gave one (`no_grant`, `robot_busy`, `robot_offline`, …).
  */
 export declare class SignallingError extends Error {
@@ -150,6 +151,11 @@ export declare class SignallingClient extends Emitter {
      * (`GET /v1/me/robots`; the server pushes no presence events, so poll it).
      */
     robots(): Promise<MyRobot[]>;
+    /**
+     * The robot's enrolled public key as a JWK (`GET /v1/robots/{robotId}/key`; the admin or
+     * any holder of a grant on the robot): what `verifyRobot` checks its replies against.
+     */
+    robotKey(robotId: string): Promise<RobotKey>;
     /** Round trip to the server in milliseconds (`signalling.ping`). */
     ping(): Promise<number>;
     /**
@@ -169,6 +175,15 @@ export interface SessionOptions {
     timeoutMs?: number;
     /** ICE `disconnected` for this long triggers an ICE restart (default 3 s). */
     iceRestartAfterMs?: number;
+    /**
+     * Check that every message on the data channel comes from the robot itself: each must
+     * carry the robot's signature (`meta.signature`, robot-agent's `sign_replies = true`),
+     * checked against its enrolled key from the server (`robotKey`, fetched once when the
+     * session opens). An unsigned or badly signed message is not delivered: the session
+     * emits `error` with code `INVALID_SIGNATURE` (and a request it answers rejects with it).
+     * Needs WebCrypto with Ed25519 or ECDSA P-256 (a secure context in browsers).
+     */
+    verifyRobot?: boolean;
 }
 export type SessionState = 'connecting' | 'open' | 'reconnecting' | 'closed';
 export interface SessionStats {
@@ -212,6 +227,9 @@ export declare class Session extends Emitter {
     private remoteSet;
     private earlyCandidates;
     private stopWatch;
+    /** With `verifyRobot`: the robot's key, and the queue that keeps messages in order. */
+    private robotKey;
+    private inbound;
     constructor(client: SignallingClient, robotId: string, options: SessionOptions, PC: typeof RTCPeerConnection);
     /** Sends the offer; resolves when the data channel is open. */
     start(timeoutMs: number): Promise<void>;
@@ -228,6 +246,9 @@ export declare class Session extends Emitter {
      * the restart also brings fresh candidates if the network moved meanwhile. */
     signallingBack(): void;
     private fromRobot;
+    /** `verifyRobot`: delivers a message only if the robot's signature on it checks. */
+    private verified;
+    private deliver;
     private trySend;
     /** Sends one message on the data channel; returns the envelope sent. */
     send(m: Outgoing): Envelope;
@@ -262,6 +283,33 @@ export declare class Session extends Emitter {
     /** Ends the session: the robot is told through the server, the peer connection closes. */
     close(): Promise<void>;
 }
+/** A robot's enrolled key, as `GET /v1/robots/{id}/key` serves it. */
+export interface RobotKey {
+    robotId: string;
+    /** `ed25519`, `ecdsa-p256` or `x509` (the certificate's key). */
+    credential: string;
+    /** `{kty: 'OKP', crv: 'Ed25519', x}` or `{kty: 'EC', crv: 'P-256', x, y}`, with `alg`. */
+    jwk: {
+        kty: string;
+        crv: string;
+        x: string;
+        y?: string;
+        alg?: string;
+    };
+}
+/** Checks one robot's signed messages. */
+export interface RobotVerifier {
+    /** The message (parsed) if `text` carries a valid signature of the robot; else throws an `INVALID_SIGNATURE` SignallingError. */
+    verify(text: string): Promise<Envelope>;
+}
+/**
+ * A verifier of the robot's signed messages (robot-agent's `sign_replies`): `meta.signature`
+ * is a detached compact JWS (RFC 7515 Appendix F), `BASE64URL(header) '..'
+ * BASE64URL(signature)` with header `{alg, kid: robotId}`, over the message without that
+ * field (and without `meta` if nothing else is in it) in canonical JSON: keys sorted at
+ * every depth, no whitespace, numbers exactly as they were sent.
+ */
+export declare function robotVerifier(key: RobotKey, robotId?: string): Promise<RobotVerifier>;
 export declare const ARP_PROTOCOL_VERSION = "0.1.0";
 /** The SDK's name and version in `arp.initialize`'s `clientInfo`. */
 export declare const SDK_INFO: {

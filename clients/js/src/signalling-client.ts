@@ -21,7 +21,8 @@ export type Outgoing = { type: string; payload?: any; id?: string; correlationId
 /**
  * Every failure the SDK reports. `code` is the server's or the robot's code
  * (`FORBIDDEN`, `UNAUTHORIZED`, `CONNECTION_FAILED`, `MOVEMENT_FAILED`, …) or one of the
- * SDK's own (`TIMEOUT`, `CLOSED`, `NETWORK`); `reason` is `details.reason` when the
+ * SDK's own (`TIMEOUT`, `CLOSED`, `NETWORK`, `INVALID_SIGNATURE` for a robot message
+ * refused by `verifyRobot`); `reason` is `details.reason` when the
  * server gave one (`no_grant`, `robot_busy`, `robot_offline`, …).
  */
 export class SignallingError extends Error {
@@ -428,6 +429,14 @@ export class SignallingClient extends Emitter {
     return this.http('/v1/me/robots');
   }
 
+  /**
+   * The robot's enrolled public key as a JWK (`GET /v1/robots/{robotId}/key`; the admin or
+   * any holder of a grant on the robot): what `verifyRobot` checks its replies against.
+   */
+  robotKey(robotId: string): Promise<RobotKey> {
+    return this.http(`/v1/robots/${encodeURIComponent(robotId)}/key`);
+  }
+
   /** Round trip to the server in milliseconds (`signalling.ping`). */
   async ping(): Promise<number> {
     const t0 = performance.now();
@@ -484,6 +493,15 @@ export interface SessionOptions {
   timeoutMs?: number;
   /** ICE `disconnected` for this long triggers an ICE restart (default 3 s). */
   iceRestartAfterMs?: number;
+  /**
+   * Check that every message on the data channel comes from the robot itself: each must
+   * carry the robot's signature (`meta.signature`, robot-agent's `sign_replies = true`),
+   * checked against its enrolled key from the server (`robotKey`, fetched once when the
+   * session opens). An unsigned or badly signed message is not delivered: the session
+   * emits `error` with code `INVALID_SIGNATURE` (and a request it answers rejects with it).
+   * Needs WebCrypto with Ed25519 or ECDSA P-256 (a secure context in browsers).
+   */
+  verifyRobot?: boolean;
 }
 
 export type SessionState = 'connecting' | 'open' | 'reconnecting' | 'closed';
@@ -528,6 +546,9 @@ export class Session extends Emitter {
   private remoteSet = false;
   private earlyCandidates: RTCIceCandidateInit[] = [];
   private stopWatch: (() => void) | null = null;
+  /** With `verifyRobot`: the robot's key, and the queue that keeps messages in order. */
+  private robotKey: Promise<RobotVerifier> | null = null;
+  private inbound: Promise<void> = Promise.resolve();
 
   constructor(private client: SignallingClient, robotId: string, private options: SessionOptions, PC: typeof RTCPeerConnection) {
     super();
@@ -575,8 +596,13 @@ export class Session extends Emitter {
         }
       });
     });
+    if (this.options.verifyRobot) {
+      this.robotKey = this.client.robotKey(this.robotId).then((k) => robotVerifier(k, this.robotId));
+      // Awaited below; marked handled so a failure before then is no unhandled rejection.
+      this.robotKey.catch(() => {});
+    }
     await this.offer(false);
-    await opened;
+    await Promise.all([opened, this.robotKey]);
   }
 
   private async offer(iceRestart: boolean): Promise<void> {
@@ -667,7 +693,42 @@ export class Session extends Emitter {
   }
 
   private fromRobot(data: unknown): void {
-    const m = parse(data);
+    if (this.robotKey) {
+      const key = this.robotKey;
+      // One at a time, in arrival order: verification is asynchronous.
+      this.inbound = this.inbound.then(() => this.verified(key, data)).catch(() => {});
+      return;
+    }
+    this.deliver(parse(data));
+  }
+
+  /** `verifyRobot`: delivers a message only if the robot's signature on it checks. */
+  private async verified(key: Promise<RobotVerifier>, data: unknown): Promise<void> {
+    if (typeof data !== 'string' || !parse(data)) return;
+    let verifier: RobotVerifier;
+    try {
+      verifier = await key;
+    } catch {
+      return; // openSession fails with the reason; nothing can be checked
+    }
+    let m: Envelope;
+    try {
+      m = await verifier.verify(data);
+    } catch (e) {
+      const err = e instanceof SignallingError ? e : new SignallingError('INVALID_SIGNATURE', String(e));
+      const p = err.correlationId ? this.pending.get(err.correlationId) : undefined;
+      if (p && err.correlationId) {
+        this.pending.delete(err.correlationId);
+        clearTimeout(p.timer);
+        p.reject(err);
+      }
+      this.emit('error', err);
+      return;
+    }
+    if (this.state !== 'closed') this.deliver(m);
+  }
+
+  private deliver(m: Envelope | null): void {
     if (!m) return;
     if (m.type === 'agent.capabilities') this.capabilities = m.payload;
     if (m.correlationId) {
@@ -816,6 +877,196 @@ export class Session extends Emitter {
   async close(): Promise<void> {
     this.end('closed');
   }
+}
+
+/** A robot's enrolled key, as `GET /v1/robots/{id}/key` serves it. */
+export interface RobotKey {
+  robotId: string;
+  /** `ed25519`, `ecdsa-p256` or `x509` (the certificate's key). */
+  credential: string;
+  /** `{kty: 'OKP', crv: 'Ed25519', x}` or `{kty: 'EC', crv: 'P-256', x, y}`, with `alg`. */
+  jwk: { kty: string; crv: string; x: string; y?: string; alg?: string };
+}
+
+/** Checks one robot's signed messages. */
+export interface RobotVerifier {
+  /** The message (parsed) if `text` carries a valid signature of the robot; else throws an `INVALID_SIGNATURE` SignallingError. */
+  verify(text: string): Promise<Envelope>;
+}
+
+/**
+ * A verifier of the robot's signed messages (robot-agent's `sign_replies`): `meta.signature`
+ * is a detached compact JWS (RFC 7515 Appendix F), `BASE64URL(header) '..'
+ * BASE64URL(signature)` with header `{alg, kid: robotId}`, over the message without that
+ * field (and without `meta` if nothing else is in it) in canonical JSON: keys sorted at
+ * every depth, no whitespace, numbers exactly as they were sent.
+ */
+export async function robotVerifier(key: RobotKey, robotId = key.robotId): Promise<RobotVerifier> {
+  const subtle = globalThis.crypto?.subtle;
+  if (!subtle) throw new SignallingError('NOT_SUPPORTED', 'verifyRobot needs WebCrypto (crypto.subtle: a secure context)');
+  const { kty, crv, x, y } = key.jwk ?? ({} as RobotKey['jwk']);
+  let alg: string;
+  let params: { name: string; namedCurve?: string; hash?: string };
+  let imported: CryptoKey;
+  try {
+    if (kty === 'OKP' && crv === 'Ed25519') {
+      alg = 'EdDSA';
+      params = { name: 'Ed25519' };
+      imported = await subtle.importKey('jwk', { kty, crv, x }, params, false, ['verify']);
+    } else if (kty === 'EC' && crv === 'P-256') {
+      alg = 'ES256';
+      imported = await subtle.importKey('jwk', { kty, crv, x, y }, { name: 'ECDSA', namedCurve: 'P-256' }, false, ['verify']);
+      params = { name: 'ECDSA', hash: 'SHA-256' };
+    } else {
+      throw new Error(`${kty}/${crv}`);
+    }
+  } catch (e) {
+    throw new SignallingError('NOT_SUPPORTED', `cannot use robot ${robotId}'s key for verifyRobot: ${(e as Error).message ?? e}`);
+  }
+  return {
+    async verify(text: string): Promise<Envelope> {
+      let correlationId: string | undefined;
+      const refuse = (reason: string, why: string) =>
+        new SignallingError('INVALID_SIGNATURE', `message refused: ${why}`, { reason, robotId }, correlationId);
+      let tree: JsonNode;
+      try {
+        tree = parseJsonKeepingNumbers(text);
+      } catch (e) {
+        throw refuse('malformed', `not JSON: ${(e as Error).message}`);
+      }
+      if (tree.t !== 'o') throw refuse('malformed', 'not a JSON object');
+      const correlation = tree.entries.find(([k]) => k === 'correlationId')?.[1];
+      if (correlation?.t === 'v' && correlation.raw.startsWith('"')) correlationId = JSON.parse(correlation.raw);
+      const metaAt = tree.entries.findIndex(([k]) => k === 'meta');
+      const meta = metaAt >= 0 ? tree.entries[metaAt][1] : undefined;
+      const sigAt = meta?.t === 'o' ? meta.entries.findIndex(([k]) => k === 'signature') : -1;
+      if (!meta || meta.t !== 'o' || sigAt < 0) throw refuse('unsigned', 'the robot did not sign it');
+      const sigNode = meta.entries[sigAt][1];
+      const jws = sigNode.t === 'v' && sigNode.raw.startsWith('"') ? (JSON.parse(sigNode.raw) as string) : '';
+      const parts = jws.split('.');
+      if (parts.length !== 3 || parts[1] !== '') throw refuse('malformed', 'meta.signature is not a detached JWS');
+      let header: { alg?: unknown; kid?: unknown };
+      let signature: Uint8Array<ArrayBuffer>;
+      try {
+        header = JSON.parse(new TextDecoder().decode(fromBase64url(parts[0])));
+        signature = fromBase64url(parts[2]);
+      } catch {
+        throw refuse('malformed', 'meta.signature is not base64url');
+      }
+      if (header?.alg !== alg) throw refuse('wrong_algorithm', `signed with ${String(header?.alg)}, the robot's key is ${alg}`);
+      if (header.kid !== robotId) throw refuse('wrong_robot', `signed as ${String(header.kid)}, not ${robotId}`);
+      // The signed content: the message without meta.signature (and without an empty meta).
+      const rest = meta.entries.filter((_, i) => i !== sigAt);
+      const content: JsonNode = {
+        t: 'o',
+        entries: tree.entries.flatMap(([k, v], i): [string, JsonNode][] =>
+          i !== metaAt ? [[k, v]] : rest.length ? [[k, { t: 'o', entries: rest }]] : []),
+      };
+      const input = new TextEncoder().encode(`${parts[0]}.${toBase64url(new TextEncoder().encode(canonical(content)))}`);
+      let ok = false;
+      try {
+        ok = await subtle.verify(params, imported, signature, input);
+      } catch {
+        ok = false;
+      }
+      if (!ok) throw refuse('bad_signature', `the signature of robot ${robotId} does not verify`);
+      return JSON.parse(text);
+    },
+  };
+}
+
+/** A JSON value with every number kept as written (`v`: the raw token of a scalar). */
+type JsonNode = { t: 'o'; entries: [string, JsonNode][] } | { t: 'a'; items: JsonNode[] } | { t: 'v'; raw: string };
+
+/**
+ * Parses JSON keeping each number's text: JavaScript would print `1.0` as `1` and `1e+21`
+ * as `1e21`, while the robot signed them as it sent them. Refuses duplicate keys.
+ */
+function parseJsonKeepingNumbers(text: string): JsonNode {
+  let i = 0;
+  const ws = () => { while (i < text.length && ' \t\n\r'.includes(text[i])) i++; };
+  const fail = (what: string): never => { throw new Error(`${what} at ${i}`); };
+  const token = (re: RegExp): string => {
+    re.lastIndex = i;
+    const m = re.exec(text);
+    if (!m) fail('unexpected token');
+    i += m![0].length;
+    return m![0];
+  };
+  const STRING = /"(?:[^"\\\u0000-\u001f]|\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4}))*"/y;
+  const SCALAR = /-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?|true|false|null/y;
+  const value = (depth: number): JsonNode => {
+    if (depth > 64) fail('nested too deep');
+    ws();
+    const c = text[i];
+    if (c === '{') {
+      i++;
+      const entries: [string, JsonNode][] = [];
+      const seen = new Set<string>();
+      ws();
+      if (text[i] === '}') { i++; return { t: 'o', entries }; }
+      for (;;) {
+        ws();
+        const key = JSON.parse(token(STRING)) as string;
+        if (seen.has(key)) fail(`duplicate key ${JSON.stringify(key)}`);
+        seen.add(key);
+        ws();
+        if (text[i++] !== ':') fail('expected :');
+        entries.push([key, value(depth + 1)]);
+        ws();
+        const next = text[i++];
+        if (next === '}') return { t: 'o', entries };
+        if (next !== ',') fail('expected , or }');
+      }
+    }
+    if (c === '[') {
+      i++;
+      const items: JsonNode[] = [];
+      ws();
+      if (text[i] === ']') { i++; return { t: 'a', items }; }
+      for (;;) {
+        items.push(value(depth + 1));
+        ws();
+        const next = text[i++];
+        if (next === ']') return { t: 'a', items };
+        if (next !== ',') fail('expected , or ]');
+      }
+    }
+    // Strings in the form JSON.stringify (and serde_json) write them.
+    if (c === '"') return { t: 'v', raw: JSON.stringify(JSON.parse(token(STRING))) };
+    return { t: 'v', raw: token(SCALAR) };
+  };
+  const root = value(0);
+  ws();
+  if (i !== text.length) fail('trailing characters');
+  return root;
+}
+
+/** Canonical JSON: keys sorted by code point (as the robot's UTF-8 byte order) at every depth, no whitespace. */
+function canonical(node: JsonNode): string {
+  if (node.t === 'v') return node.raw;
+  if (node.t === 'a') return `[${node.items.map(canonical).join(',')}]`;
+  const sorted = [...node.entries].sort(([a], [b]) => compareCodePoints(a, b));
+  return `{${sorted.map(([k, v]) => `${JSON.stringify(k)}:${canonical(v)}`).join(',')}}`;
+}
+
+function compareCodePoints(a: string, b: string): number {
+  const x = Array.from(a, (c) => c.codePointAt(0)!);
+  const y = Array.from(b, (c) => c.codePointAt(0)!);
+  for (let i = 0; i < Math.min(x.length, y.length); i++) if (x[i] !== y[i]) return x[i] - y[i];
+  return x.length - y.length;
+}
+
+function toBase64url(bytes: Uint8Array): string {
+  let s = '';
+  for (const b of bytes) s += String.fromCharCode(b);
+  return btoa(s).replace(/\+/g, '-').replace(/\//g, '_').replace(/=+$/, '');
+}
+
+function fromBase64url(text: string): Uint8Array<ArrayBuffer> {
+  if (!/^[A-Za-z0-9_-]*$/.test(text)) throw new Error('not base64url');
+  const s = atob(text.replace(/-/g, '+').replace(/_/g, '/') + '='.repeat((4 - (text.length % 4)) % 4));
+  return Uint8Array.from(s, (c) => c.charCodeAt(0));
 }
 
 function clamp(x: number): number {

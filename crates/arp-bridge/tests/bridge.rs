@@ -75,6 +75,7 @@ async fn robot(confirm: &[&str]) -> Robot {
         settings: Arc::new(Mutex::new(Settings::defaults(&limits))),
         base_limits: limits,
         metrics: Arc::new(Metrics::default()),
+        reply_signer: None,
     };
     let mut options = ArpOptions::default();
     for tool in confirm {

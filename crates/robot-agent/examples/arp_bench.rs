@@ -133,6 +133,7 @@ async fn main() {
         settings: Arc::new(Mutex::new(Settings::defaults(&limits))),
         base_limits: limits,
         metrics: Arc::new(Metrics::default()),
+        reply_signer: None,
     };
     let server = ArpServer::new(shared, pose, ArpOptions::default());
     let tokens: Vec<Token> = ["operator:op", "viewer:view"]

@@ -11,6 +11,7 @@ use crate::driver::{self, DriverOptions};
 use crate::identity::{self, IdentityError, RobotKey};
 use crate::locations::{LocationError, LocationStore};
 use crate::peer::{PeerError, PeerManager, PeerOptions};
+use crate::reply_signing::ReplySigner;
 use crate::safety::StopReason;
 use crate::server_keys;
 use crate::session::{Metrics, Shared};
@@ -116,6 +117,7 @@ pub async fn run(config: RunConfig) -> Result<(), AgentError> {
         settings: Arc::new(Mutex::new(settings)),
         base_limits: config.safety.clone(),
         metrics: Arc::new(Metrics::default()),
+        reply_signer: ReplySigner::configured(&config, &key).map_err(AgentError::Key)?,
     };
     let metrics = shared.metrics.clone();
     // Only drivers that report a pose offer the `odometry` context.

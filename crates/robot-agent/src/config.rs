@@ -128,6 +128,9 @@ pub struct FileConfig {
     /// Refuse offers and gateway ARP frames without a valid session ticket of the
     /// server [default: on once a server key is pinned, see docs/robot-agent.md].
     pub require_tickets: Option<bool>,
+    /// Sign every `agent.*` message sent on the data channel with the robot's key
+    /// (`meta.signature`, a detached JWS) [default: false, see docs/robot-agent.md].
+    pub sign_replies: Option<bool>,
     /// The pinned server signing keys [default: CONFIG_DIR/server-keys.json].
     pub server_keys_file: Option<PathBuf>,
 }
@@ -186,6 +189,8 @@ pub struct RunConfig {
     pub arp_listen: Option<ListenConfig>,
     /// `require_tickets` as configured (`None`: on once a key is pinned).
     pub require_tickets: Option<bool>,
+    /// `sign_replies`: sign the data channel's `agent.*` messages ([`crate::reply_signing`]).
+    pub sign_replies: bool,
     /// The pinned server signing keys ([`crate::server_keys`]).
     pub server_keys_file: PathBuf,
 }
@@ -281,6 +286,7 @@ impl RunConfig {
                     .unwrap_or_else(|| crate::server_keys::SERVER_KEYS_FILE.into()),
             ),
             require_tickets: file.require_tickets,
+            sign_replies: file.sign_replies.unwrap_or(false),
             ca_file: file.ca_file.map(&within),
             data_dir,
             include_loopback_candidates: file.include_loopback_candidates.unwrap_or(false),

@@ -7,7 +7,10 @@ use std::path::Path;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
 use ring::rand::SystemRandom;
-use ring::signature::{EcdsaKeyPair, Ed25519KeyPair, KeyPair, ECDSA_P256_SHA256_ASN1_SIGNING};
+use ring::signature::{
+    EcdsaKeyPair, Ed25519KeyPair, KeyPair, ECDSA_P256_SHA256_ASN1_SIGNING,
+    ECDSA_P256_SHA256_FIXED_SIGNING,
+};
 
 use crate::fsutil;
 
@@ -153,6 +156,26 @@ impl RobotKey {
         }
     }
 
+    /// This key as a JWS signer ([`JwsSigner`]), for signed replies.
+    pub fn jws_signer(&self) -> Result<JwsSigner, IdentityError> {
+        let inner = match &self.inner {
+            Inner::Ed25519(_) => RobotKey::from_pem(&self.pkcs8_pem, "robot key")?.inner,
+            Inner::P256(_) => {
+                let block = pem::parse(&self.pkcs8_pem)
+                    .map_err(|_| IdentityError::NotPem("robot key".into()))?;
+                Inner::P256(
+                    EcdsaKeyPair::from_pkcs8(
+                        &ECDSA_P256_SHA256_FIXED_SIGNING,
+                        block.contents(),
+                        &SystemRandom::new(),
+                    )
+                    .map_err(|_| IdentityError::UnsupportedKey("robot key".into()))?,
+                )
+            }
+        };
+        Ok(JwsSigner { inner })
+    }
+
     /// The public key in the form `POST /v1/enroll` takes: the raw 32 bytes
     /// in base64 for Ed25519, a SubjectPublicKeyInfo PEM for P-256.
     pub fn enrollment_public_key(&self) -> String {
@@ -187,6 +210,41 @@ impl RobotKey {
             .serialize_request(&key)
             .map_err(|e| IdentityError::Csr(e.to_string()))?;
         csr.pem().map_err(|e| IdentityError::Csr(e.to_string()))
+    }
+}
+
+/// The robot's key signing as JWS does (RFC 7518 section 3): `EdDSA` (Ed25519), or `ES256`
+/// with the fixed 64-byte r||s signature JWS requires rather than the ASN.1 DER of
+/// [`RobotKey::sign`].
+pub struct JwsSigner {
+    inner: Inner,
+}
+
+impl JwsSigner {
+    /// The JWS `alg`: `EdDSA` or `ES256`.
+    pub fn alg(&self) -> &'static str {
+        match self.inner {
+            Inner::Ed25519(_) => "EdDSA",
+            Inner::P256(_) => "ES256",
+        }
+    }
+
+    /// The raw public key: 32 bytes (Ed25519) or the uncompressed 65-byte point (P-256).
+    pub fn public_key(&self) -> &[u8] {
+        match &self.inner {
+            Inner::Ed25519(k) => k.public_key().as_ref(),
+            Inner::P256(k) => k.public_key().as_ref(),
+        }
+    }
+
+    pub fn sign(&self, message: &[u8]) -> Result<Vec<u8>, IdentityError> {
+        match &self.inner {
+            Inner::Ed25519(k) => Ok(k.sign(message).as_ref().to_vec()),
+            Inner::P256(k) => k
+                .sign(&SystemRandom::new(), message)
+                .map(|s| s.as_ref().to_vec())
+                .map_err(|_| IdentityError::Sign),
+        }
     }
 }
 

@@ -7,7 +7,8 @@
 //! * [`tickets`]: the server's signed session tickets, checked against the keys
 //!   pinned at enrollment ([`server_keys`]) before anything acts on a message;
 //! * [`peer`]: one WebRTC peer connection per session;
-//! * [`session`]: the `agent.*` protocol of one session;
+//! * [`session`]: the `agent.*` protocol of one session, its replies signed
+//!   with the robot's key when `sign_replies` is on ([`reply_signing`]);
 //! * [`controller`] + [`safety`]: every motion decision, in one task;
 //! * [`driver`]: sim, exec, rosbridge and serial back ends;
 //! * [`video`]: camera sources, one track each shared by every session;
@@ -26,6 +27,7 @@ pub mod identity;
 pub mod locations;
 pub mod messages;
 pub mod peer;
+pub mod reply_signing;
 pub mod safety;
 pub mod server_keys;
 pub mod session;

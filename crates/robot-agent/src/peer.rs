@@ -1232,7 +1232,8 @@ async fn channel_task(
         // Before any channel is open there is nowhere to answer (cannot
         // happen for replies: a request comes with its channel).
         let Some(target) = target else { continue };
-        for message in outgoing {
+        for mut message in outgoing {
+            session.sign(&mut message);
             if let Err(e) = target.send_text(message.to_json()).await {
                 tracing::debug!(session = %session.id(), label = target.label(), error = %e, "data channel send failed");
                 break;

@@ -68,6 +68,7 @@ async fn answers_a_teleop_style_offer_and_serves_the_control_channel() {
         settings: Arc::new(std::sync::Mutex::new(Settings::defaults(&limits))),
         base_limits: limits,
         metrics: Arc::new(crate::session::Metrics::default()),
+        reply_signer: None,
     };
     let (sig_tx, mut sig_rx) = mpsc::channel(64);
     let manager = PeerManager::new(
@@ -315,6 +316,7 @@ async fn a_broken_offer_is_reported_as_failed() {
         settings: Arc::new(std::sync::Mutex::new(Settings::defaults(&limits))),
         base_limits: limits,
         metrics: Arc::new(crate::session::Metrics::default()),
+        reply_signer: None,
     };
     let (sig_tx, mut sig_rx) = mpsc::channel(8);
     let manager = PeerManager::new(
@@ -358,6 +360,7 @@ async fn agent_with_cameras(
         settings: Arc::new(std::sync::Mutex::new(Settings::defaults(&limits))),
         base_limits: limits,
         metrics: Arc::new(crate::session::Metrics::default()),
+        reply_signer: None,
     };
     let (sig_tx, sig_rx) = mpsc::channel(256);
     let manager = PeerManager::new(
@@ -898,6 +901,7 @@ async fn viewers_filling_every_slot_leave_one_for_the_operator() {
         settings: Arc::new(std::sync::Mutex::new(Settings::defaults(&limits))),
         base_limits: limits,
         metrics: Arc::new(crate::session::Metrics::default()),
+        reply_signer: None,
     };
     let (sig_tx, mut sig_rx) = mpsc::channel(4096);
     let manager = PeerManager::new(
@@ -1020,6 +1024,7 @@ async fn an_arp_data_channel_is_served_with_the_sessions_role() {
         settings: Arc::new(std::sync::Mutex::new(Settings::defaults(&limits))),
         base_limits: limits,
         metrics: Arc::new(crate::session::Metrics::default()),
+        reply_signer: None,
     };
     let arp = crate::arp::ArpServer::new(shared.clone(), pose, crate::arp::ArpOptions::default());
     let (sig_tx, mut sig_rx) = mpsc::channel(256);
@@ -1192,6 +1197,7 @@ async fn one_controller() -> OneController {
         settings: Arc::new(std::sync::Mutex::new(Settings::defaults(&limits))),
         base_limits: limits,
         metrics: Arc::new(crate::session::Metrics::default()),
+        reply_signer: None,
     };
     let (sig_tx, sig_rx) = mpsc::channel(256);
     let manager = PeerManager::new(

@@ -20,6 +20,7 @@ use crate::budget::MessageBudget;
 use crate::controller::{ControllerHandle, NavRefusal};
 use crate::locations::{LocationError, LocationStore};
 use crate::messages::{self, details};
+use crate::reply_signing::ReplySigner;
 use crate::safety::freshness::{Decision, FreshnessConfig, MotionGate, Stale, Verdict};
 use crate::safety::{Refusal, Role};
 use crate::settings::{Settings, SettingsError, ESTOP_RESET_KEY};
@@ -55,6 +56,8 @@ pub struct Shared {
     /// Safety values of the config file, the base `safety.*` applies to.
     pub base_limits: crate::safety::SafetyLimits,
     pub metrics: Arc<Metrics>,
+    /// Signs what goes out on the data channels (`sign_replies = true`).
+    pub reply_signer: Option<Arc<ReplySigner>>,
 }
 
 /// A movement command on its way through the freshness gate.
@@ -119,6 +122,18 @@ impl Session {
 
     pub fn role(&self) -> Role {
         self.role
+    }
+
+    /// Signs a message about to go out on the data channel when `sign_replies` is on
+    /// ([`crate::reply_signing`]); leaves it as it is otherwise.
+    pub fn sign(&self, envelope: &mut Envelope) {
+        let Some(signer) = &self.shared.reply_signer else {
+            return;
+        };
+        if let Err(e) = signer.sign(envelope) {
+            // The client refuses it unsigned: said here, where the cause is known.
+            tracing::error!(session = %self.id, kind = %envelope.kind, error = %e, "cannot sign a reply");
+        }
     }
 
     /// Handles one text message; returns the immediate replies (async

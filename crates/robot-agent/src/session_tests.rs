@@ -55,6 +55,7 @@ async fn rig_with(driver: DriverHandle, end: Option<DriverEnd>) -> Rig {
         settings: Arc::new(Mutex::new(Settings::defaults(&limits))),
         base_limits: limits,
         metrics: Arc::new(crate::session::Metrics::default()),
+        reply_signer: None,
     };
     Rig {
         shared,

@@ -327,6 +327,7 @@ fn shared_with(f: &Fixture) -> crate::session::Shared {
         ))),
         base_limits: limits,
         metrics: Arc::new(crate::session::Metrics::default()),
+        reply_signer: None,
     }
 }
 

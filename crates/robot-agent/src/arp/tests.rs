@@ -57,6 +57,7 @@ pub(crate) async fn fixture(options: ArpOptions) -> Fixture {
         settings: Arc::new(std::sync::Mutex::new(Settings::defaults(&limits))),
         base_limits: limits,
         metrics: Arc::new(Metrics::default()),
+        reply_signer: None,
     };
     let server = ArpServer::new(shared, pose, options);
     let tokens: Vec<Token> = [OPERATOR, OPERATOR2, VIEWER]
@@ -973,6 +974,7 @@ async fn an_exec_driver_declares_a_tool_that_is_listed_confirmed_and_run() {
         settings: Arc::new(std::sync::Mutex::new(Settings::defaults(&limits))),
         base_limits: limits,
         metrics: Arc::new(Metrics::default()),
+        reply_signer: None,
     };
     let server = ArpServer::new(
         shared,
