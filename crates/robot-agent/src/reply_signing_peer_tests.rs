@@ -126,6 +126,7 @@ async fn every_message_on_the_data_channel_is_signed_when_sign_replies_is_on() {
             sdp,
             role: Role::Operator,
             subject: Some("alice".into()),
+            ticket_expires: None,
         })
         .await
         .expect("offer");
