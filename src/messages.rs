@@ -64,6 +64,19 @@ pub fn ticket_renewal(connection_id: &str, subject: &str, role: Role, ticket: &s
     .to_string()
 }
 
+/// A `session.signing_keys` for a robot: the current signing key endorsed by the
+/// previous one (docs/protocol.md, "Session tickets").
+pub fn key_endorsement(endorsement: &str) -> String {
+    serde_json::json!({
+        "type": signalling_protocol::ticket::KEYS_TYPE,
+        "version": PROTOCOL_VERSION,
+        "id": uuid::Uuid::new_v4().to_string(),
+        "timestamp": timestamp(),
+        "payload": { "endorsement": endorsement },
+    })
+    .to_string()
+}
+
 /// The frames that e-stop a robot from the API, on `subject`'s word: an `arp.emergencyStop`
 /// notification in a session of its own, then that session's end.
 pub fn arp_emergency_stop(subject: &str) -> [String; 2] {

@@ -66,6 +66,13 @@ impl Tickets {
         }
     }
 
+    /// During a rotation: the `session.signing_keys` message that hands robots the new key
+    /// endorsed by the previous one (`None` without the previous private key).
+    pub fn endorsement_message(&self) -> Option<String> {
+        let endorsement = self.keys.endorsement()?;
+        Some(crate::messages::key_endorsement(endorsement))
+    }
+
     /// The public keys robots pin (`GET /v1/signing-keys`, enrollment's answer).
     pub fn jwks(&self) -> Jwks {
         self.keys.jwks()

@@ -15,6 +15,7 @@ use base64::Engine;
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use ring::signature::{Ed25519KeyPair, KeyPair};
 use serde::Serialize;
+use signalling_protocol::ticket::KeyEndorsement;
 use utoipa::ToSchema;
 
 /// The DER prefix of an Ed25519 SubjectPublicKeyInfo; the raw key follows.
@@ -94,6 +95,9 @@ pub struct SigningKeys {
     header: Header,
     current: Jwk,
     previous: Option<Jwk>,
+    /// The current key endorsed by the previous one, when the previous key's private half
+    /// was given: robots that pinned the old key learn the new one from it.
+    endorsement: Option<String>,
 }
 
 impl std::fmt::Debug for SigningKeys {
@@ -124,6 +128,7 @@ impl SigningKeys {
             header,
             current,
             previous: None,
+            endorsement: None,
         })
     }
 
@@ -143,10 +148,25 @@ impl SigningKeys {
         )))
     }
 
-    /// Publishes the previous key (a PEM private or public key) beside the current one.
+    /// Publishes the previous key (a PEM private or public key) beside the current one;
+    /// a private one also endorses the current key ([`SigningKeys::endorsement`]).
     pub fn with_previous(mut self, path: &Path) -> Result<SigningKeys, SigningKeyError> {
         let text = read(path)?;
         let block = pem::parse(&text).map_err(|e| invalid(path, format!("not PEM: {e}")))?;
+        if block.tag() == "PRIVATE KEY" {
+            let previous = SigningKeys::from_pkcs8_der(block.contents())
+                .map_err(|message| invalid(path, message))?;
+            if previous.current.kid != self.current.kid {
+                let claims = KeyEndorsement {
+                    endorses: vec![serde_json::to_value(&self.current)
+                        .map_err(|e| invalid(path, e.to_string()))?],
+                    iat: std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_secs()),
+                };
+                self.endorsement = Some(previous.sign(&claims)?);
+            }
+        }
         let public = match block.tag() {
             "PUBLIC KEY" => block
                 .contents()
@@ -166,6 +186,12 @@ impl SigningKeys {
             self.previous = Some(previous);
         }
         Ok(self)
+    }
+
+    /// The current key endorsed by the previous one (a JWS by the previous key over
+    /// `KeyEndorsement`), during a rotation whose previous private key was given.
+    pub fn endorsement(&self) -> Option<&str> {
+        self.endorsement.as_deref()
     }
 
     /// The id of the key tickets are signed with.

@@ -391,3 +391,84 @@ async fn an_arp_request_a_robot_refuses_for_its_ticket_is_counted() {
     let name = "signalling_robot_ticket_refusals_total{kind=\"arp\"}";
     assert_eq!(metric(&server, name).await, 1.0);
 }
+
+/// Two Ed25519 private keys as PEM files in a fresh directory: (dir, old, new).
+fn two_key_files() -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("rotation-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let (old, new) = (dir.join("old.pem"), dir.join("new.pem"));
+    for path in [&old, &new] {
+        let rng = ring::rand::SystemRandom::new();
+        let der = ring::signature::Ed25519KeyPair::generate_pkcs8(&rng).expect("key");
+        let text = pem::encode(&pem::Pem::new("PRIVATE KEY", der.as_ref().to_vec()));
+        std::fs::write(path, text).expect("write");
+    }
+    (dir, old, new)
+}
+
+#[tokio::test]
+async fn during_a_rotation_robots_that_check_tickets_get_the_new_key_endorsed_by_the_old() {
+    let (dir, old, new) = two_key_files();
+    let server = TestServer::start_with(move |c| {
+        c.signing_key_file = Some(new);
+        c.signing_key_previous_file = Some(old);
+    })
+    .await;
+    let jwks = signing_keys(&server).await;
+    let (current, previous) = (&jwks["keys"][0], &jwks["keys"][1]);
+    let mut renewing = renewing_robot(&server, "robot-1").await;
+    let message = next_but_welcomes(&mut renewing).await;
+    assert_eq!(message["type"], "session.signing_keys", "{message}");
+    let endorsement = message["payload"]["endorsement"].as_str().expect("JWS");
+    // Signed by the previous key (the one robots pinned), naming the current one.
+    let header = jsonwebtoken::decode_header(endorsement).expect("JWS");
+    assert_eq!(header.kid.as_deref(), previous["kid"].as_str());
+    let key = DecodingKey::from_ed_components(previous["x"].as_str().expect("x")).expect("key");
+    let mut validation = Validation::new(Algorithm::EdDSA);
+    validation.validate_exp = false;
+    validation.set_required_spec_claims::<&str>(&[]);
+    let claims = jsonwebtoken::decode::<signalling_protocol::ticket::KeyEndorsement>(
+        endorsement,
+        &key,
+        &validation,
+    )
+    .expect("the endorsement checks against the previous key")
+    .claims;
+    assert_eq!(claims.endorses, vec![current.clone()]);
+
+    // A robot that declared nothing (the Modulr-like) gets none: the first thing after its
+    // login is the answer to its ping.
+    let (mut plain, _) = server.online_robot("robot-2").await;
+    plain
+        .send(&json!({"type": "signalling.ping", "version": "0.5", "id": "p-1",
+            "timestamp": "2026-01-06T12:00:00Z", "payload": {}}))
+        .await;
+    let pong = next_but_welcomes(&mut plain).await;
+    assert_eq!(pong["type"], "signalling.pong", "{pong}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
+async fn a_previous_key_given_as_a_public_key_endorses_nothing() {
+    let (dir, old, new) = two_key_files();
+    let public = dir.join("old.pub.pem");
+    let der = pem::parse(std::fs::read(&old).expect("read")).expect("PEM");
+    let pair = ring::signature::Ed25519KeyPair::from_pkcs8(der.contents()).expect("key");
+    let mut spki = vec![0x30, 0x2a, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x03, 0x21, 0x00];
+    spki.extend_from_slice(pair.public_key().as_ref());
+    std::fs::write(&public, pem::encode(&pem::Pem::new("PUBLIC KEY", spki))).expect("write");
+    let server = TestServer::start_with(move |c| {
+        c.signing_key_file = Some(new);
+        c.signing_key_previous_file = Some(public);
+    })
+    .await;
+    assert_eq!(signing_keys(&server).await["keys"].as_array().map(Vec::len), Some(2));
+    let mut renewing = renewing_robot(&server, "robot-1").await;
+    renewing
+        .send(&json!({"type": "signalling.ping", "version": "0.5", "id": "p-1",
+            "timestamp": "2026-01-06T12:00:00Z", "payload": {}}))
+        .await;
+    let pong = next_but_welcomes(&mut renewing).await;
+    assert_eq!(pong["type"], "signalling.pong", "{pong}");
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -25,6 +25,21 @@ pub const MAX_TICKET_LIFETIME_SECS: u64 = 300;
 /// [`REGISTER_METADATA_KEY`], so the Modulr agent never sees one.
 pub const RENEW_TYPE: &str = "session.ticket";
 
+/// `type` of the envelope in which the server, during a key rotation, hands a robot that
+/// declared [`REGISTER_METADATA_KEY`] the new signing key endorsed by the previous one:
+/// payload `{"endorsement": JWS}`, a JWS by the previous key over [`KeyEndorsement`]. A
+/// robot that pinned the previous key pins the new one (no `trust-key` by hand).
+pub const KEYS_TYPE: &str = "session.signing_keys";
+
+/// The claims of a key endorsement: public keys (JWKs, `OKP`/`Ed25519`) that the signer
+/// vouches for as its successors.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KeyEndorsement {
+    pub endorses: Vec<Value>,
+    /// Issued at, seconds since the Unix epoch (for the record).
+    pub iat: u64,
+}
+
 /// `details.reason` of the `signalling.disconnected` by which a robot ends a session
 /// whose ticket ran out unrenewed.
 pub const EXPIRED_REASON: &str = "ticket_expired";

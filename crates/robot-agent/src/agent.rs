@@ -60,7 +60,9 @@ fn ticket_check(config: &RunConfig) -> Result<Option<Arc<TicketCheck>>, AgentErr
         }
         return Ok(None);
     }
-    let check = TicketCheck::new(&config.robot_id, &pinned).ok_or(AgentError::NoPinnedKey)?;
+    let check = TicketCheck::new(&config.robot_id, &pinned)
+        .ok_or(AgentError::NoPinnedKey)?
+        .with_keys_file(config.server_keys_file.clone());
     let kids: Vec<&str> = pinned.iter().map(|k| k.kid.as_str()).collect();
     tracing::info!(keys = %kids.join(","), "session tickets required");
     Ok(Some(Arc::new(check)))

@@ -22,7 +22,7 @@ use futures_util::{SinkExt, StreamExt};
 use ring::rand::{SecureRandom, SystemRandom};
 use serde_json::{Map, Value};
 use signalling_protocol::arp::{ArpFramePayload, FRAME_TYPE};
-use signalling_protocol::ticket::RENEW_TYPE;
+use signalling_protocol::ticket::{KEYS_TYPE, RENEW_TYPE};
 use signalling_protocol::{
     Body, Envelope, IceCandidatePayload, IceServer, PkiResponsePayload, RegisterPayload,
     SessionMeta, Signalling, PROTOCOL_VERSION,
@@ -473,6 +473,12 @@ async fn dispatch(
     if envelope.kind == RENEW_TYPE {
         return Ok(tickets.and_then(|check| ticket_renewal(&envelope, check)));
     }
+    if envelope.kind == KEYS_TYPE {
+        if let Some(check) = tickets {
+            key_endorsement(&envelope, check);
+        }
+        return Ok(None);
+    }
     let body = match envelope.body() {
         Ok(Body::Signalling(s)) => s,
         Ok(Body::Agent(_)) => return Ok(None),
@@ -526,6 +532,23 @@ async fn dispatch(
         }
         _ => None,
     })
+}
+
+/// A `session.signing_keys`: a rotation's new key, endorsed by one we trust, is pinned.
+fn key_endorsement(envelope: &Envelope, check: &TicketCheck) {
+    let endorsement = envelope
+        .payload
+        .as_ref()
+        .and_then(|p| p.get("endorsement"))
+        .and_then(Value::as_str);
+    match endorsement.map(|e| check.endorse(e)) {
+        Some(Ok(added)) if !added.is_empty() => {
+            tracing::info!(keys = %added.join(","), "pinned the server's new signing key, endorsed by a key we trust");
+        }
+        Some(Ok(_)) => {}
+        Some(Err(e)) => tracing::warn!(error = %e, "server key endorsement refused"),
+        None => tracing::warn!(id = %envelope.id, "session.signing_keys without an endorsement"),
+    }
 }
 
 /// A `session.ticket`: the fresh ticket of a live session, checked as an offer's.

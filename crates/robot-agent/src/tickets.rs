@@ -10,21 +10,22 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::path::PathBuf;
+use std::sync::{Mutex, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde_json::{json, Value};
 use signalling_protocol::arp::{method, reason, ArpCode, ArpFramePayload};
 use signalling_protocol::ticket::{
-    is_tool_call, params_hash, TicketClaims, MAX_TICKET_LIFETIME_SECS,
+    is_tool_call, params_hash, KeyEndorsement, TicketClaims, MAX_TICKET_LIFETIME_SECS,
 };
 use signalling_protocol::{
     DisconnectReason, DisconnectedPayload, Envelope, SessionMeta, Signalling, PROTOCOL_VERSION,
 };
 
 use crate::messages;
-use crate::server_keys::PinnedKey;
+use crate::server_keys::{self, PinnedKey};
 
 /// Clock difference between server and robot a ticket survives, in seconds.
 pub const LEEWAY_SECS: u64 = 30;
@@ -62,6 +63,10 @@ pub enum TicketError {
     Replayed,
     #[error("too many live tickets to remember ({MAX_REMEMBERED})")]
     TooManyLive,
+    #[error("the endorsed key is not one: {0}")]
+    BadEndorsedKey(String),
+    #[error("cannot pin the endorsed key: {0}")]
+    Pin(String),
 }
 
 /// What a good ticket vouches for: who, in what role, until when (Unix seconds).
@@ -112,7 +117,10 @@ pub fn unix_now() -> u64 {
 /// Checks tickets against the pinned keys, for one robot.
 pub struct TicketCheck {
     robot: String,
-    keys: HashMap<String, DecodingKey>,
+    /// Pinned keys by id; a rotation's endorsement adds one while the agent runs.
+    keys: RwLock<HashMap<String, DecodingKey>>,
+    /// Where endorsed keys are pinned for good (`server-keys.json`), if anywhere.
+    keys_file: Option<PathBuf>,
     validation: Validation,
     refused: AtomicU64,
     seen: Mutex<Seen>,
@@ -122,7 +130,7 @@ impl std::fmt::Debug for TicketCheck {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TicketCheck")
             .field("robot", &self.robot)
-            .field("keys", &self.keys.keys().collect::<Vec<_>>())
+            .field("keys", &self.kids())
             .finish()
     }
 }
@@ -143,11 +151,70 @@ impl TicketCheck {
         validation.set_required_spec_claims(&["exp"]);
         Some(TicketCheck {
             robot: robot.to_owned(),
-            keys,
+            keys: RwLock::new(keys),
+            keys_file: None,
             validation,
             refused: AtomicU64::new(0),
             seen: Mutex::new(Seen::default()),
         })
+    }
+
+    /// Pins endorsed keys in `path` too (the agent's `server-keys.json`), not only in
+    /// memory.
+    pub fn with_keys_file(mut self, path: PathBuf) -> TicketCheck {
+        self.keys_file = Some(path);
+        self
+    }
+
+    /// The ids of the keys trusted now.
+    pub fn kids(&self) -> Vec<String> {
+        let keys = self.keys.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut kids: Vec<String> = keys.keys().cloned().collect();
+        kids.sort();
+        kids
+    }
+
+    /// A rotation's `session.signing_keys`: keys endorsed by a key we trust are pinned
+    /// (in memory and in the keys file); returns the ids of those that were new. An
+    /// endorsement by any other key, or of anything but an Ed25519 JWK whose id is its
+    /// thumbprint, is refused and pins nothing.
+    pub fn endorse(&self, endorsement: &str) -> Result<Vec<String>, TicketError> {
+        let header = jsonwebtoken::decode_header(endorsement)
+            .map_err(|e| TicketError::Malformed(e.to_string()))?;
+        let mut validation = Validation::new(Algorithm::EdDSA);
+        validation.validate_exp = false;
+        validation.validate_aud = false;
+        validation.set_required_spec_claims::<&str>(&[]);
+        let claims = {
+            let keys = self.keys.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let key = header
+                .kid
+                .as_ref()
+                .and_then(|kid| keys.get(kid))
+                .ok_or_else(|| TicketError::UnknownKey(header.kid.clone()))?;
+            jsonwebtoken::decode::<KeyEndorsement>(endorsement, key, &validation)
+                .map_err(|e| TicketError::Invalid(e.to_string()))?
+                .claims
+        };
+        let endorsed = claims
+            .endorses
+            .iter()
+            .map(PinnedKey::from_jwk)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| TicketError::BadEndorsedKey(e.to_string()))?;
+        let mut added = Vec::new();
+        for key in endorsed {
+            if let Some(path) = &self.keys_file {
+                server_keys::add(path, key.clone()).map_err(|e| TicketError::Pin(e.to_string()))?;
+            }
+            let decoding = DecodingKey::from_ed_components(&key.x)
+                .map_err(|e| TicketError::BadEndorsedKey(e.to_string()))?;
+            let mut keys = self.keys.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if keys.insert(key.kid.clone(), decoding).is_none() {
+                added.push(key.kid);
+            }
+        }
+        Ok(added)
     }
 
     /// Tickets refused since the start.
@@ -162,17 +229,20 @@ impl TicketCheck {
         let ticket = ticket.ok_or(TicketError::Missing)?;
         let header = jsonwebtoken::decode_header(ticket)
             .map_err(|e| TicketError::Malformed(e.to_string()))?;
-        let key = header
-            .kid
-            .as_ref()
-            .and_then(|kid| self.keys.get(kid))
-            .ok_or_else(|| TicketError::UnknownKey(header.kid.clone()))?;
-        let claims = jsonwebtoken::decode::<TicketClaims>(ticket, key, &self.validation)
-            .map_err(|e| match e.kind() {
-                jsonwebtoken::errors::ErrorKind::ExpiredSignature => TicketError::Expired,
-                _ => TicketError::Invalid(e.to_string()),
-            })?
-            .claims;
+        let claims = {
+            let keys = self.keys.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let key = header
+                .kid
+                .as_ref()
+                .and_then(|kid| keys.get(kid))
+                .ok_or_else(|| TicketError::UnknownKey(header.kid.clone()))?;
+            jsonwebtoken::decode::<TicketClaims>(ticket, key, &self.validation)
+                .map_err(|e| match e.kind() {
+                    jsonwebtoken::errors::ErrorKind::ExpiredSignature => TicketError::Expired,
+                    _ => TicketError::Invalid(e.to_string()),
+                })?
+                .claims
+        };
         if claims.exp.saturating_sub(claims.iat) > MAX_TICKET_LIFETIME_SECS {
             return Err(TicketError::TooLong);
         }

@@ -720,3 +720,84 @@ async fn a_renewed_session_outlives_its_first_ticket() {
     pc.close().await.expect("close");
     pc2.close().await.expect("close");
 }
+
+/// An endorsement of `endorsed`'s key, signed by `by` as the server signs one.
+fn endorsement(by: &Signer, endorsed: &Signer) -> String {
+    let jwk = json!({"kty": "OKP", "crv": "Ed25519", "kid": endorsed.pinned.kid,
+        "x": endorsed.pinned.x, "use": "sig", "alg": "EdDSA"});
+    let claims = signalling_protocol::ticket::KeyEndorsement {
+        endorses: vec![jwk],
+        iat: now(),
+    };
+    let mut header = Header::new(Algorithm::EdDSA);
+    header.kid = Some(by.pinned.kid.clone());
+    jsonwebtoken::encode(&header, &claims, &by.encoding).expect("sign")
+}
+
+#[test]
+fn a_key_endorsed_by_a_pinned_one_is_pinned_and_nothing_else_is() {
+    let old = Signer::new();
+    let new = Signer::new();
+    let stranger = Signer::new();
+    let dir = crate::testutil::temp_dir("endorse");
+    let file = dir.join(crate::server_keys::SERVER_KEYS_FILE);
+    crate::server_keys::save(&file, std::slice::from_ref(&old.pinned)).expect("pin");
+    let check = TicketCheck::new(ROBOT, std::slice::from_ref(&old.pinned))
+        .expect("check")
+        .with_keys_file(file.clone());
+    let offer = |signer: &Signer| {
+        let ticket = signer.sign(&claims("c1", Role::Operator));
+        check.offer(Some(&meta("operator", Some(ticket))), "c1")
+    };
+    assert!(matches!(offer(&new), Err(TicketError::UnknownKey(_))));
+
+    // Endorsed by a key we never pinned: refused, nothing pinned.
+    assert!(matches!(
+        check.endorse(&endorsement(&stranger, &new)),
+        Err(TicketError::UnknownKey(_))
+    ));
+    // Our key's id over a stranger's signature: refused.
+    let mut forged = endorsement(&stranger, &new);
+    let header = URL_SAFE_NO_PAD.encode(format!(r#"{{"alg":"EdDSA","kid":"{}"}}"#, old.pinned.kid));
+    forged = format!("{header}.{}", forged.split_once('.').expect("JWS").1);
+    assert!(matches!(check.endorse(&forged), Err(TicketError::Invalid(_))));
+    // A JWK whose kid is not its thumbprint: refused.
+    let mut liar = new.pinned.clone();
+    liar.kid = old.pinned.kid.clone();
+    let lying = Signer {
+        encoding: EncodingKey::from_ed_der(&[]),
+        pinned: liar,
+    };
+    assert!(matches!(
+        check.endorse(&endorsement(&old, &lying)),
+        Err(TicketError::BadEndorsedKey(_))
+    ));
+    assert!(matches!(offer(&new), Err(TicketError::UnknownKey(_))));
+    assert_eq!(crate::server_keys::load(&file).expect("load").len(), 1);
+
+    // Endorsed by the pinned key: pinned, in memory and in the file, once.
+    let added = check.endorse(&endorsement(&old, &new)).expect("endorsed");
+    assert_eq!(added, vec![new.pinned.kid.clone()]);
+    assert!(check.endorse(&endorsement(&old, &new)).expect("again").is_empty());
+    assert!(offer(&new).is_ok());
+    assert!(offer(&old).is_ok(), "the old key stays trusted");
+    let pinned = crate::server_keys::load(&file).expect("load");
+    assert_eq!(pinned, vec![old.pinned.clone(), new.pinned.clone()]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_the_servers_endorsement_offers_signed_by_the_new_key_are_answered() {
+    let mut r = rig().await;
+    let (pc, sdp) = offer_sdp().await;
+    let new = Signer::new();
+    let m = envelope(
+        "session.signing_keys",
+        json!({"endorsement": endorsement(&r.signer, &new)}),
+    );
+    r.ws.send(Message::text(m.to_string())).await.expect("send");
+    // Messages are handled in order: the offer after it sees the new key.
+    let ticket = new.sign(&claims("s-new", Role::Viewer));
+    r.open(&sdp, "s-new", Role::Viewer, ticket).await;
+    assert_eq!(r.check.refused(), 0);
+    pc.close().await.expect("close");
+}

@@ -164,6 +164,12 @@ impl Protocol {
         self.peer = Peer::Robot {
             robot_id: verified.robot_id,
         };
+        // A robot that checks tickets learns of a rotation's new key from the old one.
+        if self.declared.session_tickets {
+            if let Some(endorsement) = self.state.tickets.endorsement_message() {
+                self.replies.push(endorsement);
+            }
+        }
         // Now that it is proven, the robot may have TURN credentials, if it wants them.
         if self.wants_welcome {
             let welcome = self.welcome();
