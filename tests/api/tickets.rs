@@ -440,8 +440,10 @@ async fn during_a_rotation_robots_that_check_tickets_get_the_new_key_endorsed_by
     // login is the answer to its ping.
     let (mut plain, _) = server.online_robot("robot-2").await;
     plain
-        .send(&json!({"type": "signalling.ping", "version": "0.5", "id": "p-1",
-            "timestamp": "2026-01-06T12:00:00Z", "payload": {}}))
+        .send(
+            &json!({"type": "signalling.ping", "version": "0.5", "id": "p-1",
+            "timestamp": "2026-01-06T12:00:00Z", "payload": {}}),
+        )
         .await;
     let pong = next_but_welcomes(&mut plain).await;
     assert_eq!(pong["type"], "signalling.pong", "{pong}");
@@ -454,7 +456,9 @@ async fn a_previous_key_given_as_a_public_key_endorses_nothing() {
     let public = dir.join("old.pub.pem");
     let der = pem::parse(std::fs::read(&old).expect("read")).expect("PEM");
     let pair = ring::signature::Ed25519KeyPair::from_pkcs8(der.contents()).expect("key");
-    let mut spki = vec![0x30, 0x2a, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x03, 0x21, 0x00];
+    let mut spki = vec![
+        0x30, 0x2a, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x03, 0x21, 0x00,
+    ];
     spki.extend_from_slice(pair.public_key().as_ref());
     std::fs::write(&public, pem::encode(&pem::Pem::new("PUBLIC KEY", spki))).expect("write");
     let server = TestServer::start_with(move |c| {
@@ -462,11 +466,16 @@ async fn a_previous_key_given_as_a_public_key_endorses_nothing() {
         c.signing_key_previous_file = Some(public);
     })
     .await;
-    assert_eq!(signing_keys(&server).await["keys"].as_array().map(Vec::len), Some(2));
+    assert_eq!(
+        signing_keys(&server).await["keys"].as_array().map(Vec::len),
+        Some(2)
+    );
     let mut renewing = renewing_robot(&server, "robot-1").await;
     renewing
-        .send(&json!({"type": "signalling.ping", "version": "0.5", "id": "p-1",
-            "timestamp": "2026-01-06T12:00:00Z", "payload": {}}))
+        .send(
+            &json!({"type": "signalling.ping", "version": "0.5", "id": "p-1",
+            "timestamp": "2026-01-06T12:00:00Z", "payload": {}}),
+        )
         .await;
     let pong = next_but_welcomes(&mut renewing).await;
     assert_eq!(pong["type"], "signalling.pong", "{pong}");

@@ -9,8 +9,8 @@
 //! manager or the ARP server sees it (fail closed), logged and counted.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -168,7 +168,10 @@ impl TicketCheck {
 
     /// The ids of the keys trusted now.
     pub fn kids(&self) -> Vec<String> {
-        let keys = self.keys.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let keys = self
+            .keys
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut kids: Vec<String> = keys.keys().cloned().collect();
         kids.sort();
         kids
@@ -186,7 +189,10 @@ impl TicketCheck {
         validation.validate_aud = false;
         validation.set_required_spec_claims::<&str>(&[]);
         let claims = {
-            let keys = self.keys.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let keys = self
+                .keys
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             let key = header
                 .kid
                 .as_ref()
@@ -209,7 +215,10 @@ impl TicketCheck {
             }
             let decoding = DecodingKey::from_ed_components(&key.x)
                 .map_err(|e| TicketError::BadEndorsedKey(e.to_string()))?;
-            let mut keys = self.keys.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut keys = self
+                .keys
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             if keys.insert(key.kid.clone(), decoding).is_none() {
                 added.push(key.kid);
             }
@@ -230,7 +239,10 @@ impl TicketCheck {
         let header = jsonwebtoken::decode_header(ticket)
             .map_err(|e| TicketError::Malformed(e.to_string()))?;
         let claims = {
-            let keys = self.keys.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let keys = self
+                .keys
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             let key = header
                 .kid
                 .as_ref()

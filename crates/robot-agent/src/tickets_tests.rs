@@ -760,7 +760,10 @@ fn a_key_endorsed_by_a_pinned_one_is_pinned_and_nothing_else_is() {
     let mut forged = endorsement(&stranger, &new);
     let header = URL_SAFE_NO_PAD.encode(format!(r#"{{"alg":"EdDSA","kid":"{}"}}"#, old.pinned.kid));
     forged = format!("{header}.{}", forged.split_once('.').expect("JWS").1);
-    assert!(matches!(check.endorse(&forged), Err(TicketError::Invalid(_))));
+    assert!(matches!(
+        check.endorse(&forged),
+        Err(TicketError::Invalid(_))
+    ));
     // A JWK whose kid is not its thumbprint: refused.
     let mut liar = new.pinned.clone();
     liar.kid = old.pinned.kid.clone();
@@ -778,7 +781,10 @@ fn a_key_endorsed_by_a_pinned_one_is_pinned_and_nothing_else_is() {
     // Endorsed by the pinned key: pinned, in memory and in the file, once.
     let added = check.endorse(&endorsement(&old, &new)).expect("endorsed");
     assert_eq!(added, vec![new.pinned.kid.clone()]);
-    assert!(check.endorse(&endorsement(&old, &new)).expect("again").is_empty());
+    assert!(check
+        .endorse(&endorsement(&old, &new))
+        .expect("again")
+        .is_empty());
     assert!(offer(&new).is_ok());
     assert!(offer(&old).is_ok(), "the old key stays trusted");
     let pinned = crate::server_keys::load(&file).expect("load");

@@ -1,0 +1,74 @@
+//! What one session ticket costs at each end, for docs/benchmarks.md: the server minting
+//! one (`signalling_server::tickets::Tickets`, as for every offer and gateway ARP frame)
+//! and robot-agent checking one (`robot_agent::tickets::TicketCheck`, signature, claims and
+//! replay memory). Prints µs per ticket over N tickets (default 20,000); asserts nothing.
+//!
+//! `cargo run --release -p robot-agent --example ticket_cost -- [N]`
+
+use std::time::Instant;
+
+use robot_agent::server_keys::PinnedKey;
+use robot_agent::tickets::TicketCheck;
+use serde_json::json;
+use signalling_protocol::{Role, SessionMeta};
+use signalling_server::pki::SigningKeys;
+use signalling_server::tickets::{TicketFor, Tickets};
+
+fn main() {
+    let n: usize = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(20_000);
+    let pem = SigningKeys::generate_pem().expect("key");
+    let keys = SigningKeys::from_pkcs8_pem(pem.as_bytes(), "bench.pem".as_ref()).expect("key");
+    let jwk = serde_json::to_value(&keys.jwks().keys[0]).expect("jwk");
+    let tickets = Tickets::new(keys, "bench-node".into());
+    let check =
+        TicketCheck::new("robot-1", &[PinnedKey::from_jwk(&jwk).expect("pin")]).expect("check");
+    let call = json!({"jsonrpc": "2.0", "id": 7, "method": "arp.callTool",
+        "params": {"name": "drive", "arguments": {"linear": 0.2, "angular": 0.0}}});
+    let session = |i: usize| format!("arp-{i}");
+
+    let start = Instant::now();
+    let minted: Vec<String> = (0..n)
+        .map(|i| {
+            let id = session(i);
+            tickets
+                .arp_frame(
+                    TicketFor {
+                        robot: "robot-1",
+                        connection_id: &id,
+                        subject: "planner",
+                        role: Role::Operator,
+                    },
+                    &call,
+                )
+                .expect("minted")
+        })
+        .collect();
+    let mint = start.elapsed();
+
+    let start = Instant::now();
+    for (i, ticket) in minted.into_iter().enumerate() {
+        let mut meta = SessionMeta::new("planner", Role::Operator);
+        meta.ticket = Some(ticket);
+        check
+            .arp_frame(Some(&meta), &session(i), &call)
+            .expect("checks");
+    }
+    let verify = start.elapsed();
+    let per = |d: std::time::Duration| d.as_secs_f64() * 1e6 / n as f64;
+    println!("# session ticket cost, {n} tickets (ARP tool call: call id and params hash)");
+    println!("server mints one:      {:.1} µs", per(mint));
+    println!("robot checks one:      {:.1} µs", per(verify));
+    // The floor: the Ed25519 signature alone (ring), over a ticket-sized message.
+    let rng = ring::rand::SystemRandom::new();
+    let der = ring::signature::Ed25519KeyPair::generate_pkcs8(&rng).expect("key");
+    let pair = ring::signature::Ed25519KeyPair::from_pkcs8(der.as_ref()).expect("key");
+    let message = vec![b'x'; 300];
+    let start = Instant::now();
+    for _ in 0..n {
+        std::hint::black_box(pair.sign(&message));
+    }
+    println!("of which the signature: {:.1} µs", per(start.elapsed()));
+}
