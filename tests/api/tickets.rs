@@ -165,15 +165,7 @@ async fn every_gateway_frame_carries_a_ticket_bound_to_its_call_and_params() {
 
 #[tokio::test]
 async fn during_a_rotation_both_keys_are_published_and_the_new_one_signs() {
-    let dir = std::env::temp_dir().join(format!("rotation-{}", uuid::Uuid::new_v4()));
-    std::fs::create_dir_all(&dir).expect("dir");
-    let (old, new) = (dir.join("old.pem"), dir.join("new.pem"));
-    for path in [&old, &new] {
-        let rng = ring::rand::SystemRandom::new();
-        let der = ring::signature::Ed25519KeyPair::generate_pkcs8(&rng).expect("key");
-        let text = pem::encode(&pem::Pem::new("PRIVATE KEY", der.as_ref().to_vec()));
-        std::fs::write(path, text).expect("write");
-    }
+    let (dir, old, new) = two_key_files();
     let before = TestServer::start_with(|c| c.signing_key_file = Some(old.clone())).await;
     let old_keys = signing_keys(&before).await;
     let server = TestServer::start_with(|c| {

@@ -182,26 +182,11 @@ impl TicketCheck {
     /// endorsement by any other key, or of anything but an Ed25519 JWK whose id is its
     /// thumbprint, is refused and pins nothing.
     pub fn endorse(&self, endorsement: &str) -> Result<Vec<String>, TicketError> {
-        let header = jsonwebtoken::decode_header(endorsement)
-            .map_err(|e| TicketError::Malformed(e.to_string()))?;
         let mut validation = Validation::new(Algorithm::EdDSA);
         validation.validate_exp = false;
         validation.validate_aud = false;
         validation.set_required_spec_claims::<&str>(&[]);
-        let claims = {
-            let keys = self
-                .keys
-                .read()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            let key = header
-                .kid
-                .as_ref()
-                .and_then(|kid| keys.get(kid))
-                .ok_or_else(|| TicketError::UnknownKey(header.kid.clone()))?;
-            jsonwebtoken::decode::<KeyEndorsement>(endorsement, key, &validation)
-                .map_err(|e| TicketError::Invalid(e.to_string()))?
-                .claims
-        };
+        let claims: KeyEndorsement = self.decode(endorsement, &validation)?;
         let endorsed = claims
             .endorses
             .iter()
@@ -226,6 +211,31 @@ impl TicketCheck {
         Ok(added)
     }
 
+    /// The claims of a JWS signed by a key we trust (the one its header's `kid` names).
+    fn decode<T: serde::de::DeserializeOwned>(
+        &self,
+        jws: &str,
+        validation: &Validation,
+    ) -> Result<T, TicketError> {
+        let header =
+            jsonwebtoken::decode_header(jws).map_err(|e| TicketError::Malformed(e.to_string()))?;
+        let keys = self
+            .keys
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let key = header
+            .kid
+            .as_ref()
+            .and_then(|kid| keys.get(kid))
+            .ok_or_else(|| TicketError::UnknownKey(header.kid.clone()))?;
+        let decoded =
+            jsonwebtoken::decode::<T>(jws, key, validation).map_err(|e| match e.kind() {
+                jsonwebtoken::errors::ErrorKind::ExpiredSignature => TicketError::Expired,
+                _ => TicketError::Invalid(e.to_string()),
+            })?;
+        Ok(decoded.claims)
+    }
+
     /// Tickets refused since the start.
     pub fn refused(&self) -> u64 {
         self.refused.load(Ordering::Relaxed)
@@ -236,25 +246,7 @@ impl TicketCheck {
     /// before is [`TicketCheck::take`]'s, once everything else about the message holds.
     pub fn verify(&self, ticket: Option<&str>) -> Result<TicketClaims, TicketError> {
         let ticket = ticket.ok_or(TicketError::Missing)?;
-        let header = jsonwebtoken::decode_header(ticket)
-            .map_err(|e| TicketError::Malformed(e.to_string()))?;
-        let claims = {
-            let keys = self
-                .keys
-                .read()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            let key = header
-                .kid
-                .as_ref()
-                .and_then(|kid| keys.get(kid))
-                .ok_or_else(|| TicketError::UnknownKey(header.kid.clone()))?;
-            jsonwebtoken::decode::<TicketClaims>(ticket, key, &self.validation)
-                .map_err(|e| match e.kind() {
-                    jsonwebtoken::errors::ErrorKind::ExpiredSignature => TicketError::Expired,
-                    _ => TicketError::Invalid(e.to_string()),
-                })?
-                .claims
-        };
+        let claims: TicketClaims = self.decode(ticket, &self.validation)?;
         if claims.exp.saturating_sub(claims.iat) > MAX_TICKET_LIFETIME_SECS {
             return Err(TicketError::TooLong);
         }
