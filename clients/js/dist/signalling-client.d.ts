@@ -142,6 +142,8 @@ export declare class SignallingClient extends Emitter {
      * (`/v1/robots/{robotId}/arp`, this client's token) and initializes it. With
      * `onConfirmation`, the robot's confirmation requests come to this program, answered
      * with `confirmedBy` = this token's subject (asked of `GET /v1/me` if not known yet).
+     * With `verifyRobot`, only frames the robot signed for this connection are taken (its key
+     * from `robotKey(robotId)`).
      */
     connectArp(robotId: string, options?: ArpSessionOptions & {
         subject?: string;
@@ -301,13 +303,23 @@ export interface RobotKey {
 export interface RobotVerifier {
     /** The message (parsed) if `text` carries a valid signature of the robot; else throws an `INVALID_SIGNATURE` SignallingError. */
     verify(text: string): Promise<Envelope>;
+    /**
+     * One ARP frame as the gateway passed it on a socket opened with `?signed=<nonce>`: the
+     * frame (parsed, `signature` included) if its top-level `signature` is the robot's valid
+     * signature for this `nonce`; else throws an `INVALID_SIGNATURE` SignallingError
+     * (`reason`: `unsigned`, `malformed`, `wrong_algorithm`, `wrong_robot`, `wrong_nonce`,
+     * `bad_signature`; `details.id`: the frame's JSON-RPC id when it has one).
+     */
+    verifyArpFrame(text: string, nonce: string): Promise<any>;
 }
 /**
  * A verifier of the robot's signed messages (robot-agent's `sign_replies`): `meta.signature`
  * is a detached compact JWS (RFC 7515 Appendix F), `BASE64URL(header) '..'
  * BASE64URL(signature)` with header `{alg, kid: robotId}`, over the message without that
  * field (and without `meta` if nothing else is in it) in canonical JSON: keys sorted at
- * every depth, no whitespace, numbers exactly as they were sent.
+ * every depth, no whitespace, numbers exactly as they were sent. ARP frames
+ * (`verifyArpFrame`) carry the same JWS as a top-level `signature`, over the frame without
+ * it, with `nonce` in the header as well.
  */
 export declare function robotVerifier(key: RobotKey, robotId?: string): Promise<RobotVerifier>;
 export declare const ARP_PROTOCOL_VERSION = "0.1.0";
@@ -340,19 +352,28 @@ export declare const ArpErrorCode: {
  * of the SDK's own. `reason` is `data.reason` when there is one: the gateway's
  * `forbidden`, `robot_busy` (owners see `data.lockedBy`), `robot_offline`, `rate_limited`,
  * `session_ended` (`data.cause` says why); the SDK's `closed`, `timeout`, `aborted`,
- * `unauthorized`, `no_grant`, `connect_failed`, `too_large` (all `-32603` but `too_large`,
- * `-32600`, and a full pending map, `-40001` `rate_limited`). A failed tool call has
- * `data: {callId, state: "failed", …}`.
+ * `unauthorized`, `no_grant`, `connect_failed`, `too_large`, and with `verifyRobot`
+ * `invalid_signature` (a frame refused: `data.signatureReason` says why) and
+ * `not_supported` (the robot's key could not be had or used: `data.cause`) (all `-32603`
+ * but `too_large`, `-32600`, and a full pending map, `-40001` `rate_limited`). A failed
+ * tool call has `data: {callId, state: "failed", …}`.
  */
 export declare class ArpError extends Error {
     readonly code: number;
     readonly data?: any;
     readonly reason?: string;
-    constructor(code: number, message: string, data?: any);
+    /**
+     * With `verifyRobot` only: `true` when the robot signed the error frame (checked),
+     * `false` for an unsigned error the gateway itself sent (`robot_busy`, `robot_offline`,
+     * `forbidden`, `rate_limited`, …). Undefined without `verifyRobot` and for the SDK's own
+     * errors.
+     */
+    readonly signedByRobot?: boolean;
+    constructor(code: number, message: string, data?: any, signedByRobot?: boolean);
     /** The call a failed `arp.callTool` names. */
     get callId(): string | undefined;
-    /** From a JSON-RPC `error` object. */
-    static from(error: any): ArpError;
+    /** From a JSON-RPC `error` object (`signedByRobot`: see the property). */
+    static from(error: any, signedByRobot?: boolean): ArpError;
     /** One of the SDK's own failures (`closed`, `timeout`, …). */
     static local(reason: string, message: string, extra?: Record<string, unknown>, code?: number): ArpError;
 }
@@ -481,6 +502,18 @@ export interface ArpSessionOptions {
     connectTimeoutMs?: number;
     /** Requests that may wait for an answer at once (default 256, as the gateway). */
     maxPending?: number;
+    /**
+     * Accept only frames the robot signed for this connection: the socket opens with
+     * `?signed=<nonce>` (16 fresh random bytes, base64url), and each frame the robot sends
+     * must carry a `signature` (a detached JWS by the robot's enrolled key, with this nonce)
+     * that checks. Unsigned error frames are taken as the gateway's own
+     * (`ArpError.signedByRobot === false`); any other unsigned or badly signed frame is not
+     * delivered: the session emits `error` (reason `invalid_signature`) and the request it
+     * answers rejects with it. The robot's key is fetched while the socket opens; connecting
+     * fails (`not_supported`) if it cannot be had or used. Needs WebCrypto with Ed25519 or
+     * ECDSA P-256.
+     */
+    verifyRobot?: boolean;
 }
 export interface ArpConnectOptions extends ArpSessionOptions {
     /** The gateway's URL, `wss://host/v1/robots/{robotId}/arp` (see `arpUrl`). */
@@ -490,8 +523,16 @@ export interface ArpConnectOptions extends ArpSessionOptions {
     /** Who approves confirmations (`confirmedBy`); default `"sdk"`. */
     subject?: string;
     WebSocket?: typeof WebSocket;
-    /** To tell a refused token or a missing grant from a network failure. */
+    /**
+     * To tell a refused token or a missing grant from a network failure, and with
+     * `verifyRobot` to get the robot's key.
+     */
     fetch?: typeof fetch;
+    /**
+     * With `verifyRobot`: the robot's key (or its promise); fetched from the server
+     * (`GET /v1/robots/{robotId}/key` with the token) when absent.
+     */
+    robotKey?: RobotKey | Promise<RobotKey>;
 }
 /** `wss://host/ws` (or `https://host`) → `wss://host/v1/robots/{robotId}/arp`. */
 export declare function arpUrl(serverUrl: string, robotId: string): string;
@@ -503,7 +544,8 @@ export type ArpSessionState = 'connecting' | 'open' | 'closed';
  * Events: `progress` (ArpToolProgress, every call's), `context` (ArpContextUpdate),
  * `emergencyStop` (the robot's `arp.emergencyStop` notification params), `notification`
  * (method, params: every notification), `error` (ArpError the gateway sent without an id,
- * e.g. frames dropped as `rate_limited`), `close` ({code, reason}).
+ * e.g. frames dropped as `rate_limited`; with `verifyRobot`, every refused frame:
+ * `invalid_signature`), `close` ({code, reason}).
  */
 export declare class ArpSession extends Emitter {
     state: ArpSessionState;
@@ -520,12 +562,21 @@ export declare class ArpSession extends Emitter {
     private subscriptions;
     private readonly opts;
     private readonly confirmedBy;
+    /** With `verifyRobot`: this connection's nonce (`?signed=`); else null. */
+    readonly nonce: string | null;
+    /** With `verifyRobot`: the robot whose signature frames must carry; else null. */
+    readonly robotId: string | null;
+    /** With `verifyRobot`: the robot's key, and the queue that keeps frames in order. */
+    private verifier;
+    private inbound;
     private constructor();
     /**
      * Opens the gateway's socket (the token as a `bearer.` subprotocol, else `?token=`) and,
      * unless `initialize: false`, initializes. Rejects with an ArpError: `unauthorized`,
      * `no_grant` (the server answers 403 before the upgrade), `connect_failed`, `timeout`, or
-     * the robot's or gateway's refusal of `arp.initialize` (`robot_offline`, `robot_busy`).
+     * the robot's or gateway's refusal of `arp.initialize` (`robot_offline`, `robot_busy`);
+     * with `verifyRobot`, `not_supported` when the robot's key cannot be had or used
+     * (`data.cause`: the API's code such as `FORBIDDEN` or `NOT_FOUND`, or `NOT_SUPPORTED`).
      */
     static connect(options: ArpConnectOptions): Promise<ArpSession>;
     /**
@@ -602,9 +653,17 @@ export declare class ArpSession extends Emitter {
     private trySend;
     private cancelSoon;
     private frame;
+    /** `verifyRobot`: handles a frame only if the robot signed it for this connection. */
+    private verified;
+    /** A frame that failed `verifyRobot`: not handled; what it answers rejects, `error` is emitted. */
+    private refused;
+    /** One frame, checked if need be: `signed` tells whether the robot's signature was on it. */
+    private handle;
     private notification;
     /** A request of the robot: confirmations go to `onConfirmation`; nothing else is served. */
     private robotRequest;
+    /** The gateway closed the socket: with `verifyRobot`, after the frames still being checked. */
+    private socketClosed;
     /** The socket closed: everything waiting rejects with `closed`. */
     private closed;
 }

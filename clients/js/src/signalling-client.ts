@@ -406,10 +406,16 @@ export class SignallingClient extends Emitter {
    * (`/v1/robots/{robotId}/arp`, this client's token) and initializes it. With
    * `onConfirmation`, the robot's confirmation requests come to this program, answered
    * with `confirmedBy` = this token's subject (asked of `GET /v1/me` if not known yet).
+   * With `verifyRobot`, only frames the robot signed for this connection are taken (its key
+   * from `robotKey(robotId)`).
    */
   async connectArp(robotId: string, options: ArpSessionOptions & { subject?: string } = {}): Promise<ArpSession> {
+    // Fetched while the socket opens; ArpSession.connect reports a failure.
+    const robotKey = options.verifyRobot ? this.robotKey(robotId) : undefined;
+    robotKey?.catch(() => {});
     if (options.onConfirmation && !options.subject && !this.subject) await this.me().catch(() => null);
     return ArpSession.connect({
+      robotKey,
       url: arpUrl(this.url, robotId),
       token: this.opts.token,
       WebSocket: this.opts.WebSocket,
@@ -892,14 +898,27 @@ export interface RobotKey {
 export interface RobotVerifier {
   /** The message (parsed) if `text` carries a valid signature of the robot; else throws an `INVALID_SIGNATURE` SignallingError. */
   verify(text: string): Promise<Envelope>;
+  /**
+   * One ARP frame as the gateway passed it on a socket opened with `?signed=<nonce>`: the
+   * frame (parsed, `signature` included) if its top-level `signature` is the robot's valid
+   * signature for this `nonce`; else throws an `INVALID_SIGNATURE` SignallingError
+   * (`reason`: `unsigned`, `malformed`, `wrong_algorithm`, `wrong_robot`, `wrong_nonce`,
+   * `bad_signature`; `details.id`: the frame's JSON-RPC id when it has one).
+   */
+  verifyArpFrame(text: string, nonce: string): Promise<any>;
 }
+
+/** What the server accepts as `?signed=`: 16 to 128 base64url characters. */
+const ARP_NONCE = /^[A-Za-z0-9_-]{16,128}$/;
 
 /**
  * A verifier of the robot's signed messages (robot-agent's `sign_replies`): `meta.signature`
  * is a detached compact JWS (RFC 7515 Appendix F), `BASE64URL(header) '..'
  * BASE64URL(signature)` with header `{alg, kid: robotId}`, over the message without that
  * field (and without `meta` if nothing else is in it) in canonical JSON: keys sorted at
- * every depth, no whitespace, numbers exactly as they were sent.
+ * every depth, no whitespace, numbers exactly as they were sent. ARP frames
+ * (`verifyArpFrame`) carry the same JWS as a top-level `signature`, over the frame without
+ * it, with `nonce` in the header as well.
  */
 export async function robotVerifier(key: RobotKey, robotId = key.robotId): Promise<RobotVerifier> {
   const subtle = globalThis.crypto?.subtle;
@@ -923,6 +942,46 @@ export async function robotVerifier(key: RobotKey, robotId = key.robotId): Promi
   } catch (e) {
     throw new SignallingError('NOT_SUPPORTED', `cannot use robot ${robotId}'s key for verifyRobot: ${(e as Error).message ?? e}`);
   }
+
+  /**
+   * Checks the detached JWS `sigNode` over `content`; `where` names the field in messages.
+   * With `nonce`, the header must carry exactly that nonce.
+   */
+  const check = async (
+    sigNode: JsonNode,
+    content: JsonNode,
+    refuse: (reason: string, why: string) => SignallingError,
+    where: string,
+    nonce?: string,
+  ): Promise<void> => {
+    const jws = sigNode.t === 'v' && sigNode.raw.startsWith('"') ? (JSON.parse(sigNode.raw) as string) : '';
+    const parts = jws.split('.');
+    if (parts.length !== 3 || parts[1] !== '') throw refuse('malformed', `${where} is not a detached JWS`);
+    let header: { alg?: unknown; kid?: unknown; nonce?: unknown };
+    let signature: Uint8Array<ArrayBuffer>;
+    try {
+      header = JSON.parse(new TextDecoder().decode(fromBase64url(parts[0])));
+      signature = fromBase64url(parts[2]);
+    } catch {
+      throw refuse('malformed', `${where} is not base64url`);
+    }
+    if (!header || typeof header !== 'object') throw refuse('malformed', `${where} has no JWS header`);
+    if (header.alg !== alg) throw refuse('wrong_algorithm', `signed with ${String(header.alg)}, the robot's key is ${alg}`);
+    if (header.kid !== robotId) throw refuse('wrong_robot', `signed as ${String(header.kid)}, not ${robotId}`);
+    if (nonce !== undefined && header.nonce !== nonce) {
+      throw refuse('wrong_nonce', `signed for ${header.nonce === undefined ? 'no connection' : 'another connection'} (nonce ${String(header.nonce)}, not ${nonce})`);
+    }
+    // The header's bytes as received: re-encoding it could change what was signed.
+    const input = new TextEncoder().encode(`${parts[0]}.${toBase64url(new TextEncoder().encode(canonical(content)))}`);
+    let ok = false;
+    try {
+      ok = await subtle.verify(params, imported, signature, input);
+    } catch {
+      ok = false;
+    }
+    if (!ok) throw refuse('bad_signature', `the signature of robot ${robotId} does not verify`);
+  };
+
   return {
     async verify(text: string): Promise<Envelope> {
       let correlationId: string | undefined;
@@ -941,20 +1000,6 @@ export async function robotVerifier(key: RobotKey, robotId = key.robotId): Promi
       const meta = metaAt >= 0 ? tree.entries[metaAt][1] : undefined;
       const sigAt = meta?.t === 'o' ? meta.entries.findIndex(([k]) => k === 'signature') : -1;
       if (!meta || meta.t !== 'o' || sigAt < 0) throw refuse('unsigned', 'the robot did not sign it');
-      const sigNode = meta.entries[sigAt][1];
-      const jws = sigNode.t === 'v' && sigNode.raw.startsWith('"') ? (JSON.parse(sigNode.raw) as string) : '';
-      const parts = jws.split('.');
-      if (parts.length !== 3 || parts[1] !== '') throw refuse('malformed', 'meta.signature is not a detached JWS');
-      let header: { alg?: unknown; kid?: unknown };
-      let signature: Uint8Array<ArrayBuffer>;
-      try {
-        header = JSON.parse(new TextDecoder().decode(fromBase64url(parts[0])));
-        signature = fromBase64url(parts[2]);
-      } catch {
-        throw refuse('malformed', 'meta.signature is not base64url');
-      }
-      if (header?.alg !== alg) throw refuse('wrong_algorithm', `signed with ${String(header?.alg)}, the robot's key is ${alg}`);
-      if (header.kid !== robotId) throw refuse('wrong_robot', `signed as ${String(header.kid)}, not ${robotId}`);
       // The signed content: the message without meta.signature (and without an empty meta).
       const rest = meta.entries.filter((_, i) => i !== sigAt);
       const content: JsonNode = {
@@ -962,14 +1007,30 @@ export async function robotVerifier(key: RobotKey, robotId = key.robotId): Promi
         entries: tree.entries.flatMap(([k, v], i): [string, JsonNode][] =>
           i !== metaAt ? [[k, v]] : rest.length ? [[k, { t: 'o', entries: rest }]] : []),
       };
-      const input = new TextEncoder().encode(`${parts[0]}.${toBase64url(new TextEncoder().encode(canonical(content)))}`);
-      let ok = false;
-      try {
-        ok = await subtle.verify(params, imported, signature, input);
-      } catch {
-        ok = false;
+      await check(meta.entries[sigAt][1], content, refuse, 'meta.signature');
+      return JSON.parse(text);
+    },
+
+    async verifyArpFrame(text: string, nonce: string): Promise<any> {
+      if (typeof nonce !== 'string' || !ARP_NONCE.test(nonce)) {
+        throw new SignallingError('BAD_REQUEST', 'verifyArpFrame needs the connection\'s nonce (16-128 base64url characters)');
       }
-      if (!ok) throw refuse('bad_signature', `the signature of robot ${robotId} does not verify`);
+      const details: Record<string, unknown> = { robotId };
+      const refuse = (reason: string, why: string) =>
+        new SignallingError('INVALID_SIGNATURE', `ARP frame refused: ${why}`, { reason, ...details });
+      let tree: JsonNode;
+      try {
+        tree = parseJsonKeepingNumbers(text);
+      } catch (e) {
+        throw refuse('malformed', `not JSON: ${(e as Error).message}`);
+      }
+      if (tree.t !== 'o') throw refuse('malformed', 'not a JSON object');
+      const id = tree.entries.find(([k]) => k === 'id')?.[1];
+      if (id?.t === 'v' && id.raw !== 'null' && id.raw !== 'true' && id.raw !== 'false') details.id = JSON.parse(id.raw);
+      const sigAt = tree.entries.findIndex(([k]) => k === 'signature');
+      if (sigAt < 0) throw refuse('unsigned', 'the robot did not sign it');
+      const content: JsonNode = { t: 'o', entries: tree.entries.filter((_, i) => i !== sigAt) };
+      await check(tree.entries[sigAt][1], content, refuse, 'signature', nonce);
       return JSON.parse(text);
     },
   };
@@ -1107,29 +1168,39 @@ export const ArpErrorCode = {
  * of the SDK's own. `reason` is `data.reason` when there is one: the gateway's
  * `forbidden`, `robot_busy` (owners see `data.lockedBy`), `robot_offline`, `rate_limited`,
  * `session_ended` (`data.cause` says why); the SDK's `closed`, `timeout`, `aborted`,
- * `unauthorized`, `no_grant`, `connect_failed`, `too_large` (all `-32603` but `too_large`,
- * `-32600`, and a full pending map, `-40001` `rate_limited`). A failed tool call has
- * `data: {callId, state: "failed", …}`.
+ * `unauthorized`, `no_grant`, `connect_failed`, `too_large`, and with `verifyRobot`
+ * `invalid_signature` (a frame refused: `data.signatureReason` says why) and
+ * `not_supported` (the robot's key could not be had or used: `data.cause`) (all `-32603`
+ * but `too_large`, `-32600`, and a full pending map, `-40001` `rate_limited`). A failed
+ * tool call has `data: {callId, state: "failed", …}`.
  */
 export class ArpError extends Error {
   readonly code: number;
   readonly data?: any;
   readonly reason?: string;
-  constructor(code: number, message: string, data?: any) {
+  /**
+   * With `verifyRobot` only: `true` when the robot signed the error frame (checked),
+   * `false` for an unsigned error the gateway itself sent (`robot_busy`, `robot_offline`,
+   * `forbidden`, `rate_limited`, …). Undefined without `verifyRobot` and for the SDK's own
+   * errors.
+   */
+  readonly signedByRobot?: boolean;
+  constructor(code: number, message: string, data?: any, signedByRobot?: boolean) {
     super(message);
     this.name = 'ArpError';
     this.code = code;
     this.data = data;
     this.reason = typeof data?.reason === 'string' ? data.reason : undefined;
+    if (signedByRobot !== undefined) this.signedByRobot = signedByRobot;
   }
   /** The call a failed `arp.callTool` names. */
   get callId(): string | undefined {
     return typeof this.data?.callId === 'string' ? this.data.callId : undefined;
   }
-  /** From a JSON-RPC `error` object. */
-  static from(error: any): ArpError {
+  /** From a JSON-RPC `error` object (`signedByRobot`: see the property). */
+  static from(error: any, signedByRobot?: boolean): ArpError {
     const code = Number.isInteger(error?.code) ? error.code : ArpErrorCode.InternalError;
-    return new ArpError(code, String(error?.message ?? 'ARP error'), error?.data);
+    return new ArpError(code, String(error?.message ?? 'ARP error'), error?.data, signedByRobot);
   }
   /** One of the SDK's own failures (`closed`, `timeout`, …). */
   static local(reason: string, message: string, extra: Record<string, unknown> = {}, code: number = ArpErrorCode.InternalError): ArpError {
@@ -1258,6 +1329,18 @@ export interface ArpSessionOptions {
   connectTimeoutMs?: number;
   /** Requests that may wait for an answer at once (default 256, as the gateway). */
   maxPending?: number;
+  /**
+   * Accept only frames the robot signed for this connection: the socket opens with
+   * `?signed=<nonce>` (16 fresh random bytes, base64url), and each frame the robot sends
+   * must carry a `signature` (a detached JWS by the robot's enrolled key, with this nonce)
+   * that checks. Unsigned error frames are taken as the gateway's own
+   * (`ArpError.signedByRobot === false`); any other unsigned or badly signed frame is not
+   * delivered: the session emits `error` (reason `invalid_signature`) and the request it
+   * answers rejects with it. The robot's key is fetched while the socket opens; connecting
+   * fails (`not_supported`) if it cannot be had or used. Needs WebCrypto with Ed25519 or
+   * ECDSA P-256.
+   */
+  verifyRobot?: boolean;
 }
 
 export interface ArpConnectOptions extends ArpSessionOptions {
@@ -1268,8 +1351,16 @@ export interface ArpConnectOptions extends ArpSessionOptions {
   /** Who approves confirmations (`confirmedBy`); default `"sdk"`. */
   subject?: string;
   WebSocket?: typeof WebSocket;
-  /** To tell a refused token or a missing grant from a network failure. */
+  /**
+   * To tell a refused token or a missing grant from a network failure, and with
+   * `verifyRobot` to get the robot's key.
+   */
   fetch?: typeof fetch;
+  /**
+   * With `verifyRobot`: the robot's key (or its promise); fetched from the server
+   * (`GET /v1/robots/{robotId}/key` with the token) when absent.
+   */
+  robotKey?: RobotKey | Promise<RobotKey>;
 }
 
 /** `wss://host/ws` (or `https://host`) → `wss://host/v1/robots/{robotId}/arp`. */
@@ -1302,7 +1393,8 @@ export type ArpSessionState = 'connecting' | 'open' | 'closed';
  * Events: `progress` (ArpToolProgress, every call's), `context` (ArpContextUpdate),
  * `emergencyStop` (the robot's `arp.emergencyStop` notification params), `notification`
  * (method, params: every notification), `error` (ArpError the gateway sent without an id,
- * e.g. frames dropped as `rate_limited`), `close` ({code, reason}).
+ * e.g. frames dropped as `rate_limited`; with `verifyRobot`, every refused frame:
+ * `invalid_signature`), `close` ({code, reason}).
  */
 export class ArpSession extends Emitter {
   state: ArpSessionState = 'connecting';
@@ -1320,12 +1412,23 @@ export class ArpSession extends Emitter {
   private readonly opts: ArpSessionOptions & { timeoutMs: number; maxPending: number };
   private readonly confirmedBy: string;
 
-  private constructor(url: string, ws: WebSocket, opts: ArpSessionOptions, subject?: string) {
+  /** With `verifyRobot`: this connection's nonce (`?signed=`); else null. */
+  readonly nonce: string | null;
+  /** With `verifyRobot`: the robot whose signature frames must carry; else null. */
+  readonly robotId: string | null;
+  /** With `verifyRobot`: the robot's key, and the queue that keeps frames in order. */
+  private verifier: Promise<RobotVerifier> | null;
+  private inbound: Promise<void> = Promise.resolve();
+
+  private constructor(url: string, ws: WebSocket, opts: ArpSessionOptions, subject?: string, signed?: ArpSigned) {
     super();
     this.url = url;
     this.ws = ws;
     this.opts = { timeoutMs: 15_000, maxPending: 256, ...opts };
     this.confirmedBy = subject || 'sdk';
+    this.nonce = signed?.nonce ?? null;
+    this.robotId = signed?.robotId ?? null;
+    this.verifier = signed?.verifier ?? null;
     ws.onmessage = (ev) => this.frame(ev.data);
   }
 
@@ -1333,31 +1436,61 @@ export class ArpSession extends Emitter {
    * Opens the gateway's socket (the token as a `bearer.` subprotocol, else `?token=`) and,
    * unless `initialize: false`, initializes. Rejects with an ArpError: `unauthorized`,
    * `no_grant` (the server answers 403 before the upgrade), `connect_failed`, `timeout`, or
-   * the robot's or gateway's refusal of `arp.initialize` (`robot_offline`, `robot_busy`).
+   * the robot's or gateway's refusal of `arp.initialize` (`robot_offline`, `robot_busy`);
+   * with `verifyRobot`, `not_supported` when the robot's key cannot be had or used
+   * (`data.cause`: the API's code such as `FORBIDDEN` or `NOT_FOUND`, or `NOT_SUPPORTED`).
    */
   static async connect(options: ArpConnectOptions): Promise<ArpSession> {
     const token = typeof options.token === 'function' ? await options.token() : options.token;
     const WS = options.WebSocket ?? globalThis.WebSocket;
     const url = options.url;
+    let signed: ArpSigned | undefined;
+    let target = url;
+    if (options.verifyRobot) {
+      const robotId = arpRobotId(url);
+      const nonce = toBase64url(crypto.getRandomValues(new Uint8Array(16)));
+      const verifier = (async () => {
+        if (!robotId) throw new SignallingError('NOT_SUPPORTED', `no robot id in ${url}`);
+        const key = await (options.robotKey ?? fetchRobotKey(url, robotId, token, options.fetch));
+        return robotVerifier(key, robotId);
+      })().catch((e) => {
+        const cause = e instanceof SignallingError ? e : new SignallingError('NETWORK', String((e as Error)?.message ?? e));
+        throw ArpError.local('not_supported', `verifyRobot: cannot check robot ${robotId}'s signatures: ${cause.message}`,
+          { cause: cause.code, ...(cause.details?.status !== undefined ? { status: cause.details.status } : {}), robotId });
+      });
+      // Awaited below; marked handled so a failure before then is no unhandled rejection.
+      verifier.catch(() => {});
+      signed = { nonce, robotId, verifier };
+      target = `${url}${url.includes('?') ? '&' : '?'}signed=${nonce}`;
+    }
     const ws = tokenSafeForProtocol(token)
-      ? new WS(url, [`bearer.${token}`])
-      : new WS(`${url}${url.includes('?') ? '&' : '?'}token=${encodeURIComponent(token)}`);
-    const session = new ArpSession(url, ws, options, options.subject);
+      ? new WS(target, [`bearer.${token}`])
+      : new WS(`${target}${target.includes('?') ? '&' : '?'}token=${encodeURIComponent(token)}`);
+    const session = new ArpSession(url, ws, options, options.subject, signed);
     await new Promise<void>((resolve, reject) => {
-      const timer = setTimeout(() => {
+      let settled = false;
+      const fail = (e: ArpError) => {
+        if (settled) return;
+        settled = true;
+        clearTimeout(timer);
         ws.onopen = null;
         ws.onclose = null;
         try { ws.close(); } catch { /* not open */ }
         session.state = 'closed';
-        reject(ArpError.local('timeout', `the ARP gateway at ${url} did not open`));
-      }, options.connectTimeoutMs ?? 10_000);
+        reject(e);
+      };
+      const timer = setTimeout(() => fail(ArpError.local('timeout', `the ARP gateway at ${url} did not open`)), options.connectTimeoutMs ?? 10_000);
       ws.onopen = () => {
+        if (settled) return;
+        settled = true;
         clearTimeout(timer);
         session.state = 'open';
-        ws.onclose = (ev) => session.closed(ev.code, ev.reason ?? '');
+        ws.onclose = (ev) => session.socketClosed(ev.code, ev.reason ?? '');
         resolve();
       };
       ws.onclose = (ev) => {
+        if (settled) return;
+        settled = true;
         clearTimeout(timer);
         session.state = 'closed';
         // The browser hides the upgrade's status (401, 403): ask the HTTP API.
@@ -1365,7 +1498,17 @@ export class ArpSession extends Emitter {
           reject(ArpError.local('connect_failed', `the ARP gateway at ${url} closed (${ev.code})`, { code: ev.code })));
       };
       ws.onerror = () => { /* onclose follows and decides */ };
+      // Without the robot's key nothing can be checked: no need to wait for the socket.
+      signed?.verifier.catch(fail);
     });
+    if (signed) {
+      try {
+        await signed.verifier;
+      } catch (e) {
+        session.close();
+        throw e;
+      }
+    }
     if (options.initialize !== false) {
       try {
         await session.initialize(options.initializeParams);
@@ -1563,14 +1706,61 @@ export class ArpSession extends Emitter {
   }
 
   private frame(data: unknown): void {
-    if (typeof data !== 'string') return;
-    let m: any;
-    try {
-      m = JSON.parse(data);
-    } catch {
+    if (this.verifier) {
+      const verifier = this.verifier;
+      // One at a time, in arrival order: verification is asynchronous.
+      this.inbound = this.inbound.then(() => this.verified(verifier, data)).catch(() => {});
       return;
     }
-    if (!m || typeof m !== 'object' || Array.isArray(m)) return;
+    const m = parseFrame(data);
+    if (m) this.handle(m);
+  }
+
+  /** `verifyRobot`: handles a frame only if the robot signed it for this connection. */
+  private async verified(key: Promise<RobotVerifier>, data: unknown): Promise<void> {
+    const m = parseFrame(data);
+    if (!m || this.closeCode !== null) return;
+    let verifier: RobotVerifier;
+    try {
+      verifier = await key;
+    } catch {
+      return; // connect fails with the reason; nothing can be checked
+    }
+    let signed = false;
+    // The gateway's own errors (robot_busy, robot_offline, forbidden, …) are not signed.
+    if (!isGatewayError(m)) {
+      try {
+        await verifier.verifyArpFrame(data as string, this.nonce!);
+        signed = true;
+      } catch (e) {
+        if (this.closeCode === null) this.refused(m, e);
+        return;
+      }
+    }
+    if (this.closeCode === null) this.handle(m, signed);
+  }
+
+  /** A frame that failed `verifyRobot`: not handled; what it answers rejects, `error` is emitted. */
+  private refused(m: any, e: unknown): void {
+    const sig = e instanceof SignallingError ? e : new SignallingError('INVALID_SIGNATURE', String(e), { reason: 'bad_signature' });
+    const id = m.id === undefined || m.id === null ? undefined : m.id;
+    const err = ArpError.local('invalid_signature', sig.message, {
+      signatureReason: sig.reason ?? 'bad_signature',
+      robotId: this.robotId,
+      ...(id !== undefined ? { id } : {}),
+      ...(typeof m.method === 'string' ? { method: m.method } : {}),
+    });
+    const p = typeof m.method !== 'string' && id !== undefined ? this.pending.get(String(id)) : undefined;
+    if (p) {
+      this.pending.delete(String(id));
+      if (p.timer) clearTimeout(p.timer);
+      p.reject(err);
+    }
+    this.emit('error', err);
+  }
+
+  /** One frame, checked if need be: `signed` tells whether the robot's signature was on it. */
+  private handle(m: any, signed?: boolean): void {
     if (typeof m.method === 'string') {
       if (m.id !== undefined && m.id !== null) void this.robotRequest(m.id, m.method, m.params ?? {});
       else this.notification(m.method, m.params ?? {});
@@ -1578,12 +1768,12 @@ export class ArpSession extends Emitter {
     }
     const p = m.id === undefined || m.id === null ? undefined : this.pending.get(String(m.id));
     if (!p) {
-      if (m.error) this.emit('error', ArpError.from(m.error));
+      if (m.error) this.emit('error', ArpError.from(m.error, signed));
       return;
     }
     this.pending.delete(String(m.id));
     if (p.timer) clearTimeout(p.timer);
-    if (m.error) p.reject(ArpError.from(m.error));
+    if (m.error) p.reject(ArpError.from(m.error, signed));
     else p.resolve(m.result);
   }
 
@@ -1634,6 +1824,12 @@ export class ArpSession extends Emitter {
     this.trySend({ jsonrpc: '2.0', id, result: { confirmed, confirmedBy, timestamp: new Date().toISOString() } });
   }
 
+  /** The gateway closed the socket: with `verifyRobot`, after the frames still being checked. */
+  private socketClosed(code: number, reason: string): void {
+    if (this.verifier) this.inbound = this.inbound.then(() => this.closed(code, reason));
+    else this.closed(code, reason);
+  }
+
   /** The socket closed: everything waiting rejects with `closed`. */
   private closed(code: number, reason: string): void {
     if (this.closeCode !== null) return;
@@ -1657,6 +1853,48 @@ function callSafely<T>(fn: (v: T) => void, v: T): void {
   } catch (e) {
     setTimeout(() => { throw e; });
   }
+}
+
+/** `verifyRobot`'s state of one ARP connection. */
+interface ArpSigned {
+  nonce: string;
+  robotId: string;
+  verifier: Promise<RobotVerifier>;
+}
+
+/** A frame as a JSON object, or null. */
+function parseFrame(data: unknown): any {
+  if (typeof data !== 'string') return null;
+  let m: any;
+  try {
+    m = JSON.parse(data);
+  } catch {
+    return null;
+  }
+  return m && typeof m === 'object' && !Array.isArray(m) ? m : null;
+}
+
+/** An error response as the gateway itself sends it: `{jsonrpc, id, error}` and nothing else. */
+function isGatewayError(m: any): boolean {
+  return !!m.error && typeof m.error === 'object' && Object.keys(m).every((k) => k === 'jsonrpc' || k === 'id' || k === 'error');
+}
+
+/** The robot id in a gateway URL, `…/v1/robots/{robotId}/arp`. */
+function arpRobotId(url: string): string {
+  const path = new URL(url).pathname.split('/');
+  return path[1] === 'v1' && path[2] === 'robots' && path[4] === 'arp' ? decodeURIComponent(path[3] ?? '') : '';
+}
+
+/** `GET /v1/robots/{robotId}/key` on the gateway's server with the token. */
+async function fetchRobotKey(url: string, robotId: string, token: string, f: typeof fetch | undefined): Promise<RobotKey> {
+  f ??= globalThis.fetch;
+  if (!f) throw new SignallingError('NOT_SUPPORTED', 'no fetch to get the robot key with');
+  const response = await f(`${httpBase(url)}/v1/robots/${encodeURIComponent(robotId)}/key`, { headers: { authorization: `Bearer ${token}` } });
+  const body = await response.json().catch(() => null);
+  if (response.status >= 400) {
+    throw new SignallingError(body?.error ?? 'HTTP_ERROR', body?.message ?? `HTTP ${response.status}`, { status: response.status });
+  }
+  return body;
 }
 
 /** Why the gateway's socket did not open: a refused token, no grant, or the network. */
