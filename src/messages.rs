@@ -2,6 +2,7 @@
 //! they always match the spec schemas.
 
 use serde_json::{Map, Value};
+use signalling_protocol::arp::SIGNATURE_NONCE_META_KEY;
 use signalling_protocol::{
     CapabilitiesPayload, DisconnectReason, DisconnectedPayload, Envelope, ErrorCode, ErrorPayload,
     IceServer, PkiChallengePayload, PkiVerifiedPayload, Role, SessionMeta, Signalling,
@@ -35,19 +36,31 @@ pub const ARP_METADATA: &str = "arp";
 pub fn arp_frame(
     connection_id: &str,
     frame: Value,
-    subject: &str,
-    role: Role,
+    session: ArpCaller<'_>,
     ticket: Option<&str>,
 ) -> String {
+    let mut meta = session_meta(session.subject, session.role, ticket);
+    if let Some(nonce) = session.signature_nonce {
+        meta.insert(SIGNATURE_NONCE_META_KEY.into(), nonce.into());
+    }
     serde_json::json!({
         "type": ARP_FRAME,
         "version": PROTOCOL_VERSION,
         "id": uuid::Uuid::new_v4().to_string(),
         "timestamp": timestamp(),
         "payload": { "connectionId": connection_id, "frame": frame },
-        "meta": session_meta(subject, role, ticket),
+        "meta": meta,
     })
     .to_string()
+}
+
+/// Who calls in an ARP session, as the robot is told in each `arp.frame`'s `meta`.
+#[derive(Debug, Clone, Copy)]
+pub struct ArpCaller<'a> {
+    pub subject: &'a str,
+    pub role: Role,
+    /// The program asked for frames signed by the robot, with this nonce.
+    pub signature_nonce: Option<&'a str>,
 }
 
 /// A `session.ticket` for the robot: the fresh ticket of live teleop session
@@ -88,7 +101,16 @@ pub fn arp_emergency_stop(subject: &str) -> [String; 2] {
     });
     [
         // Unsigned: a robot takes an e-stop from anyone (stopping is always safe).
-        arp_frame(&connection_id, stop, subject, Role::Owner, None),
+        arp_frame(
+            &connection_id,
+            stop,
+            ArpCaller {
+                subject,
+                role: Role::Owner,
+                signature_nonce: None,
+            },
+            None,
+        ),
         disconnected(&connection_id, Some("closed")),
     ]
 }

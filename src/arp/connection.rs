@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
-use signalling_protocol::arp::{method, ArpCode, MAX_FRAME_BYTES};
+use signalling_protocol::arp::{method, ArpCode, FRAME_SIGNATURE_KEY, MAX_FRAME_BYTES};
 use signalling_protocol::Role;
 use tracing::Instrument;
 
@@ -38,6 +38,7 @@ pub fn start(
     robot_id: String,
     cuts_seen: u64,
     permit: Permit,
+    signature_nonce: Option<String>,
 ) {
     let conn: ConnId = Arc::from(format!("arp-{}", uuid::Uuid::new_v4()));
     let span = tracing::info_span!("arp", conn = %conn, robot = %robot_id);
@@ -64,6 +65,7 @@ pub fn start(
         }
         tracing::info!(subject = %identity.subject, "program connected to the ARP gateway");
         let mut gateway = Gateway::new(state.clone(), conn.clone(), identity, robot_id);
+        gateway.signature_nonce = signature_nonce;
         gateway.run(socket, &mut inbox).await;
         gateway.finish();
         state.sessions.detach(&conn, false).await;
@@ -111,6 +113,8 @@ struct Gateway {
     out: Vec<String>,
     /// The robot's requests for approval that wait for people.
     people: People,
+    /// The program asked for frames signed by the robot (`?signed=`), with this nonce.
+    signature_nonce: Option<String>,
 }
 
 impl Gateway {
@@ -129,6 +133,7 @@ impl Gateway {
             calls: RateLimiter::new(rules::CALLS_PER_SECOND, rules::CALL_BURST, Instant::now()),
             out: Vec::new(),
             people: People::new(),
+            signature_nonce: None,
         }
     }
 
@@ -506,13 +511,12 @@ impl Gateway {
             role: self.role,
         };
         let ticket = self.state.tickets.arp_frame(session, &frame);
-        let text = crate::messages::arp_frame(
-            &self.conn,
-            frame,
-            &self.subject,
-            self.role,
-            ticket.as_deref(),
-        );
+        let caller = crate::messages::ArpCaller {
+            subject: &self.subject,
+            role: self.role,
+            signature_nonce: self.signature_nonce.as_deref(),
+        };
+        let text = crate::messages::arp_frame(&self.conn, frame, caller, ticket.as_deref());
         let share = Sender {
             share: &self.subject,
             viewer: !self.role.may_drive(),
@@ -548,7 +552,17 @@ impl Gateway {
         };
         match envelope.get("type").and_then(Value::as_str) {
             Some(ARP_FRAME) => {
-                let frame = envelope.pointer("/payload/frame")?.clone();
+                let mut frame = envelope.pointer("/payload/frame")?.clone();
+                // Only a program that asked gets the robot's signature, as the frame's own
+                // `signature` (one that did not gets ARP frames exactly as the spec has them).
+                let signature = envelope
+                    .pointer("/meta/signature")
+                    .filter(|s| s.is_string());
+                if let (Some(_), Some(signature), Some(frame)) =
+                    (&self.signature_nonce, signature, frame.as_object_mut())
+                {
+                    frame.insert(FRAME_SIGNATURE_KEY.into(), signature.clone());
+                }
                 self.robot_arp_frame(frame);
                 None
             }

@@ -20,11 +20,19 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use signalling_protocol::arp::MAX_FRAME_BYTES;
+use serde::Deserialize;
+use signalling_protocol::arp::{valid_signature_nonce, MAX_FRAME_BYTES};
 
 use crate::http_error;
 use crate::state::SharedState;
 use crate::ws::{find_token, UpgradeError, WsQuery};
+
+/// `?signed=<nonce>`: the program wants every frame of the robot signed by it, binding
+/// this nonce (docs/arp.md, "Frames signed by the robot").
+#[derive(Debug, Deserialize)]
+struct SigningQuery {
+    signed: Option<String>,
+}
 
 /// The gateway's route, merged into the app at the top.
 pub fn router() -> Router<SharedState> {
@@ -38,11 +46,21 @@ async fn upgrade(
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Path(robot_id): Path<String>,
     Query(query): Query<WsQuery>,
+    Query(signing): Query<SigningQuery>,
     headers: HeaderMap,
     ws: WebSocketUpgrade,
 ) -> Response {
     if state.is_shutting_down() {
         return UpgradeError::ShuttingDown.into_response();
+    }
+    if let Some(nonce) = signing.signed.as_deref() {
+        if !valid_signature_nonce(nonce) {
+            return http_error::response(
+                StatusCode::BAD_REQUEST,
+                "BAD_REQUEST",
+                "signed: a nonce of 16 to 128 characters of A-Z a-z 0-9 - _",
+            );
+        }
     }
     let permit = match state.admission.admit(peer.ip()) {
         Ok(permit) => permit,
@@ -92,8 +110,9 @@ async fn upgrade(
     if let Some(protocol) = protocol {
         ws = ws.protocols([protocol]);
     }
+    let nonce = signing.signed;
     ws.on_upgrade(move |socket| {
-        connection::start(state, socket, identity, robot_id, cuts_seen, permit);
+        connection::start(state, socket, identity, robot_id, cuts_seen, permit, nonce);
         std::future::ready(())
     })
 }

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
+use signalling_protocol::arp::FRAME_SIGNATURE_KEY;
 use signalling_protocol::arp_schema::ArpValidator;
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
@@ -22,6 +23,8 @@ pub struct ArpClient {
     /// Methods of requests sent, by id, to validate their answers.
     asked: HashMap<String, String>,
     next_id: u64,
+    /// Connected with `?signed=`: frames may carry the robot's `signature`.
+    signed: bool,
 }
 
 /// What the upgrade answered when it was refused.
@@ -68,6 +71,7 @@ impl ArpClient {
             ws,
             asked: HashMap::new(),
             next_id: 0,
+            signed: url.contains("signed="),
         }
     }
 
@@ -108,7 +112,12 @@ impl ArpClient {
                 .filter(|_| value.get("method").is_none())
                 .and_then(|id| self.asked.get(&id.to_string()))
                 .cloned();
-            if let Err(e) = ArpValidator::shared().validate(&value, answered.as_deref()) {
+            // A program that asked for the robot's signatures gets them as one more member.
+            let mut bare = value.clone();
+            if self.signed {
+                bare.as_object_mut().map(|f| f.remove(FRAME_SIGNATURE_KEY));
+            }
+            if let Err(e) = ArpValidator::shared().validate(&bare, answered.as_deref()) {
                 panic!("the gateway sent a frame that breaks the ARP schema: {e}\n{value}");
             }
             return value;
@@ -272,6 +281,54 @@ async fn a_program_reaches_the_robot_and_back_with_the_callers_identity_from_the
         "params": { "callId": "c1", "progress": 0.5, "message": "half", "state": "running" } });
     robot_answers(&mut robot, &connection, progress.clone()).await;
     assert_eq!(program.recv().await, progress);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_robots_signature_reaches_only_a_program_that_asked_with_its_nonce() {
+    let server = TestServer::start().await;
+    let mut robot = arp_robot(&server, "robot-1").await;
+    server.grant("robot-1", "planner-7", "operator").await;
+    let token = server.client_token("planner-7").await;
+    let url = server.ws_url().replace("/ws", "/v1/robots/robot-1/arp");
+    let initialize = json!({ "protocolVersion": "0.1.0",
+        "clientInfo": { "name": "planner", "version": "1" }, "capabilities": {} });
+    let signature = "eyJhbGciOiJFZERTQSJ9..c2lnbmVk";
+    for nonce in [Some("the-programs-nonce_42"), None] {
+        let query = nonce.map_or(String::new(), |n| format!("?signed={n}"));
+        let mut program = ArpClient::connect_to(&format!("{url}{query}"), &token).await;
+        let id = program.request("arp.initialize", initialize.clone()).await;
+        let message = robot.recv_type("arp.frame").await;
+        // The robot is told the nonce to sign for, by the server, on every frame.
+        assert_eq!(
+            message["meta"]
+                .get("signatureNonce")
+                .and_then(Value::as_str),
+            nonce,
+            "{message}"
+        );
+        let connection = message["payload"]["connectionId"].clone();
+        let frame = &message["payload"]["frame"];
+        let answer = json!({ "jsonrpc": "2.0", "id": frame["id"], "result": initialize_result() });
+        let mut signed = envelope(
+            "arp.frame",
+            Some(json!({ "connectionId": connection, "frame": answer })),
+        );
+        signed["meta"] = json!({ "signature": signature });
+        robot.send(&signed).await;
+        let received = program.answer(&id).await;
+        assert_eq!(received["result"], initialize_result());
+        // Passed on as the frame's own member to the program that asked; a program that
+        // did not gets the frame exactly as ARP has it.
+        let expected = nonce.map(|_| signature);
+        assert_eq!(
+            received.get(FRAME_SIGNATURE_KEY).and_then(Value::as_str),
+            expected,
+            "{received}"
+        );
+        drop(program);
+        robot.recv_type("signalling.disconnected").await;
+    }
     server.shutdown().await;
 }
 

@@ -177,6 +177,28 @@ pub const FRAME_TYPE: &str = "arp.frame";
 /// is never sent an `arp.frame`.
 pub const REGISTER_METADATA_KEY: &str = "arp";
 
+/// Query parameter of `/v1/robots/{robotId}/arp` by which a program asks for frames signed
+/// by the robot: a nonce of its choosing ([`valid_signature_nonce`]). The server passes it
+/// to the robot in `meta` of every `arp.frame` under [`SIGNATURE_NONCE_META_KEY`]; a robot
+/// with `sign_replies` signs each frame it sends for that session, binding the nonce.
+pub const SIGNED_QUERY: &str = "signed";
+
+/// Key of an `arp.frame`'s `meta` (server to robot) holding the program's nonce.
+pub const SIGNATURE_NONCE_META_KEY: &str = "signatureNonce";
+
+/// Top-level member of a frame carrying the robot's signature, as the program receives it
+/// (`../shared/design/agent-protocols.md`: the message carries a `signature`). Between robot
+/// and server it travels in the `arp.frame`'s `meta` under the same key.
+pub const FRAME_SIGNATURE_KEY: &str = "signature";
+
+/// A nonce a program may choose: 16 to 128 characters of base64url's alphabet.
+pub fn valid_signature_nonce(nonce: &str) -> bool {
+    (16..=128).contains(&nonce.len())
+        && nonce
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
 /// The `payload` of an `arp.frame` envelope:
 /// `{"connectionId": "arp-…", "frame": {"jsonrpc": "2.0", …}}`.
 ///
@@ -260,6 +282,17 @@ mod tests {
         }
         assert_eq!(ArpCode::from_code(1), None);
         assert_eq!(method::ALL.len(), 16);
+    }
+
+    #[test]
+    fn signature_nonces_are_base64url_of_a_sane_length() {
+        assert!(valid_signature_nonce("AAAAAAAAAAAAAAAAAAAAAA"));
+        assert!(valid_signature_nonce("abc-DEF_0123456789"));
+        assert!(valid_signature_nonce(&"x".repeat(128)));
+        assert!(!valid_signature_nonce("short"));
+        assert!(!valid_signature_nonce(&"x".repeat(129)));
+        assert!(!valid_signature_nonce("AAAAAAAAAAAAAAAA+/=="));
+        assert!(!valid_signature_nonce("AAAAAAAAAAAAAAAA\"\"\"\""));
     }
 
     #[test]

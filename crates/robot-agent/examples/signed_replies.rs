@@ -1,7 +1,8 @@
 //! Signed replies as robot-agent sends them (`sign_replies = true`), for the TypeScript
 //! SDK's tests: a fresh robot key of each type (Ed25519, P-256), the key as
 //! `GET /v1/robots/{id}/key` serves it, and replies signed by that key, each as the exact
-//! text sent on the data channel.
+//! text sent on the data channel; and ARP frames signed for a program's nonce, each as the
+//! gateway hands it to the program (`arp`).
 //!
 //! `cargo run -p robot-agent --example signed_replies > clients/js/test/fixtures/signed-replies.json`
 //!
@@ -13,7 +14,10 @@ use robot_agent::messages;
 use robot_agent::reply_signing::ReplySigner;
 use robot_agent::safety::SafetyLimits;
 use robot_agent::settings::Settings;
+use std::sync::Arc;
+
 use serde_json::{json, Value};
+use signalling_protocol::arp::FRAME_SIGNATURE_KEY;
 use signalling_protocol::{ErrorCode, Location, LocationOperation, NavigationStatus};
 
 fn main() {
@@ -24,7 +28,7 @@ fn main() {
     .into_iter()
     .map(|(kind, robot_id, credential)| {
         let key = RobotKey::generate(kind).expect("a fresh key");
-        let signer = ReplySigner::new(&key, robot_id).expect("a signer");
+        let signer = Arc::new(ReplySigner::new(&key, robot_id).expect("a signer"));
         let mut jwk = signer.jwk();
         jwk["alg"] = json!(signer.alg());
         let messages: Vec<String> = replies()
@@ -34,9 +38,20 @@ fn main() {
                 envelope.to_json()
             })
             .collect();
+        let nonce = "fixture-nonce_0123456789";
+        let arp_signer = signer.for_arp(nonce);
+        let frames: Vec<String> = arp_frames()
+            .into_iter()
+            .map(|mut frame| {
+                let signature = arp_signer.sign(&frame).expect("signed");
+                frame[FRAME_SIGNATURE_KEY] = Value::String(signature);
+                frame.to_string()
+            })
+            .collect();
         json!({
             "key": { "robotId": robot_id, "credential": credential, "jwk": jwk },
             "messages": messages,
+            "arp": { "nonce": nonce, "frames": frames },
         })
     })
     .collect();
@@ -73,5 +88,25 @@ fn replies() -> Vec<signalling_protocol::Envelope> {
             Some(messages::details("stale", &[("cause", json!("age"))])),
             Some("req-move"),
         ),
+    ]
+}
+
+/// ARP frames of each kind the robot sends: results (with floats that print differently in
+/// Rust and JavaScript), a notification, a request, and an error.
+fn arp_frames() -> Vec<Value> {
+    vec![
+        json!({"jsonrpc": "2.0", "id": 1, "result": {"protocolVersion": "0.1.0",
+            "serverInfo": {"name": "robot-agent", "version": "0.1.0"},
+            "capabilities": {"tools": true, "context": true}}}),
+        json!({"jsonrpc": "2.0", "id": "call-2", "result": {"callId": "c-1", "state": "completed",
+            "result": {"x": 1.0, "tiny": 1e-7, "huge": 1e21, "zero": -0.0,
+                "label": "dock é \"A\" 😀"}}}),
+        json!({"jsonrpc": "2.0", "method": "arp.toolProgress",
+            "params": {"callId": "c-1", "progress": 0.25, "message": "moving"}}),
+        json!({"jsonrpc": "2.0", "id": "robot-confirm-1", "method": "arp.requestConfirmation",
+            "params": {"action": "move", "tool": "move_to", "parameters": {"x": 2.5},
+                "safetyLevel": "critical", "timeout": 30000}}),
+        json!({"jsonrpc": "2.0", "id": 4, "error": {"code": -40003,
+            "message": "the speed is over the limit", "data": {"reason": "safety"}}}),
     ]
 }

@@ -351,8 +351,9 @@ impl PeerManager {
                 connection,
                 frame,
                 session,
+                signature_nonce,
             } => match &mut self.gateway {
-                Some(gateway) => gateway.frame(connection, frame, session),
+                Some(gateway) => gateway.frame(connection, frame, session, signature_nonce),
                 None => {
                     tracing::warn!(%connection, "arp.frame, but ARP is not served");
                     let why = signalling_protocol::arp::reason::ARP_UNSUPPORTED;

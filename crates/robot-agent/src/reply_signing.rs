@@ -9,6 +9,14 @@
 //! `meta.signature` (and without `meta` if nothing else is in it), serialised canonically
 //! ([`canonical_json`]: keys sorted at every depth, no whitespace). ES256 signatures are
 //! the fixed 64-byte r||s form (RFC 7518, section 3.4).
+//!
+//! ARP frames of the server's gateway are signed the same way when the program asked for
+//! it with a nonce (`/v1/robots/{id}/arp?signed=<nonce>`): the header also holds the
+//! `nonce`, which binds each frame to that program's connection (an answer signed for
+//! another connection does not verify), and the payload is the JSON-RPC frame without its
+//! `signature` member ([`ArpFrameSigner`], [`verify_arp_frame`]). ARP frames carry no
+//! `meta`: the signature travels in the `arp.frame` envelope's `meta.signature` and the
+//! server hands it to the program as the frame's top-level `signature`.
 
 use std::sync::Arc;
 
@@ -17,6 +25,7 @@ use base64::Engine as _;
 use ring::signature::{UnparsedPublicKey, VerificationAlgorithm, ECDSA_P256_SHA256_FIXED, ED25519};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
+use signalling_protocol::arp::FRAME_SIGNATURE_KEY;
 use signalling_protocol::ticket::canonical_json;
 use signalling_protocol::Envelope;
 
@@ -30,7 +39,7 @@ pub const SIGNATURE_META_KEY: &str = "signature";
 pub enum ReplySigningError {
     #[error("cannot sign with the robot's key: {0}")]
     Key(#[from] IdentityError),
-    #[error("the message has no meta.signature")]
+    #[error("the message carries no signature")]
     Missing,
     #[error("meta.signature is not a detached compact JWS: {0}")]
     Malformed(String),
@@ -40,6 +49,8 @@ pub enum ReplySigningError {
     Jwk(String),
     #[error("the signature does not verify")]
     BadSignature,
+    #[error("the signature was made for another nonce (another connection)")]
+    Nonce,
 }
 
 /// The protected header of a reply's JWS.
@@ -48,6 +59,9 @@ pub struct ReplyHeader {
     pub alg: String,
     /// The robot id.
     pub kid: String,
+    /// ARP frames only: the program's nonce.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nonce: Option<String>,
 }
 
 /// Signs the replies of one robot.
@@ -55,6 +69,7 @@ pub struct ReplySigner {
     key: JwsSigner,
     /// `BASE64URL(header)`, the same for every message.
     header: String,
+    robot_id: String,
 }
 
 impl std::fmt::Debug for ReplySigner {
@@ -87,12 +102,26 @@ impl ReplySigner {
         let header = ReplyHeader {
             alg: key.alg().to_owned(),
             kid: robot_id.to_owned(),
+            nonce: None,
         };
-        let header = canonical_json(&json!(header));
         Ok(ReplySigner {
+            header: encoded_header(&header),
             key,
-            header: URL_SAFE_NO_PAD.encode(header),
+            robot_id: robot_id.to_owned(),
         })
+    }
+
+    /// The signer of one gateway ARP session's frames, for the program's `nonce`.
+    pub fn for_arp(self: &Arc<Self>, nonce: &str) -> ArpFrameSigner {
+        let header = ReplyHeader {
+            alg: self.key.alg().to_owned(),
+            kid: self.robot_id.clone(),
+            nonce: Some(nonce.to_owned()),
+        };
+        ArpFrameSigner {
+            signer: self.clone(),
+            header: encoded_header(&header),
+        }
     }
 
     /// `EdDSA` or `ES256`.
@@ -116,6 +145,35 @@ impl ReplySigner {
             .insert(SIGNATURE_META_KEY.into(), Value::String(jws));
         Ok(())
     }
+}
+
+/// Signs the frames one gateway ARP session sends, binding the program's nonce.
+#[derive(Debug, Clone)]
+pub struct ArpFrameSigner {
+    signer: Arc<ReplySigner>,
+    /// `BASE64URL(header)` with the nonce.
+    header: String,
+}
+
+impl ArpFrameSigner {
+    /// The detached JWS over `frame` (which must not hold a `signature` member).
+    pub fn sign(&self, frame: &Value) -> Result<String, ReplySigningError> {
+        let input = format!(
+            "{}.{}",
+            self.header,
+            URL_SAFE_NO_PAD.encode(canonical_json(frame))
+        );
+        let signature = self.signer.key.sign(input.as_bytes())?;
+        Ok(format!(
+            "{}..{}",
+            self.header,
+            URL_SAFE_NO_PAD.encode(signature)
+        ))
+    }
+}
+
+fn encoded_header(header: &ReplyHeader) -> String {
+    URL_SAFE_NO_PAD.encode(canonical_json(&json!(header)))
 }
 
 /// The JWK of a raw public key: 32 bytes Ed25519, or a 65-byte uncompressed P-256 point.
@@ -165,7 +223,37 @@ pub fn verify(envelope: &Envelope, jwk: &Value) -> Result<ReplyHeader, ReplySign
         .meta
         .as_ref()
         .and_then(|m| m.get(SIGNATURE_META_KEY))
-        .ok_or(ReplySigningError::Missing)?
+        .ok_or(ReplySigningError::Missing)?;
+    verify_detached(jws, &signed_content(envelope), jwk)
+}
+
+/// Checks the top-level `signature` of an ARP frame as the gateway hands it to a program
+/// that asked with `nonce`, against the robot's public key `jwk`; returns the JWS header
+/// (the caller checks `kid` names the robot it expects).
+pub fn verify_arp_frame(
+    frame: &Value,
+    jwk: &Value,
+    nonce: &str,
+) -> Result<ReplyHeader, ReplySigningError> {
+    let mut unsigned = frame.clone();
+    let jws = unsigned
+        .as_object_mut()
+        .and_then(|f| f.remove(FRAME_SIGNATURE_KEY))
+        .ok_or(ReplySigningError::Missing)?;
+    let header = verify_detached(&jws, &canonical_json(&unsigned), jwk)?;
+    if header.nonce.as_deref() != Some(nonce) {
+        return Err(ReplySigningError::Nonce);
+    }
+    Ok(header)
+}
+
+/// Checks the detached compact JWS `jws` over `content`.
+fn verify_detached(
+    jws: &Value,
+    content: &str,
+    jwk: &Value,
+) -> Result<ReplyHeader, ReplySigningError> {
+    let jws = jws
         .as_str()
         .ok_or_else(|| ReplySigningError::Malformed("not a string".into()))?;
     let (header_b64, signature_b64) = jws
@@ -195,8 +283,9 @@ pub fn verify(envelope: &Envelope, jwk: &Value) -> Result<ReplyHeader, ReplySign
     if header.alg != alg {
         return Err(ReplySigningError::Algorithm(header.alg));
     }
+    let input = format!("{header_b64}.{}", URL_SAFE_NO_PAD.encode(content));
     UnparsedPublicKey::new(algorithm, public)
-        .verify(signing_input(header_b64, envelope).as_bytes(), &signature)
+        .verify(input.as_bytes(), &signature)
         .map_err(|_| ReplySigningError::BadSignature)?;
     Ok(header)
 }

@@ -423,7 +423,106 @@ fn the_sdks_fixture_still_verifies() {
             assert_eq!(envelope.to_json(), text);
             algs.push(key["jwk"]["alg"].as_str().expect("alg"));
         }
+        let nonce = robot["arp"]["nonce"].as_str().expect("arp.nonce");
+        let frames = robot["arp"]["frames"].as_array().expect("arp.frames");
+        assert!(frames.len() >= 4, "{robot_id}");
+        for text in frames {
+            let text = text.as_str().expect("the frame text");
+            let frame: Value = serde_json::from_str(text).expect("JSON");
+            let header = verify_arp_frame(&frame, &key["jwk"], nonce)
+                .unwrap_or_else(|e| panic!("{robot_id}: {e}: {text}"));
+            assert_eq!(header.kid, robot_id);
+        }
     }
     algs.dedup();
     assert_eq!(algs, ["EdDSA", "ES256"]);
+}
+
+/// ARP frames of several shapes, as the robot answers through the gateway.
+fn arp_samples() -> Vec<Value> {
+    vec![
+        json!({"jsonrpc": "2.0", "id": 1, "result": {"protocolVersion": "0.1.0",
+            "serverInfo": {"name": "robot-agent", "version": "0.1.0"}, "capabilities": {}}}),
+        json!({"jsonrpc": "2.0", "id": "c-7", "result": {"callId": "call-1", "state": "completed",
+            "result": {"x": 1.0, "tiny": 1e-7, "huge": 1e21, "label": "dock é \"A\" 😀"}}}),
+        json!({"jsonrpc": "2.0", "method": "arp.toolProgress",
+            "params": {"callId": "call-1", "progress": 0.5}}),
+        json!({"jsonrpc": "2.0", "id": 3, "error": {"code": -40003,
+            "message": "speed over the limit", "data": {"reason": "safety"}}}),
+    ]
+}
+
+/// `frame` with the signature `signer` makes, as the program receives it.
+fn signed_frame(signer: &ArpFrameSigner, frame: &Value) -> Value {
+    let mut signed = frame.clone();
+    signed[signalling_protocol::arp::FRAME_SIGNATURE_KEY] =
+        json!(signer.sign(frame).expect("sign"));
+    signed
+}
+
+#[test]
+fn arp_frames_are_signed_for_one_nonce_with_both_key_types() {
+    const NONCE: &str = "n0nce-of-the-program_1";
+    for kind in [KeyType::Ed25519, KeyType::P256] {
+        let robot = Arc::new(signer(kind));
+        let jwk = robot.jwk();
+        let signer = robot.for_arp(NONCE);
+        for frame in arp_samples() {
+            let signed = signed_frame(&signer, &frame);
+            let header = verify_arp_frame(&signed, &jwk, NONCE)
+                .unwrap_or_else(|e| panic!("{kind:?}: {e}: {signed}"));
+            assert_eq!(header.kid, ROBOT);
+            assert_eq!(header.alg, robot.alg());
+            assert_eq!(header.nonce.as_deref(), Some(NONCE));
+            // Re-encoded with other key order and whitespace, it still verifies.
+            let rewritten: Value = serde_json::from_str(&reverse_keys(&signed)).expect("JSON");
+            assert!(verify_arp_frame(&rewritten, &jwk, NONCE).is_ok());
+
+            // Signed for another connection's nonce: refused.
+            assert!(matches!(
+                verify_arp_frame(&signed, &jwk, "another-programs-nonce"),
+                Err(ReplySigningError::Nonce)
+            ));
+            // Unsigned.
+            assert!(matches!(
+                verify_arp_frame(&frame, &jwk, NONCE),
+                Err(ReplySigningError::Missing)
+            ));
+            // Anything changed.
+            let mut tampered = signed.clone();
+            tampered["id"] = json!(99);
+            assert!(matches!(
+                verify_arp_frame(&tampered, &jwk, NONCE),
+                Err(ReplySigningError::BadSignature)
+            ));
+            // Another robot's key of the same type.
+            let other = self::signer(kind).jwk();
+            assert!(matches!(
+                verify_arp_frame(&signed, &other, NONCE),
+                Err(ReplySigningError::BadSignature)
+            ));
+        }
+        // The header is signed too: another nonce written into it breaks the signature.
+        let signed = signed_frame(&signer, &arp_samples()[1]);
+        let jws = signed["signature"].as_str().expect("jws");
+        let header = json!({"alg": robot.alg(), "kid": ROBOT, "nonce": "another-programs-nonce"});
+        let forged_header = URL_SAFE_NO_PAD.encode(canonical_json(&header));
+        let mut forged = signed.clone();
+        forged["signature"] = json!(format!(
+            "{forged_header}..{}",
+            jws.split_once("..").expect("jws").1
+        ));
+        assert!(matches!(
+            verify_arp_frame(&forged, &jwk, "another-programs-nonce"),
+            Err(ReplySigningError::BadSignature)
+        ));
+    }
+}
+
+#[test]
+fn agent_replies_keep_a_header_without_nonce() {
+    let signer = signer(KeyType::Ed25519);
+    let mut message = messages::pong("req-1");
+    signer.sign(&mut message).expect("sign");
+    assert_eq!(header_of(&message), json!({"alg": "EdDSA", "kid": ROBOT}));
 }

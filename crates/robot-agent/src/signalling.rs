@@ -21,7 +21,9 @@ use base64::Engine as _;
 use futures_util::{SinkExt, StreamExt};
 use ring::rand::{SecureRandom, SystemRandom};
 use serde_json::{Map, Value};
-use signalling_protocol::arp::{ArpFramePayload, FRAME_TYPE};
+use signalling_protocol::arp::{
+    valid_signature_nonce, ArpFramePayload, FRAME_TYPE, SIGNATURE_NONCE_META_KEY,
+};
 use signalling_protocol::ticket::{KEYS_TYPE, RENEW_TYPE};
 use signalling_protocol::{
     Body, Envelope, IceCandidatePayload, IceServer, PkiResponsePayload, RegisterPayload,
@@ -104,6 +106,8 @@ pub enum Inbound {
         connection: String,
         frame: Value,
         session: Option<SessionMeta>,
+        /// The program asked for frames signed by the robot, with this nonce.
+        signature_nonce: Option<String>,
     },
 }
 
@@ -611,10 +615,18 @@ fn arp_frame(
             }
         }
     }
+    let signature_nonce = envelope
+        .meta
+        .as_ref()
+        .and_then(|m| m.get(SIGNATURE_NONCE_META_KEY))
+        .and_then(Value::as_str)
+        .filter(|n| valid_signature_nonce(n))
+        .map(str::to_owned);
     Ok(Some(Inbound::ArpFrame {
         connection: p.connection_id,
         frame: p.frame,
         session,
+        signature_nonce,
     }))
 }
 

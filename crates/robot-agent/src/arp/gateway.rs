@@ -17,6 +17,11 @@
 //! The [`Gateway`] is owned by the peer manager, which receives everything
 //! from the signalling client; every queue is bounded, and nothing here
 //! waits on a slow connection (a full queue refuses the frame).
+//!
+//! A program that asked for signed frames (`?signed=<nonce>` at the gateway, passed here
+//! as `meta.signatureNonce`) gets every frame of its session signed with the robot's key
+//! when `sign_replies` is on ([`crate::reply_signing::ArpFrameSigner`]), refusals
+//! included; the nonce is the one its session opened with.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -31,6 +36,7 @@ use tokio::task::{AbortHandle, JoinHandle};
 
 use super::{ArpServer, Peer, FRAME_CHANNEL};
 use crate::messages;
+use crate::reply_signing::{ArpFrameSigner, SIGNATURE_META_KEY};
 use crate::safety::Role;
 
 /// Most gateway ARP sessions served at once; the first frame of one more is
@@ -51,6 +57,8 @@ struct Connection {
     /// end report of the earlier one is ignored.
     generation: u64,
     role: Role,
+    /// Signs what the robot answers, for a program that asked (`?signed=`).
+    signer: Option<ArpFrameSigner>,
     frames: mpsc::Sender<String>,
     /// Closed (false) the moment the connection leaves the table: its pump
     /// sends nothing after, not even what its handler says as it ends
@@ -120,7 +128,13 @@ impl Gateway {
     }
 
     /// One `arp.frame` from the server.
-    pub fn frame(&mut self, connection: String, frame: Value, session: Option<SessionMeta>) {
+    pub fn frame(
+        &mut self,
+        connection: String,
+        frame: Value,
+        session: Option<SessionMeta>,
+        signature_nonce: Option<String>,
+    ) {
         if !frame.is_object() {
             tracing::warn!(%connection, "arp.frame whose frame is not a JSON object; ignored");
             return;
@@ -137,6 +151,7 @@ impl Gateway {
         // Least privilege unless the server vouched for more.
         let role = session.as_ref().map_or(Role::Viewer, |s| s.role);
         if let Some(live) = self.connections.get(&connection) {
+            let signer = live.signer.clone();
             if role != live.role && !is_emergency_stop(&frame) {
                 tracing::warn!(
                     %connection,
@@ -145,7 +160,8 @@ impl Gateway {
                     "gateway ARP frame with another role than its session's; refused"
                 );
                 let message = "the session's role may not change";
-                self.refuse(&connection, &frame, reason::ROLE_CHANGED, message);
+                let why = reason::ROLE_CHANGED;
+                self.refuse(&connection, &frame, why, message, signer.as_ref());
                 return;
             }
             match live.frames.try_send(frame.to_string()) {
@@ -157,7 +173,7 @@ impl Gateway {
                         "message": "too many frames waiting; slow down",
                         "data": { "reason": reason::RATE_LIMITED },
                     });
-                    self.answer_error(&connection, &frame, error);
+                    self.answer_error(&connection, &frame, error, signer.as_ref());
                 }
                 Err(mpsc::error::TrySendError::Closed(_)) => {
                     // Its handler ended; the end is being reported.
@@ -166,10 +182,12 @@ impl Gateway {
             }
             return;
         }
+        let signer = self.signer(signature_nonce.as_deref());
         if self.connections.len() >= MAX_CONNECTIONS {
             tracing::warn!(%connection, max = MAX_CONNECTIONS, "too many gateway ARP sessions; refused");
             let message = "the robot serves no more ARP sessions now";
-            self.refuse(&connection, &frame, reason::TOO_MANY_SESSIONS, message);
+            let why = reason::TOO_MANY_SESSIONS;
+            self.refuse(&connection, &frame, why, message, signer.as_ref());
             self.send_disconnected(
                 &connection,
                 DisconnectReason::Failed,
@@ -177,10 +195,33 @@ impl Gateway {
             );
             return;
         }
-        self.open(connection, frame, role, session.map(|s| s.subject));
+        let subject = session.map(|s| s.subject);
+        self.open(connection, frame, role, subject, signer);
     }
 
-    fn open(&mut self, connection: String, frame: Value, role: Role, subject: Option<String>) {
+    /// The signer of a session whose program asked for signed frames with `nonce`, if the
+    /// robot signs (`sign_replies`); without it, frames go unsigned and the program that
+    /// asked refuses them.
+    fn signer(&self, nonce: Option<&str>) -> Option<ArpFrameSigner> {
+        let signer = self.server.shared().reply_signer.as_ref();
+        match (nonce, signer) {
+            (Some(nonce), Some(signer)) => Some(signer.for_arp(nonce)),
+            (Some(_), None) => {
+                tracing::warn!("a program asked for signed ARP frames, but sign_replies is off");
+                None
+            }
+            (None, _) => None,
+        }
+    }
+
+    fn open(
+        &mut self,
+        connection: String,
+        frame: Value,
+        role: Role,
+        subject: Option<String>,
+        signer: Option<ArpFrameSigner>,
+    ) {
         let generation = self.next;
         self.next += 1;
         let peer = Peer {
@@ -199,6 +240,7 @@ impl Gateway {
             signalling: self.signalling.clone(),
             open: open.clone(),
             connection: connection.clone(),
+            signer: signer.clone(),
         };
         let pump = tokio::spawn(pump(
             handler,
@@ -215,6 +257,7 @@ impl Gateway {
             Connection {
                 generation,
                 role,
+                signer,
                 frames,
                 open,
                 handler: abort,
@@ -288,16 +331,29 @@ impl Gateway {
 
     /// Answers a refused request with `-32603` and `data.reason`; a refused
     /// notification or answer is only logged (JSON-RPC answers neither).
-    fn refuse(&self, connection: &str, frame: &Value, why: &str, message: &str) {
+    fn refuse(
+        &self,
+        connection: &str,
+        frame: &Value,
+        why: &str,
+        message: &str,
+        signer: Option<&ArpFrameSigner>,
+    ) {
         let error = json!({
             "code": ArpCode::InternalError.code(),
             "message": message,
             "data": { "reason": why },
         });
-        self.answer_error(connection, frame, error);
+        self.answer_error(connection, frame, error, signer);
     }
 
-    fn answer_error(&self, connection: &str, frame: &Value, error: Value) {
+    fn answer_error(
+        &self,
+        connection: &str,
+        frame: &Value,
+        error: Value,
+        signer: Option<&ArpFrameSigner>,
+    ) {
         if frame.get("method").is_none() {
             return;
         }
@@ -305,7 +361,7 @@ impl Gateway {
             return;
         };
         let answer = json!({ "jsonrpc": "2.0", "id": id, "error": error });
-        self.send(ArpFramePayload::new(connection, answer).to_envelope(None));
+        self.send(frame_envelope(connection, answer, signer));
     }
 
     fn send_disconnected(&self, connection: &str, reason: DisconnectReason, why: Option<&str>) {
@@ -379,6 +435,7 @@ struct Link {
     signalling: mpsc::Sender<Envelope>,
     open: Gate,
     connection: String,
+    signer: Option<ArpFrameSigner>,
 }
 
 impl Link {
@@ -393,7 +450,7 @@ impl Link {
                 return true;
             }
         };
-        let Some(envelope) = fitted(connection, frame, text.len()) else {
+        let Some(envelope) = fitted(connection, frame, text.len(), self.signer.as_ref()) else {
             return true;
         };
         // Room first (waiting), then the gate and the send at once.
@@ -410,8 +467,13 @@ impl Link {
 
 /// The envelope of `frame`, if it fits the server's frame cap; an answer
 /// that does not becomes an error answer, anything else is dropped.
-fn fitted(connection: &str, frame: Value, frame_len: usize) -> Option<Envelope> {
-    let envelope = ArpFramePayload::new(connection, frame).to_envelope(None);
+fn fitted(
+    connection: &str,
+    frame: Value,
+    frame_len: usize,
+    signer: Option<&ArpFrameSigner>,
+) -> Option<Envelope> {
+    let envelope = frame_envelope(connection, frame, signer);
     // Measured exactly only near the limit: the envelope adds a few hundred
     // bytes to the frame and its connection id (escaped at most 6 times).
     let roomy = frame_len + 6 * connection.len() + 512 <= MAX_ENVELOPE_BYTES;
@@ -435,13 +497,31 @@ fn fitted(connection: &str, frame: Value, frame_len: usize) -> Option<Envelope> 
                     "data": { "reason": "frame_too_large" },
                 },
             });
-            Some(ArpFramePayload::new(connection, error).to_envelope(None))
+            Some(frame_envelope(connection, error, signer))
         }
         None => {
             tracing::warn!(%connection, max = MAX_ENVELOPE_BYTES, "ARP message too large for the gateway; dropped");
             None
         }
     }
+}
+
+/// The `arp.frame` of one frame the robot sends, signed in `meta.signature` with `signer`.
+fn frame_envelope(connection: &str, frame: Value, signer: Option<&ArpFrameSigner>) -> Envelope {
+    let signature = signer.and_then(|signer| match signer.sign(&frame) {
+        Ok(jws) => Some(jws),
+        Err(e) => {
+            // Sent unsigned: the program that asked for signatures refuses it.
+            tracing::error!(%connection, error = %e, "cannot sign an ARP frame");
+            None
+        }
+    });
+    let mut envelope = ArpFramePayload::new(connection, frame).to_envelope(None);
+    if let Some(signature) = signature {
+        let meta = envelope.meta.get_or_insert_with(Default::default);
+        meta.insert(SIGNATURE_META_KEY.into(), Value::String(signature));
+    }
+    envelope
 }
 
 #[cfg(test)]

@@ -507,7 +507,7 @@ async fn an_end_on_the_robots_side_is_reported_as_closed() {
     let (tx, mut rx) = mpsc::channel(64);
     let mut gateway = Gateway::new(f.server.clone(), tx);
     let frame = json!({"jsonrpc": "2.0", "id": 1, "method": "arp.listTools"});
-    gateway.frame("arp-1".into(), frame, None);
+    gateway.frame("arp-1".into(), frame, None, None);
     let answer = tokio::time::timeout(WAIT, rx.recv())
         .await
         .expect("in time")
@@ -547,7 +547,7 @@ fn an_answer_over_the_servers_frame_cap_becomes_an_error() {
     let big = "x".repeat(MAX_ENVELOPE_BYTES);
     let answer = json!({"jsonrpc": "2.0", "id": 4, "result": {"blob": big}});
     let len = answer.to_string().len();
-    let sent = fitted("arp-1", answer, len).expect("an error instead");
+    let sent = fitted("arp-1", answer, len, None).expect("an error instead");
     let text = sent.to_json();
     assert!(text.len() <= MAX_ENVELOPE_BYTES);
     let frame = &sent.payload.as_ref().expect("payload")["frame"];
@@ -558,12 +558,12 @@ fn an_answer_over_the_servers_frame_cap_becomes_an_error() {
     let note = json!({"jsonrpc": "2.0", "method": "arp.contextUpdate", "params": {"blob": big}});
     let len = note.to_string().len();
     assert!(
-        fitted("arp-1", note, len).is_none(),
+        fitted("arp-1", note, len, None).is_none(),
         "a notification is dropped"
     );
     let small = json!({"jsonrpc": "2.0", "id": 5, "result": {}});
     assert_eq!(
-        fitted("arp-1", small.clone(), 40)
+        fitted("arp-1", small.clone(), 40, None)
             .expect("fits")
             .payload
             .expect("payload")["frame"],
