@@ -48,6 +48,8 @@ pub struct Metrics {
     pub access_rechecks: IntCounterVec,
     /// Session tickets renewed for live teleop sessions (`session.ticket`).
     pub ticket_renewals: IntCounter,
+    /// ARP sessions whose robot answered the key exchange: their later tickets are MAC'd.
+    pub ticket_session_keys: IntCounter,
     /// What robots refused or ended for a bad or lapsed session ticket, as they report
     /// it: `offer`, `arp` (a gateway frame), `expired` (a session whose ticket ran out).
     pub robot_ticket_refusals: IntCounterVec,
@@ -179,6 +181,10 @@ impl Metrics {
             ticket_renewals: r.counter(
                 "signalling_ticket_renewals_total",
                 "Session tickets renewed for live teleop sessions",
+            ),
+            ticket_session_keys: r.counter(
+                "signalling_ticket_session_keys_total",
+                "ARP sessions whose robot answered the ticket key exchange (later tickets MAC'd, not signed)",
             ),
             robot_ticket_refusals: r.counters(
                 "signalling_robot_ticket_refusals_total",

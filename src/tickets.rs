@@ -6,10 +6,106 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
-use signalling_protocol::ticket::{is_tool_call, params_hash, TicketClaims};
+use signalling_protocol::ticket::{
+    is_tool_call, params_hash, session_mac_key, TicketClaims, SESSION_KEY_ID,
+};
 use signalling_protocol::Role;
 
 use crate::pki::{Jwks, SigningKeys};
+
+/// Our half of an ARP session's key exchange (X25519, used once).
+pub struct KeyExchange {
+    private: ring::agreement::EphemeralPrivateKey,
+    /// The public half, base64url: the ticket's `kx`.
+    public: String,
+}
+
+impl std::fmt::Debug for KeyExchange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyExchange")
+            .field("public", &self.public)
+            .finish()
+    }
+}
+
+impl KeyExchange {
+    fn new() -> Option<KeyExchange> {
+        use base64::Engine as _;
+        let rng = ring::rand::SystemRandom::new();
+        let private =
+            ring::agreement::EphemeralPrivateKey::generate(&ring::agreement::X25519, &rng).ok()?;
+        let public = private.compute_public_key().ok()?;
+        Some(KeyExchange {
+            private,
+            public: base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(public.as_ref()),
+        })
+    }
+}
+
+/// The HS256 key of an agreed ARP session, with its header.
+pub struct SessionMac {
+    key: jsonwebtoken::EncodingKey,
+    header: jsonwebtoken::Header,
+}
+
+impl std::fmt::Debug for SessionMac {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SessionMac")
+    }
+}
+
+/// How the tickets of one ARP session are made (docs/security.md, "Session tickets").
+#[derive(Debug)]
+pub enum SessionKey {
+    /// Signed tickets only: tickets are off, or the session's key is past saving.
+    Signed,
+    /// The next ticket (the session's first) offers our half.
+    Offer(KeyExchange),
+    /// Offered in the ticket `offered` (its `jti`); signed tickets until the robot's half
+    /// comes back. A robot that does not take part never answers: signed all along.
+    Offered {
+        exchange: KeyExchange,
+        offered: String,
+    },
+    /// Agreed: tickets are MAC'd with the session's key.
+    Agreed(Box<SessionMac>),
+}
+
+impl SessionKey {
+    /// The robot's half came back (`meta.ticketKey` of its frame): the session's key is
+    /// derived and later tickets are MAC'd with it. Anything else (no offer pending, a
+    /// half that is not an X25519 key) leaves signed tickets. Whether a key was agreed.
+    pub fn agree(&mut self, robot_half: &str, connection_id: &str) -> bool {
+        use base64::Engine as _;
+        let SessionKey::Offered { exchange, offered } = std::mem::replace(self, SessionKey::Signed)
+        else {
+            return false;
+        };
+        let Ok(peer) = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(robot_half) else {
+            tracing::warn!(%connection_id, "the robot's ticket key is not base64url; tickets stay signed");
+            return false;
+        };
+        let peer = ring::agreement::UnparsedPublicKey::new(&ring::agreement::X25519, peer);
+        let derived = ring::agreement::agree_ephemeral(exchange.private, &peer, |shared| {
+            session_mac_key(shared, &offered, connection_id)
+        });
+        match derived {
+            Ok(secret) => {
+                let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256);
+                header.kid = Some(SESSION_KEY_ID.to_owned());
+                *self = SessionKey::Agreed(Box::new(SessionMac {
+                    key: jsonwebtoken::EncodingKey::from_secret(&secret),
+                    header,
+                }));
+                true
+            }
+            Err(_) => {
+                tracing::warn!(%connection_id, "the robot's ticket key is not an X25519 key; tickets stay signed");
+                false
+            }
+        }
+    }
+}
 
 /// How long a ticket is good for: long enough for a queue and a robot clock a little
 /// off, short enough that a captured one is soon useless (at most the protocol's 5 min).
@@ -86,15 +182,56 @@ impl Tickets {
         self.mint(self.claims(session, None, None))
     }
 
+    /// The ticket key of a new ARP session: the first ticket offers the exchange.
+    pub fn session_key(&self) -> SessionKey {
+        if !self.minting {
+            return SessionKey::Signed;
+        }
+        match KeyExchange::new() {
+            Some(exchange) => SessionKey::Offer(exchange),
+            None => SessionKey::Signed,
+        }
+    }
+
     /// The ticket of one ARP frame: a request's id, and for a tool call the hash of its
-    /// params, so that the ticket cannot be moved to another call.
-    pub fn arp_frame(&self, session: TicketFor<'_>, frame: &Value) -> Option<String> {
+    /// params, so that the ticket cannot be moved to another call. Signed until the
+    /// session's key is agreed (the first one offers our half of the exchange), then
+    /// MAC'd with that key.
+    pub fn arp_frame(
+        &self,
+        session: TicketFor<'_>,
+        frame: &Value,
+        key: &mut SessionKey,
+    ) -> Option<String> {
         if !self.minting {
             return None;
         }
         let call_id = frame.get("id").filter(|_| frame.get("method").is_some());
         let hash = is_tool_call(frame).then(|| params_hash(frame.get("params")));
-        self.mint(self.claims(session, call_id.cloned(), hash))
+        let mut claims = self.claims(session, call_id.cloned(), hash);
+        match std::mem::replace(key, SessionKey::Signed) {
+            SessionKey::Agreed(mac) => {
+                let ticket = jsonwebtoken::encode(&mac.header, &claims, &mac.key);
+                *key = SessionKey::Agreed(mac);
+                match ticket {
+                    Ok(ticket) => Some(ticket),
+                    Err(e) => {
+                        tracing::error!(error = %e, robot = %claims.robot, "cannot MAC a session ticket");
+                        None
+                    }
+                }
+            }
+            SessionKey::Offer(exchange) => {
+                claims.kx = Some(exchange.public.clone());
+                let offered = claims.jti.clone().unwrap_or_default();
+                *key = SessionKey::Offered { exchange, offered };
+                self.mint(claims)
+            }
+            other => {
+                *key = other;
+                self.mint(claims)
+            }
+        }
     }
 
     fn claims(
@@ -118,6 +255,7 @@ impl Tickets {
             jti: Some(ticket_id()),
             call_id,
             params_hash,
+            kx: None,
         }
     }
 

@@ -11,6 +11,7 @@ use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
 use signalling_protocol::arp::{method, ArpCode, FRAME_SIGNATURE_KEY, MAX_FRAME_BYTES};
+use signalling_protocol::ticket::KEY_EXCHANGE_META_KEY;
 use signalling_protocol::Role;
 use tracing::Instrument;
 
@@ -25,7 +26,7 @@ use crate::relay::{
 };
 use crate::state::SharedState;
 use crate::store::{bounded, AuditRecord, MAX_PARAMS_BYTES};
-use crate::tickets::TicketFor;
+use crate::tickets::{SessionKey, TicketFor};
 
 /// How long a write to the program may take before the connection is given up.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -115,10 +116,13 @@ struct Gateway {
     people: People,
     /// The program asked for frames signed by the robot (`?signed=`), with this nonce.
     signature_nonce: Option<String>,
+    /// How this session's tickets are made: signed, then MAC'd once the key is agreed.
+    ticket_key: SessionKey,
 }
 
 impl Gateway {
     fn new(state: SharedState, conn: ConnId, identity: ClientIdentity, robot_id: String) -> Self {
+        let ticket_key = state.tickets.session_key();
         Gateway {
             state,
             conn,
@@ -134,6 +138,7 @@ impl Gateway {
             out: Vec::new(),
             people: People::new(),
             signature_nonce: None,
+            ticket_key,
         }
     }
 
@@ -510,7 +515,10 @@ impl Gateway {
             subject: &self.subject,
             role: self.role,
         };
-        let ticket = self.state.tickets.arp_frame(session, &frame);
+        let ticket = self
+            .state
+            .tickets
+            .arp_frame(session, &frame, &mut self.ticket_key);
         let caller = crate::messages::ArpCaller {
             subject: &self.subject,
             role: self.role,
@@ -555,6 +563,14 @@ impl Gateway {
                 let mut frame = envelope.pointer("/payload/frame")?.clone();
                 // Only a program that asked gets the robot's signature, as the frame's own
                 // `signature` (one that did not gets ARP frames exactly as the spec has them).
+                if let Some(half) = envelope
+                    .pointer(&format!("/meta/{KEY_EXCHANGE_META_KEY}"))
+                    .and_then(Value::as_str)
+                {
+                    if self.ticket_key.agree(half, &self.conn) {
+                        self.state.metrics.ticket_session_keys.inc();
+                    }
+                }
                 let signature = envelope
                     .pointer("/meta/signature")
                     .filter(|s| s.is_string());

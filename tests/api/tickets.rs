@@ -140,6 +140,9 @@ async fn every_gateway_frame_carries_a_ticket_bound_to_its_call_and_params() {
         Some(message["payload"]["frame"]["id"].clone())
     );
     assert!(claims.params_hash.is_none(), "not a tool call");
+    // The session's first ticket offers the key exchange; this robot does not answer it,
+    // so every later ticket is signed as well (the verify below insists on EdDSA).
+    assert!(claims.kx.is_some(), "{claims:?}");
     robot_answers(
         &mut robot,
         connection,
@@ -472,4 +475,85 @@ async fn a_previous_key_given_as_a_public_key_endorses_nothing() {
     let pong = next_but_welcomes(&mut renewing).await;
     assert_eq!(pong["type"], "signalling.pong", "{pong}");
     let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
+async fn once_the_robot_answers_the_key_exchange_its_tickets_are_macd_with_the_session_key() {
+    use ring::agreement::{agree_ephemeral, EphemeralPrivateKey, UnparsedPublicKey, X25519};
+    use signalling_protocol::ticket::{session_mac_key, KEY_EXCHANGE_META_KEY, SESSION_KEY_ID};
+    let server = TestServer::start().await;
+    let jwks = signing_keys(&server).await;
+    let key = server.enrolled_robot("robot-arp").await;
+    let mut robot = arp_robot_at(&server.ws_url(), "robot-arp", &key).await;
+    server.grant("robot-arp", "planner", "operator").await;
+    let token = server.client_token("planner").await;
+    let mut program = ArpClient::connect(&server, "robot-arp", &token).await;
+    let init = json!({"protocolVersion": "0.1.0", "clientInfo": {"name": "t", "version": "1"}, "capabilities": {}});
+    let init_id = program.request("arp.initialize", init).await;
+    let message = robot.recv_type("arp.frame").await;
+    let offer = verify(&jwks, ticket_of(&message));
+    let connection = message["payload"]["connectionId"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    // The robot's half, answered as robot-agent does: in meta of its next frame.
+    let rng = ring::rand::SystemRandom::new();
+    let ours = EphemeralPrivateKey::generate(&X25519, &rng).expect("key");
+    let half = URL_SAFE_NO_PAD.encode(ours.compute_public_key().expect("public"));
+    let server_half = URL_SAFE_NO_PAD
+        .decode(offer.kx.as_deref().expect("kx"))
+        .expect("b64");
+    let secret = agree_ephemeral(
+        ours,
+        &UnparsedPublicKey::new(&X25519, server_half),
+        |shared| session_mac_key(shared, offer.jti.as_deref().expect("jti"), &connection),
+    )
+    .expect("an X25519 key");
+    let mut answer = envelope(
+        "arp.frame",
+        Some(json!({"connectionId": connection,
+            "frame": {"jsonrpc": "2.0", "id": message["payload"]["frame"]["id"], "result": initialize_result()}})),
+    );
+    answer["meta"] = json!({ KEY_EXCHANGE_META_KEY: half });
+    robot.send(&answer).await;
+    program.answer(&init_id).await;
+
+    let params = json!({"name": "drive", "arguments": {"linear": 0.2, "angular": 0.0}});
+    program.request("arp.callTool", params.clone()).await;
+    let message = loop {
+        let m = robot.recv_type("arp.frame").await;
+        if m["payload"]["frame"]["method"] == "arp.callTool" {
+            break m;
+        }
+    };
+    let ticket = ticket_of(&message);
+    let header = jsonwebtoken::decode_header(ticket).expect("a JWS");
+    assert_eq!(header.alg, Algorithm::HS256);
+    assert_eq!(header.kid.as_deref(), Some(SESSION_KEY_ID));
+    let mut validation = Validation::new(Algorithm::HS256);
+    validation.validate_aud = false;
+    let claims = jsonwebtoken::decode::<TicketClaims>(
+        ticket,
+        &DecodingKey::from_secret(&secret),
+        &validation,
+    )
+    .expect("MAC'd with the session's key")
+    .claims;
+    assert_eq!(claims.connection_id, connection);
+    assert_eq!(claims.robot, "robot-arp");
+    assert_eq!(claims.role.as_str(), "operator");
+    assert_eq!(
+        claims.call_id,
+        Some(message["payload"]["frame"]["id"].clone())
+    );
+    assert_eq!(claims.params_hash, Some(params_hash(Some(&params))));
+    assert!(claims.kx.is_none(), "offered once");
+    assert_ne!(claims.jti, offer.jti);
+    // Under any other key it does not check.
+    assert!(jsonwebtoken::decode::<TicketClaims>(
+        ticket,
+        &DecodingKey::from_secret(&[0; 32]),
+        &validation
+    )
+    .is_err());
 }

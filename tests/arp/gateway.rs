@@ -201,6 +201,27 @@ async fn the_gateway_passes_the_arp_conformance_run_end_to_end() {
         .await;
     let calls = audit["records"].as_array().map(Vec::len).unwrap_or(0);
     assert!(calls > 0, "no audit records: {audit}");
+    // The agent answered each session's key exchange: after its first frame, the run's
+    // tickets were MAC'd with the session key (and checked as such by the agent).
+    let metrics = running
+        .http
+        .get(format!("{}/metrics", running.base))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .expect("HTTP")
+        .text()
+        .await
+        .expect("text");
+    let keyed = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("signalling_ticket_session_keys_total "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or(0.0);
+    assert!(
+        keyed >= 1.0,
+        "no ARP session agreed a ticket key:\n{metrics}"
+    );
     agent.abort();
 }
 

@@ -7,6 +7,15 @@
 //! path could rewrite). This module holds what both ends must agree on: the claims,
 //! and how a call's params are hashed. Signing and verifying are each end's own
 //! (the server's `tickets`, robot-agent's `tickets`).
+//!
+//! An ARP session carries a ticket on every frame, bound to the call: one signature per
+//! call would cost both ends more than the rest of the call. So the session's first ticket
+//! (signed) also carries the server's half of an X25519 exchange ([`TicketClaims::kx`]);
+//! the robot answers with its half ([`KEY_EXCHANGE_META_KEY`]) and both derive one key for
+//! the session ([`session_mac_key`]). Later tickets of that session are the same claims
+//! with an HMAC (HS256, `kid` [`SESSION_KEY_ID`]) instead of a signature. The server's half
+//! is signed, so only it and the robot can know the key: anything between that swaps the
+//! robot's half only makes the robot refuse the server's tickets (a denial, never a forgery).
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -77,6 +86,40 @@ pub struct TicketClaims {
     /// For an `arp.callTool`: [`params_hash`] of its params.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub params_hash: Option<String>,
+    /// On the first signed ticket of an ARP session: the server's X25519 public key
+    /// (base64url) for the session's MAC key ([`session_mac_key`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kx: Option<String>,
+}
+
+/// Key of an `arp.frame`'s `meta` (robot to server) holding the robot's X25519 public key
+/// (base64url), its answer to a ticket's [`TicketClaims::kx`].
+pub const KEY_EXCHANGE_META_KEY: &str = "ticketKey";
+
+/// `kid` in the header of a ticket MAC'd with its ARP session's key.
+pub const SESSION_KEY_ID: &str = "arp-session";
+
+/// The MAC key of one ARP session: HKDF-SHA256 of the X25519 shared secret, salted with
+/// the `jti` of the ticket that carried the server's half, bound to the session's id.
+pub fn session_mac_key(shared_secret: &[u8], kx_ticket_id: &str, connection_id: &str) -> [u8; 32] {
+    use ring::hkdf;
+    struct Len32;
+    impl hkdf::KeyType for Len32 {
+        fn len(&self) -> usize {
+            32
+        }
+    }
+    let info = [
+        b"arp-session-ticket-mac/1 ".as_slice(),
+        connection_id.as_bytes(),
+    ];
+    let mut key = [0u8; 32];
+    let prk = hkdf::Salt::new(hkdf::HKDF_SHA256, kx_ticket_id.as_bytes()).extract(shared_secret);
+    // 32 bytes is far below HKDF-SHA256's limit (255 * 32), so neither step can fail.
+    if let Ok(okm) = prk.expand(&info, Len32) {
+        let _ = okm.fill(&mut key);
+    }
+    key
 }
 
 /// The JSON text of `value` in canonical form: object keys sorted (recursively), no
@@ -161,6 +204,16 @@ mod tests {
     }
 
     #[test]
+    fn the_session_key_depends_on_the_secret_the_ticket_and_the_session() {
+        let key = session_mac_key(&[7; 32], "jti-1", "arp-1");
+        assert_eq!(key, session_mac_key(&[7; 32], "jti-1", "arp-1"));
+        assert_ne!(key, session_mac_key(&[8; 32], "jti-1", "arp-1"));
+        assert_ne!(key, session_mac_key(&[7; 32], "jti-2", "arp-1"));
+        assert_ne!(key, session_mac_key(&[7; 32], "jti-1", "arp-2"));
+        assert_ne!(key, [0; 32]);
+    }
+
+    #[test]
     fn claims_use_camel_case_and_leave_out_what_is_absent() {
         let claims = TicketClaims {
             robot: "r1".into(),
@@ -173,6 +226,7 @@ mod tests {
             jti: None,
             call_id: None,
             params_hash: None,
+            kx: None,
         };
         let value = serde_json::to_value(&claims).unwrap();
         assert_eq!(

@@ -3,7 +3,8 @@
 //! 1. Round trip: robot-agent's own ARP endpoint against the gateway in front of the same
 //!    agent (real server, real agent, sim driver), one call at a time, the two paths
 //!    interleaved call by call (`arp.listTools`, and `arp.callTool list_locations`).
-//! 2. Calls/s through one node: stand-in robots answer every frame at once; each program
+//! 2. Calls/s through one node: stand-in robots answer every frame at once (and the
+//!    session ticket's key exchange, as robot-agent does); each program
 //!    sends `arp.callTool` open loop at 40/s (under the gateway's 50/s per connection), one
 //!    program per robot, more of them at each step.
 //! 3. Cross-node, with `DATABASE_URL` (PostgreSQL) and `REDIS_URL`: two nodes in this
@@ -28,6 +29,7 @@ use robot_agent::config::{RunConfig, RunFlags};
 use robot_agent::enroll::{enroll, EnrollRequest};
 use robot_agent::identity::KeyType;
 use serde_json::{json, Value};
+use signalling_protocol::ticket::KEY_EXCHANGE_META_KEY;
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
@@ -336,17 +338,36 @@ async fn answer_at_once(mut ws: Ws) {
             "arp.listTools" => json!({ "tools": [] }),
             _ => json!({}),
         };
-        let answer = envelope(
+        let mut answer = envelope(
             "arp.frame",
             Some(json!({
                 "connectionId": value["payload"]["connectionId"],
                 "frame": { "jsonrpc": "2.0", "id": id, "result": result },
             })),
         );
+        if let Some(half) = key_exchange_answer(&value) {
+            answer["meta"] = json!({ KEY_EXCHANGE_META_KEY: half });
+        }
         if ws.send(Message::text(answer.to_string())).await.is_err() {
             return;
         }
     }
+}
+
+/// Answers a ticket's key exchange (`kx`) as robot-agent does, with a fresh X25519 public
+/// key, so the server MACs the session's later tickets as it would for a real agent (the
+/// stand-in checks no ticket: the robot's side of the cost is `ticket_cost`'s).
+fn key_exchange_answer(message: &Value) -> Option<String> {
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    use base64::Engine as _;
+    let ticket = message.pointer("/meta/session/ticket")?.as_str()?;
+    let claims = URL_SAFE_NO_PAD.decode(ticket.split('.').nth(1)?).ok()?;
+    let claims: Value = serde_json::from_slice(&claims).ok()?;
+    claims.get("kx")?;
+    let rng = ring::rand::SystemRandom::new();
+    let ours =
+        ring::agreement::EphemeralPrivateKey::generate(&ring::agreement::X25519, &rng).ok()?;
+    Some(URL_SAFE_NO_PAD.encode(ours.compute_public_key().ok()?))
 }
 
 // ---------------------------------------------------------------------------------------

@@ -1,7 +1,9 @@
 //! What one session ticket costs at each end, for docs/benchmarks.md: the server minting
 //! one (`signalling_server::tickets::Tickets`, as for every offer and gateway ARP frame)
 //! and robot-agent checking one (`robot_agent::tickets::TicketCheck`, signature, claims and
-//! replay memory). Prints µs per ticket over N tickets (default 20,000); asserts nothing.
+//! replay memory), for signed tickets and for tickets MAC'd with an ARP session's key
+//! (after its key exchange). Prints µs per ticket over N tickets (default 20,000); asserts
+//! nothing.
 //!
 //! `cargo run --release -p robot-agent --example ticket_cost -- [N]`
 
@@ -12,7 +14,7 @@ use robot_agent::tickets::TicketCheck;
 use serde_json::json;
 use signalling_protocol::{Role, SessionMeta};
 use signalling_server::pki::SigningKeys;
-use signalling_server::tickets::{TicketFor, Tickets};
+use signalling_server::tickets::{SessionKey, TicketFor, Tickets};
 
 fn main() {
     let n: usize = std::env::args()
@@ -42,6 +44,7 @@ fn main() {
                         role: Role::Operator,
                     },
                     &call,
+                    &mut SessionKey::Signed,
                 )
                 .expect("minted")
         })
@@ -71,4 +74,38 @@ fn main() {
         std::hint::black_box(pair.sign(&message));
     }
     println!("of which the signature: {:.1} µs", per(start.elapsed()));
+
+    // One ARP session whose key was agreed on its first ticket, as the gateway and the
+    // agent do it; then N tool calls with MAC'd tickets.
+    let id = "arp-keyed";
+    let who = TicketFor {
+        robot: "robot-1",
+        connection_id: id,
+        subject: "planner",
+        role: Role::Operator,
+    };
+    let mut key = tickets.session_key();
+    let initialize = json!({"jsonrpc": "2.0", "id": 1, "method": "arp.initialize", "params": {}});
+    let mut meta = SessionMeta::new("planner", Role::Operator);
+    meta.ticket = tickets.arp_frame(who, &initialize, &mut key);
+    check
+        .arp_frame(Some(&meta), id, &initialize)
+        .expect("checks");
+    let half = check.unsent_key_half(id).expect("the agent's half");
+    assert!(key.agree(&half, id), "agreed");
+    let start = Instant::now();
+    let minted: Vec<String> = (0..n)
+        .map(|_| tickets.arp_frame(who, &call, &mut key).expect("minted"))
+        .collect();
+    let mint = start.elapsed();
+    let start = Instant::now();
+    for ticket in minted {
+        let mut meta = SessionMeta::new("planner", Role::Operator);
+        meta.ticket = Some(ticket);
+        check.arp_frame(Some(&meta), id, &call).expect("checks");
+    }
+    let verify = start.elapsed();
+    println!("# the same, MAC'd with the ARP session's key (HS256)");
+    println!("server mints one:      {:.1} µs", per(mint));
+    println!("robot checks one:      {:.1} µs", per(verify));
 }

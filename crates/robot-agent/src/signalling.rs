@@ -24,7 +24,7 @@ use serde_json::{Map, Value};
 use signalling_protocol::arp::{
     valid_signature_nonce, ArpFramePayload, FRAME_TYPE, SIGNATURE_NONCE_META_KEY,
 };
-use signalling_protocol::ticket::{KEYS_TYPE, RENEW_TYPE};
+use signalling_protocol::ticket::{KEYS_TYPE, KEY_EXCHANGE_META_KEY, RENEW_TYPE};
 use signalling_protocol::{
     Body, Envelope, IceCandidatePayload, IceServer, PkiResponsePayload, RegisterPayload,
     SessionMeta, Signalling, PROTOCOL_VERSION,
@@ -401,7 +401,10 @@ async fn connection(
                 }
             }
             message = out_rx.recv() => {
-                let Some(message) = message else { return Ok(()) };
+                let Some(mut message) = message else { return Ok(()) };
+                if let Some(check) = tickets {
+                    key_exchange_out(&mut message, check);
+                }
                 send(&mut ws, &message).await?;
             }
             _ = ping.tick() => {
@@ -520,9 +523,14 @@ async fn dispatch(
             })
         }
         Signalling::IceCandidate(candidate) => Some(Inbound::RemoteCandidate(candidate)),
-        Signalling::Disconnected(d) => Some(Inbound::Disconnected {
-            session: d.connection_id,
-        }),
+        Signalling::Disconnected(d) => {
+            if let Some(check) = tickets {
+                check.forget_session(&d.connection_id);
+            }
+            Some(Inbound::Disconnected {
+                session: d.connection_id,
+            })
+        }
         Signalling::Welcome(w) => Some(Inbound::IceServers(w.ice_servers.unwrap_or_default())),
         Signalling::Ping => {
             let pong = Envelope::from_body(Signalling::Pong, PROTOCOL_VERSION)
@@ -536,6 +544,27 @@ async fn dispatch(
         }
         _ => None,
     })
+}
+
+/// What an outgoing message means for the ARP sessions' ticket keys: our half of a
+/// session's exchange rides on its next `arp.frame`; a session's end drops its key.
+fn key_exchange_out(message: &mut Envelope, check: &TicketCheck) {
+    let connection = message
+        .payload
+        .as_ref()
+        .and_then(|p| p.get("connectionId"))
+        .and_then(Value::as_str);
+    let Some(connection) = connection else {
+        return;
+    };
+    if message.kind == FRAME_TYPE {
+        if let Some(half) = check.unsent_key_half(connection) {
+            let meta = message.meta.get_or_insert_with(Default::default);
+            meta.insert(KEY_EXCHANGE_META_KEY.into(), Value::String(half));
+        }
+    } else if message.kind == "signalling.disconnected" {
+        check.forget_session(connection);
+    }
 }
 
 /// A `session.signing_keys`: a rotation's new key, endorsed by one we trust, is pinned.

@@ -7,6 +7,11 @@
 //! enforces is the ticket's, never the plain `meta.session.role`, which anything between
 //! the server and the robot could rewrite. Whatever fails is refused before the peer
 //! manager or the ARP server sees it (fail closed), logged and counted.
+//!
+//! An ARP session's first signed ticket may offer a key exchange (`kx`): the robot then
+//! derives the session's key ([`SessionKeys`]), sends its half back on its next frame of
+//! that session, and from then on also takes tickets MAC'd with that key (HS256), which
+//! cost both ends far less than a signature per call. The claims checked are the same.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -18,7 +23,8 @@ use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde_json::{json, Value};
 use signalling_protocol::arp::{method, reason, ArpCode, ArpFramePayload};
 use signalling_protocol::ticket::{
-    is_tool_call, params_hash, KeyEndorsement, TicketClaims, MAX_TICKET_LIFETIME_SECS,
+    is_tool_call, params_hash, session_mac_key, KeyEndorsement, TicketClaims,
+    MAX_TICKET_LIFETIME_SECS, SESSION_KEY_ID,
 };
 use signalling_protocol::{
     DisconnectReason, DisconnectedPayload, Envelope, SessionMeta, Signalling, PROTOCOL_VERSION,
@@ -29,6 +35,11 @@ use crate::server_keys::{self, PinnedKey};
 
 /// Clock difference between server and robot a ticket survives, in seconds.
 pub const LEEWAY_SECS: u64 = 30;
+
+/// ARP sessions whose MAC key is held at once: beyond the gateway's own cap on sessions
+/// ([`crate::arp::gateway::MAX_CONNECTIONS`]), so only leaked entries could fill it; when
+/// full, no new key is agreed and that session's tickets stay signed.
+const MAX_SESSION_KEYS: usize = 64;
 
 /// Tickets remembered against replay at once. Each is remembered until it could no
 /// longer pass anyway (`exp` + leeway); the gateway's limits keep far fewer alive. When
@@ -124,6 +135,20 @@ pub struct TicketCheck {
     validation: Validation,
     refused: AtomicU64,
     seen: Mutex<Seen>,
+    mac_validation: Validation,
+    sessions: Mutex<SessionKeys>,
+}
+
+/// The MAC keys of ARP sessions, by `connectionId`.
+#[derive(Default)]
+struct SessionKeys {
+    keys: HashMap<String, SessionKey>,
+}
+
+struct SessionKey {
+    key: DecodingKey,
+    /// Our half of the exchange, until it is sent on the session's next frame.
+    unsent: Option<String>,
 }
 
 impl std::fmt::Debug for TicketCheck {
@@ -145,17 +170,22 @@ impl TicketCheck {
         if keys.is_empty() {
             return None;
         }
-        let mut validation = Validation::new(Algorithm::EdDSA);
-        validation.leeway = LEEWAY_SECS;
-        validation.validate_aud = false;
-        validation.set_required_spec_claims(&["exp"]);
+        let validation = |alg| {
+            let mut validation = Validation::new(alg);
+            validation.leeway = LEEWAY_SECS;
+            validation.validate_aud = false;
+            validation.set_required_spec_claims(&["exp"]);
+            validation
+        };
         Some(TicketCheck {
             robot: robot.to_owned(),
             keys: RwLock::new(keys),
             keys_file: None,
-            validation,
+            validation: validation(Algorithm::EdDSA),
             refused: AtomicU64::new(0),
             seen: Mutex::new(Seen::default()),
+            mac_validation: validation(Algorithm::HS256),
+            sessions: Mutex::new(SessionKeys::default()),
         })
     }
 
@@ -247,6 +277,39 @@ impl TicketCheck {
     pub fn verify(&self, ticket: Option<&str>) -> Result<TicketClaims, TicketError> {
         let ticket = ticket.ok_or(TicketError::Missing)?;
         let claims: TicketClaims = self.decode(ticket, &self.validation)?;
+        self.check_claims(claims)
+    }
+
+    /// A ticket of ARP session `connection_id`: signed as [`TicketCheck::verify`] takes
+    /// them, or MAC'd with the session's key once it has one.
+    fn verify_arp(
+        &self,
+        ticket: Option<&str>,
+        connection_id: &str,
+    ) -> Result<TicketClaims, TicketError> {
+        let ticket = ticket.ok_or(TicketError::Missing)?;
+        let header = jsonwebtoken::decode_header(ticket)
+            .map_err(|e| TicketError::Malformed(e.to_string()))?;
+        if header.alg != Algorithm::HS256 {
+            return self.verify(Some(ticket));
+        }
+        let sessions = self.sessions();
+        let key = sessions
+            .keys
+            .get(connection_id)
+            .filter(|_| header.kid.as_deref() == Some(SESSION_KEY_ID))
+            .ok_or_else(|| TicketError::UnknownKey(header.kid.clone()))?;
+        let claims = jsonwebtoken::decode::<TicketClaims>(ticket, &key.key, &self.mac_validation)
+            .map_err(|e| match e.kind() {
+                jsonwebtoken::errors::ErrorKind::ExpiredSignature => TicketError::Expired,
+                _ => TicketError::Invalid(e.to_string()),
+            })?
+            .claims;
+        drop(sessions);
+        self.check_claims(claims)
+    }
+
+    fn check_claims(&self, claims: TicketClaims) -> Result<TicketClaims, TicketError> {
         if claims.exp.saturating_sub(claims.iat) > MAX_TICKET_LIFETIME_SECS {
             return Err(TicketError::TooLong);
         }
@@ -293,7 +356,7 @@ impl TicketCheck {
         connection_id: &str,
         frame: &Value,
     ) -> Result<SessionMeta, TicketError> {
-        let claims = self.verify(session.and_then(|s| s.ticket.as_deref()))?;
+        let claims = self.verify_arp(session.and_then(|s| s.ticket.as_deref()), connection_id)?;
         same_session(&claims, connection_id)?;
         let call_id = frame.get("id").filter(|_| frame.get("method").is_some());
         if claims.call_id.as_ref() != call_id {
@@ -305,7 +368,73 @@ impl TicketCheck {
             return Err(TicketError::OtherParams);
         }
         self.take(&claims)?;
+        if let (Some(kx), Some(jti)) = (&claims.kx, &claims.jti) {
+            self.agree(kx, jti, connection_id);
+        }
         Ok(SessionMeta::new(claims.subject, claims.role))
+    }
+
+    fn sessions(&self) -> std::sync::MutexGuard<'_, SessionKeys> {
+        // Plain data: a panic elsewhere cannot leave it half-written.
+        self.sessions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The server's half of session `connection_id`'s key exchange, from a good signed
+    /// ticket (`jti`): our half is made and the key derived. Only the first offer of a
+    /// session counts; without room, or with a half that is not an X25519 key, none is
+    /// agreed and the session's tickets stay signed.
+    fn agree(&self, server_half: &str, jti: &str, connection_id: &str) {
+        use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        use base64::Engine as _;
+        use ring::agreement::{agree_ephemeral, EphemeralPrivateKey, UnparsedPublicKey, X25519};
+        let mut sessions = self.sessions();
+        if sessions.keys.contains_key(connection_id) {
+            return;
+        }
+        if sessions.keys.len() >= MAX_SESSION_KEYS {
+            tracing::warn!(%connection_id, max = MAX_SESSION_KEYS, "too many ARP session keys; this session's tickets stay signed");
+            return;
+        }
+        let Ok(peer) = URL_SAFE_NO_PAD.decode(server_half) else {
+            tracing::warn!(%connection_id, "a ticket's kx is not base64url; tickets stay signed");
+            return;
+        };
+        let rng = ring::rand::SystemRandom::new();
+        let Some((ours, public)) = EphemeralPrivateKey::generate(&X25519, &rng)
+            .ok()
+            .and_then(|k| Some((k.compute_public_key().ok()?, k)))
+            .map(|(public, k)| (k, URL_SAFE_NO_PAD.encode(public.as_ref())))
+        else {
+            return;
+        };
+        let derived = agree_ephemeral(ours, &UnparsedPublicKey::new(&X25519, peer), |shared| {
+            session_mac_key(shared, jti, connection_id)
+        });
+        match derived {
+            Ok(secret) => {
+                let key = SessionKey {
+                    key: DecodingKey::from_secret(&secret),
+                    unsent: Some(public),
+                };
+                sessions.keys.insert(connection_id.to_owned(), key);
+            }
+            Err(_) => {
+                tracing::warn!(%connection_id, "a ticket's kx is not an X25519 key; tickets stay signed");
+            }
+        }
+    }
+
+    /// Our half of session `connection_id`'s key exchange, once: it goes in `meta` of
+    /// the next frame the robot sends for that session.
+    pub fn unsent_key_half(&self, connection_id: &str) -> Option<String> {
+        self.sessions().keys.get_mut(connection_id)?.unsent.take()
+    }
+
+    /// Session `connection_id` ended: its key is dropped.
+    pub fn forget_session(&self, connection_id: &str) {
+        self.sessions().keys.remove(connection_id);
     }
 
     /// Counts and logs a refusal.

@@ -13,6 +13,7 @@ use jsonwebtoken::{EncodingKey, Header};
 use ring::signature::{Ed25519KeyPair, KeyPair};
 use serde_json::{json, Value};
 use signalling_protocol::arp::FRAME_TYPE;
+use signalling_protocol::ticket::{KEY_EXCHANGE_META_KEY, SESSION_KEY_ID};
 use signalling_protocol::Role;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
@@ -80,6 +81,7 @@ fn claims(connection: &str, role: Role) -> TicketClaims {
         jti: Some(uuid::Uuid::new_v4().to_string()),
         call_id: None,
         params_hash: None,
+        kx: None,
     }
 }
 
@@ -372,6 +374,16 @@ impl Rig {
     /// Injects one `arp.frame` with `meta.session = session` (as anything in the path
     /// could) and returns the robot's answer to it.
     async fn inject(&mut self, connection: &str, session: Value, frame: Value) -> Value {
+        self.inject_for_envelope(connection, session, frame).await["payload"]["frame"].clone()
+    }
+
+    /// As [`Rig::inject`], the whole `arp.frame` that carries the answer.
+    async fn inject_for_envelope(
+        &mut self,
+        connection: &str,
+        session: Value,
+        frame: Value,
+    ) -> Value {
         let id = frame["id"].clone();
         let mut message = envelope(
             FRAME_TYPE,
@@ -386,7 +398,7 @@ impl Rig {
             let v = next_text(&mut self.ws).await;
             let answer = &v["payload"]["frame"];
             if v["type"] == FRAME_TYPE && answer["id"] == id && answer.get("method").is_none() {
-                return answer.clone();
+                return v;
             }
         }
     }
@@ -806,4 +818,126 @@ async fn after_the_servers_endorsement_offers_signed_by_the_new_key_are_answered
     r.open(&sdp, "s-new", Role::Viewer, ticket).await;
     assert_eq!(r.check.refused(), 0);
     pc.close().await.expect("close");
+}
+
+/// The server's side of an ARP session's key exchange, as the gateway does it.
+struct ServerHalf {
+    private: ring::agreement::EphemeralPrivateKey,
+    public: String,
+}
+
+impl ServerHalf {
+    fn new() -> ServerHalf {
+        let rng = ring::rand::SystemRandom::new();
+        let private =
+            ring::agreement::EphemeralPrivateKey::generate(&ring::agreement::X25519, &rng)
+                .expect("key");
+        let public = URL_SAFE_NO_PAD.encode(private.compute_public_key().expect("public"));
+        ServerHalf { private, public }
+    }
+
+    /// The session's MAC key, from the robot's half.
+    fn agree(self, robot_half: &str, offered_in: &str, connection: &str) -> EncodingKey {
+        let peer = ring::agreement::UnparsedPublicKey::new(
+            &ring::agreement::X25519,
+            URL_SAFE_NO_PAD.decode(robot_half).expect("base64url"),
+        );
+        let secret = ring::agreement::agree_ephemeral(self.private, &peer, |shared| {
+            signalling_protocol::ticket::session_mac_key(shared, offered_in, connection)
+        })
+        .expect("an X25519 key");
+        EncodingKey::from_secret(&secret)
+    }
+}
+
+fn mac_ticket(key: &EncodingKey, claims: &TicketClaims) -> String {
+    let mut header = Header::new(jsonwebtoken::Algorithm::HS256);
+    header.kid = Some(SESSION_KEY_ID.into());
+    jsonwebtoken::encode(&header, claims, key).expect("MAC")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_the_first_tickets_key_exchange_macd_tickets_drive_and_forged_ones_never() {
+    let mut r = rig().await;
+    let c = "arp-keyed";
+    let server = ServerHalf::new();
+    let mut offer = frame_claims(c, Role::Operator, &initialize("i1"));
+    offer.kx = Some(server.public.clone());
+    let offered_in = offer.jti.clone().expect("jti");
+    let session = json!({"subject": "alice", "role": "operator", "ticket": r.signer.sign(&offer)});
+    let answered = r.inject_for_envelope(c, session, initialize("i1")).await;
+    assert!(
+        answered["payload"]["frame"].get("error").is_none(),
+        "{answered}"
+    );
+    // The robot's half rides on its answer, outside the ARP frame.
+    let half = answered["meta"][KEY_EXCHANGE_META_KEY]
+        .as_str()
+        .unwrap_or_else(|| panic!("no ticketKey: {answered}"))
+        .to_owned();
+    let key = server.agree(&half, &offered_in, c);
+    let mac = |role: Role, frame: &Value| {
+        json!({"subject": "alice", "role": role.as_str(),
+               "ticket": mac_ticket(&key, &frame_claims(c, role, frame))})
+    };
+    let call = |id: &str| request(id, "arp.callTool", drive(0.3, 0.3));
+
+    // Forged MACs: another key, another session's, a role upgraded, a call's params swapped.
+    let wrong_key = EncodingKey::from_secret(&[9; 32]);
+    let forged = [
+        json!({"subject": "alice", "role": "operator",
+               "ticket": mac_ticket(&wrong_key, &frame_claims(c, Role::Operator, &call("m1")))}),
+        json!({"subject": "alice", "role": "operator",
+               "ticket": mac_ticket(&key, &frame_claims("arp-other", Role::Operator, &call("m2")))}),
+        mac(Role::Owner, &call("m3")),
+        mac(
+            Role::Operator,
+            &request("m4", "arp.callTool", drive(0.01, 0.1)),
+        ),
+    ];
+    for (i, session) in forged.into_iter().enumerate() {
+        let id = format!("m{}", i + 1);
+        let answer = r.inject(c, session, call(&id)).await;
+        assert!(
+            answer.get("error").is_some(),
+            "forgery {id} was taken: {answer}"
+        );
+        assert_eq!(r.f.probe.state().x, 0.0, "forgery {id} moved the sim");
+    }
+    // A session that never agreed a key takes no MAC'd ticket, even a good one of ours.
+    let elsewhere = "arp-unkeyed";
+    let init = r.signed(elsewhere, Role::Viewer, initialize("j1")).await;
+    assert!(init.get("error").is_none(), "{init}");
+    let stray = json!({"subject": "alice", "role": "viewer",
+        "ticket": mac_ticket(&key, &frame_claims(elsewhere, Role::Viewer, &call("j2")))});
+    assert_bad_ticket(&r.inject(elsewhere, stray, call("j2")).await);
+
+    // The good one drives, once; its half is not sent again.
+    let good = mac(Role::Operator, &call("ok"));
+    let done = r.inject_for_envelope(c, good.clone(), call("ok")).await;
+    assert_eq!(
+        done["payload"]["frame"]["result"]["state"], "completed",
+        "{done}"
+    );
+    assert!(done["meta"].get(KEY_EXCHANGE_META_KEY).is_none(), "{done}");
+    until(&r.f.probe, "stopped after the drive", |s| s.linear == 0.0).await;
+    let x = r.f.probe.state().x;
+    assert!(x > 0.05, "the MAC'd ticket moved the sim: x = {x}");
+    assert_bad_ticket(&r.inject(c, good, call("ok")).await);
+    // Signed tickets are still taken in a keyed session.
+    let signed = r
+        .signed(c, Role::Operator, request("s1", "arp.listTools", json!({})))
+        .await;
+    assert!(signed.get("error").is_none(), "{signed}");
+
+    // Once the session ends, its key is gone.
+    let end = envelope(
+        "signalling.disconnected",
+        json!({"connectionId": c, "reason": "closed"}),
+    );
+    r.ws.send(Message::text(end.to_string()))
+        .await
+        .expect("send");
+    let again = mac(Role::Operator, &initialize("i2"));
+    assert_bad_ticket(&r.inject(c, again, initialize("i2")).await);
 }

@@ -244,6 +244,7 @@ async fn an_offer_published_on_the_bus_without_a_good_ticket_is_refused_by_the_r
         jti: Some(uuid::Uuid::new_v4().to_string()),
         call_id: None,
         params_hash: None,
+        kx: None,
     };
     let forged_elsewhere = sign(&claims("another-session"));
     let cases: Vec<(String, Value, bool)> = vec![
