@@ -55,6 +55,21 @@ fn verify(jwks: &Value, ticket: &str) -> TicketClaims {
     claims
 }
 
+/// An operator's program on robot-arp (an ARP robot) asks `arp.initialize`: the published
+/// keys, the robot's socket, the program, the request's id and the frame the robot got.
+async fn initialize_forwarded(server: &TestServer) -> (Value, WsClient, ArpClient, Value, Value) {
+    let jwks = signing_keys(server).await;
+    let key = server.enrolled_robot("robot-arp").await;
+    let mut robot = arp_robot_at(&server.ws_url(), "robot-arp", &key).await;
+    server.grant("robot-arp", "planner", "operator").await;
+    let token = server.client_token("planner").await;
+    let mut program = ArpClient::connect(server, "robot-arp", &token).await;
+    let init = json!({"protocolVersion": "0.1.0", "clientInfo": {"name": "t", "version": "1"}, "capabilities": {}});
+    let init_id = program.request("arp.initialize", init).await;
+    let message = robot.recv_type("arp.frame").await;
+    (jwks, robot, program, init_id, message)
+}
+
 fn ticket_of(forwarded: &Value) -> &str {
     forwarded["meta"]["session"]["ticket"]
         .as_str()
@@ -120,15 +135,7 @@ async fn every_offer_to_a_robot_carries_a_ticket_for_that_session_and_role() {
 #[tokio::test]
 async fn every_gateway_frame_carries_a_ticket_bound_to_its_call_and_params() {
     let server = TestServer::start().await;
-    let jwks = signing_keys(&server).await;
-    let key = server.enrolled_robot("robot-arp").await;
-    let mut robot = arp_robot_at(&server.ws_url(), "robot-arp", &key).await;
-    server.grant("robot-arp", "planner", "operator").await;
-    let token = server.client_token("planner").await;
-    let mut program = ArpClient::connect(&server, "robot-arp", &token).await;
-    let init = json!({"protocolVersion": "0.1.0", "clientInfo": {"name": "t", "version": "1"}, "capabilities": {}});
-    let init_id = program.request("arp.initialize", init).await;
-    let message = robot.recv_type("arp.frame").await;
+    let (jwks, mut robot, mut program, init_id, message) = initialize_forwarded(&server).await;
     let claims = verify(&jwks, ticket_of(&message));
     let connection = message["payload"]["connectionId"].as_str().expect("id");
     assert_eq!(claims.connection_id, connection);
@@ -482,15 +489,7 @@ async fn once_the_robot_answers_the_key_exchange_its_tickets_are_macd_with_the_s
     use ring::agreement::{agree_ephemeral, EphemeralPrivateKey, UnparsedPublicKey, X25519};
     use signalling_protocol::ticket::{session_mac_key, KEY_EXCHANGE_META_KEY, SESSION_KEY_ID};
     let server = TestServer::start().await;
-    let jwks = signing_keys(&server).await;
-    let key = server.enrolled_robot("robot-arp").await;
-    let mut robot = arp_robot_at(&server.ws_url(), "robot-arp", &key).await;
-    server.grant("robot-arp", "planner", "operator").await;
-    let token = server.client_token("planner").await;
-    let mut program = ArpClient::connect(&server, "robot-arp", &token).await;
-    let init = json!({"protocolVersion": "0.1.0", "clientInfo": {"name": "t", "version": "1"}, "capabilities": {}});
-    let init_id = program.request("arp.initialize", init).await;
-    let message = robot.recv_type("arp.frame").await;
+    let (jwks, mut robot, mut program, init_id, message) = initialize_forwarded(&server).await;
     let offer = verify(&jwks, ticket_of(&message));
     let connection = message["payload"]["connectionId"]
         .as_str()
