@@ -35,8 +35,10 @@ if ! pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then
     for _ in $(seq 1 30); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 1; done
 fi
 # The test starts its own Redis on a free port (it restarts it) with its own key prefix.
-SIGNALLING_CLUSTER_TEST=1 cargo test -p signalling-server --test api cluster:: -- --ignored --nocapture
+# --workspace with a target filter, not -p: the build `cargo test --workspace` made (one -p
+# would leave out other members' dev-dependency features and compile most crates again).
+SIGNALLING_CLUSTER_TEST=1 cargo test --workspace --test api cluster:: -- --ignored --nocapture
 
 echo "--- a forged offer on the cluster bus never moves the robot (session tickets)"
 REDIS_URL="${REDIS_URL:-redis://127.0.0.1:6379}" SIGNALLING_CLUSTER_TEST=1 \
-    cargo test -p robot-agent --test tickets_bus -- --ignored --nocapture
+    cargo test --workspace --test tickets_bus -- --ignored --nocapture

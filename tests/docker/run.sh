@@ -239,7 +239,7 @@ no_zombies() { # the container runs its one process (and healthchecks), none def
 }
 migrations=$(find migrations -name '*.sql' | wc -l)
 
-[ -x "$TARGET/debug/robot-agent" ] || cargo build -p robot-agent --bin robot-agent
+[ -x "$TARGET/debug/robot-agent" ] || cargo test --workspace --no-run
 
 # --- 3. one container: SQLite in a volume, read-only root, user 10001 -------------------
 docker volume create --label "$LABEL" "$RUN-data" >/dev/null

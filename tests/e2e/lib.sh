@@ -18,8 +18,11 @@ e2e_prepare() {
         (cd "$HERE" && if [ -f package-lock.json ]; then npm ci --no-audit --no-fund --loglevel=error; else npm install --no-audit --no-fund --loglevel=error; fi)
     fi
     if [ "${E2E_SKIP_BUILD:-0}" != 1 ]; then
-        echo "building signalling-server and robot-agent"
-        (cd "$ROOT" && cargo build --workspace --bins)
+        # The build `cargo test --workspace` makes (its binaries included): `cargo build`
+        # alone leaves out the dev-dependencies' features and would compile most of the
+        # dependencies a second time.
+        echo "building signalling-server and robot-agent (cargo test --workspace --no-run)"
+        (cd "$ROOT" && cargo test --workspace --no-run)
     fi
     export E2E_BIN_DIR="${E2E_BIN_DIR:-${CARGO_TARGET_DIR:-$ROOT/target}/debug}"
 }
