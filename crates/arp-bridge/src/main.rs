@@ -34,10 +34,12 @@ struct Args {
     url: String,
     #[arg(long, value_enum, default_value = "arp")]
     mode: ModeArg,
-    /// File holding the bearer token (surrounding whitespace ignored).
+    /// File holding the bearer token (surrounding whitespace ignored; a
+    /// robot-agent token file, ROLE:SECRET, works as is).
     #[arg(long, value_name = "PATH", conflicts_with = "token")]
     token_file: Option<PathBuf>,
-    /// The bearer token itself (prefer --token-file or ARP_TOKEN).
+    /// The bearer token itself; visible to every user (ps), so prefer
+    /// --token-file or ARP_TOKEN (a warning says so).
     #[arg(long, value_name = "TOKEN")]
     token: Option<String>,
     /// PEM file of the CA that signed a wss:// endpoint's certificate;
@@ -50,13 +52,18 @@ struct Args {
 }
 
 /// The token: --token-file, then --token, then ARP_TOKEN; none is fine
-/// (robot-agent's socket without tokens takes loopback clients).
+/// (robot-agent's socket with --arp-no-token takes loopback clients).
 fn token(args: &Args) -> anyhow::Result<Option<String>> {
     let token = if let Some(path) = &args.token_file {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read the token file {}", path.display()))?;
-        Some(text)
+        Some(without_role(text.trim()).to_owned())
     } else if let Some(token) = &args.token {
+        // Never the token itself: stderr may reach a log.
+        eprintln!(
+            "arp-bridge: warning: --token is visible to every user of this machine (ps, \
+             /proc/PID/cmdline); use --token-file or ARP_TOKEN"
+        );
         Some(token.clone())
     } else {
         std::env::var("ARP_TOKEN").ok()
@@ -67,6 +74,15 @@ fn token(args: &Args) -> anyhow::Result<Option<String>> {
         Some(t) if t.chars().any(char::is_whitespace) => bail!("the token contains whitespace"),
         other => Ok(other),
     }
+}
+
+/// robot-agent's token files hold `ROLE:SECRET` (`enroll` writes
+/// `operator:SECRET`); the secret is what a client presents.
+fn without_role(text: &str) -> &str {
+    ["viewer:", "operator:", "owner:"]
+        .iter()
+        .find_map(|role| text.strip_prefix(role))
+        .unwrap_or(text)
 }
 
 fn config(args: &Args) -> anyhow::Result<Config> {

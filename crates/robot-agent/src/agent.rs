@@ -137,8 +137,16 @@ pub async fn run(config: RunConfig) -> Result<(), AgentError> {
     );
     let _arp_listener = match &config.arp_listen {
         Some(listen) => {
-            let listener = crate::arp::ws::ArpListener::bind(listen).await?;
-            tracing::info!(addr = %listen.addr, tokens = listen.tokens.len(), "ARP WebSocket listening");
+            let listener = crate::arp::ws::ArpListener::bind(listen)
+                .await?
+                .allow_origins(&config.arp_allow_origins);
+            let addr = listener.local_addr().unwrap_or(listen.addr);
+            tracing::info!(
+                %addr,
+                tokens = listen.tokens.len(),
+                allowed_origins = config.arp_allow_origins.len(),
+                "ARP WebSocket listening"
+            );
             Some(AbortOnDrop(tokio::spawn(listener.run(arp.clone()))))
         }
         None => None,

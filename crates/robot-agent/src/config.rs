@@ -21,6 +21,8 @@ pub const KEY_FILE: &str = "agent.key";
 pub const CERT_FILE: &str = "agent.crt";
 pub const LOCATIONS_FILE: &str = "locations.json";
 pub const SETTINGS_FILE: &str = "settings.json";
+/// The local ARP socket's token, `operator:SECRET`, written by `enroll`.
+pub const ARP_TOKEN_FILE: &str = "arp-token";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -46,6 +48,33 @@ pub enum ConfigError {
     Video(#[from] VideoError),
     #[error(transparent)]
     Arp(#[from] ArpConfigError),
+    #[error(
+        "the local ARP socket (--arp-listen {0}) needs a token: `robot-agent enroll` writes one to \
+         {1}; or give --arp-token-file PATH; only a loopback address may go without one, and \
+         only with --arp-no-token"
+    )]
+    ArpTokenMissing(std::net::SocketAddr, PathBuf),
+    #[error("--arp-no-token serves the ARP socket to every local program: it is refused on the non-loopback address {0}")]
+    ArpNoTokenOnNetwork(std::net::SocketAddr),
+    #[error("--arp-no-token and ARP tokens ({0} given) contradict each other")]
+    ArpNoTokenWithTokens(usize),
+    #[error(
+        "invalid --arp-allow-origin {0:?}: expected scheme://host[:port] as a browser sends it"
+    )]
+    ArpOrigin(String),
+    #[error("cannot read the ARP token file {path}: {source}")]
+    ArpTokenFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("ARP token file {path}, line {line}: {source}")]
+    ArpTokenLine {
+        path: PathBuf,
+        line: usize,
+        #[source]
+        source: ArpConfigError,
+    },
 }
 
 /// Reconnect backoff of the signalling client.
@@ -124,7 +153,7 @@ pub struct FileConfig {
     /// Seconds an `exec:` video source keeps running after its last viewer.
     pub video_grace_s: Option<f64>,
     /// `[arp]`: the ARP server's settings.
-    pub arp: Option<ArpFileConfig>,
+    pub arp: Option<ArpSection>,
     /// Refuse offers and gateway ARP frames without a valid session ticket of the
     /// server [default: on once a server key is pinned, see docs/robot-agent.md].
     pub require_tickets: Option<bool>,
@@ -148,6 +177,53 @@ impl FileConfig {
     }
 }
 
+/// `[arp]` in the file: the ARP server's settings ([`ArpFileConfig`]) and
+/// the local socket's gate, read here because it is the command line's.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ArpSection {
+    pub server: ArpFileConfig,
+    /// `allow_origins`: browser origins let through (`--arp-allow-origin`).
+    pub allow_origins: Vec<String>,
+    /// `token_file`: a file of `ROLE:SECRET` lines (`--arp-token-file`).
+    pub token_file: Option<PathBuf>,
+    /// `no_token`: serve a loopback socket without a token (`--arp-no-token`).
+    pub no_token: bool,
+}
+
+impl<'de> Deserialize<'de> for ArpSection {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        struct Gate {
+            #[serde(default)]
+            allow_origins: Vec<String>,
+            token_file: Option<PathBuf>,
+            #[serde(default)]
+            no_token: bool,
+        }
+        use serde::de::Error;
+        let mut table = toml::Table::deserialize(deserializer)?;
+        let mut gate = toml::Table::new();
+        for key in ["allow_origins", "token_file", "no_token"] {
+            if let Some(value) = table.remove(key) {
+                gate.insert(key.to_owned(), value);
+            }
+        }
+        // The rest keeps ArpFileConfig's own checks (unknown keys refused).
+        let server: ArpFileConfig = toml::Value::Table(table)
+            .try_into()
+            .map_err(D::Error::custom)?;
+        let gate: Gate = toml::Value::Table(gate)
+            .try_into()
+            .map_err(D::Error::custom)?;
+        Ok(ArpSection {
+            server,
+            allow_origins: gate.allow_origins,
+            token_file: gate.token_file,
+            no_token: gate.no_token,
+        })
+    }
+}
+
 /// Flags of `robot-agent run` that override the file.
 #[derive(Debug, Default, Clone)]
 pub struct RunFlags {
@@ -163,6 +239,12 @@ pub struct RunFlags {
     /// `--arp-token ROLE:SECRET` (and the environment variable), added to
     /// the file's tokens.
     pub arp_tokens: Vec<String>,
+    /// `--arp-token-file PATH`: files of `ROLE:SECRET` lines.
+    pub arp_token_files: Vec<PathBuf>,
+    /// `--arp-no-token`: a loopback socket without a token.
+    pub arp_no_token: bool,
+    /// `--arp-allow-origin ORIGIN`, added to the file's.
+    pub arp_allow_origins: Vec<String>,
 }
 
 /// Everything `run` needs, resolved.
@@ -187,6 +269,8 @@ pub struct RunConfig {
     pub arp: ArpFileConfig,
     /// The local ARP WebSocket, if enabled.
     pub arp_listen: Option<ListenConfig>,
+    /// Browser origins the local ARP WebSocket lets through (normalised).
+    pub arp_allow_origins: Vec<String>,
     /// `require_tickets` as configured (`None`: on once a key is pinned).
     pub require_tickets: Option<bool>,
     /// `sign_replies`: sign the data channel's `agent.*` messages ([`crate::reply_signing`]).
@@ -259,23 +343,56 @@ impl RunConfig {
             .map(&within)
             .or_else(|| std::env::var_os("ROBOT_AGENT_DATA_DIR").map(PathBuf::from))
             .unwrap_or_else(|| config_dir.clone());
-        let mut arp = file.arp.unwrap_or_default();
+        let section = file.arp.unwrap_or_default();
+        let mut arp = section.server;
         arp.tokens.extend(flags.arp_tokens);
-        let tokens = arp
+        let mut tokens = arp
             .tokens
             .iter()
             .map(|t| t.parse::<Token>())
             .collect::<Result<Vec<_>, _>>()?;
-        let arp_listen = flags
-            .arp_listen
-            .or_else(|| arp.listen.clone())
-            .map(|addr| ListenConfig::new(&addr, tokens))
-            .transpose()?;
+        let arp_allow_origins = section
+            .allow_origins
+            .iter()
+            .chain(&flags.arp_allow_origins)
+            .map(|o| check_origin(o))
+            .collect::<Result<Vec<_>, _>>()?;
+        let no_token = flags.arp_no_token || section.no_token;
+        let arp_listen = match flags.arp_listen.or_else(|| arp.listen.clone()) {
+            None => None,
+            Some(addr) => {
+                let default_file = config_dir.join(ARP_TOKEN_FILE);
+                let mut files: Vec<PathBuf> = flags.arp_token_files.clone();
+                files.extend(section.token_file.clone().map(&within));
+                if files.is_empty() && !no_token && default_file.exists() {
+                    files.push(default_file.clone());
+                }
+                for path in &files {
+                    tokens.extend(read_token_file(path)?);
+                }
+                let at: std::net::SocketAddr = addr
+                    .parse()
+                    .map_err(|_| ArpConfigError::Listen(addr.clone()))?;
+                if no_token {
+                    if !tokens.is_empty() {
+                        return Err(ConfigError::ArpNoTokenWithTokens(tokens.len()));
+                    }
+                    if !at.ip().is_loopback() {
+                        return Err(ConfigError::ArpNoTokenOnNetwork(at));
+                    }
+                } else if tokens.is_empty() {
+                    return Err(ConfigError::ArpTokenMissing(at, default_file));
+                }
+                let listen = ListenConfig::new(&addr, tokens)?;
+                Some(listen)
+            }
+        };
         // Checked now, so a mistake stops the start rather than the first call.
         crate::arp::ArpOptions::from_file(&arp, true)?;
         Ok(RunConfig {
             arp,
             arp_listen,
+            arp_allow_origins,
             servers,
             robot_id,
             driver,
@@ -300,6 +417,53 @@ impl RunConfig {
             config_dir,
         })
     }
+}
+
+/// A browser origin as `--arp-allow-origin` takes it: `scheme://host[:port]`
+/// (no path), compared case-insensitively.
+fn check_origin(origin: &str) -> Result<String, ConfigError> {
+    let normal = crate::arp::ws::normalise_origin(origin);
+    let valid = normal.split_once("://").is_some_and(|(scheme, host)| {
+        !scheme.is_empty()
+            && scheme
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+            && !host.is_empty()
+            && !host.contains(['/', '?', '#', '@', ' ', '*'])
+    });
+    if valid {
+        Ok(normal)
+    } else {
+        Err(ConfigError::ArpOrigin(origin.to_owned()))
+    }
+}
+
+/// The tokens of a token file: `ROLE:SECRET` lines; blank lines and `#`
+/// comments are skipped. A file others may read is used, with a warning.
+pub fn read_token_file(path: &Path) -> Result<Vec<Token>, ConfigError> {
+    let err = |source| ConfigError::ArpTokenFile {
+        path: path.to_owned(),
+        source,
+    };
+    let text = std::fs::read_to_string(path).map_err(err)?;
+    if let Ok(meta) = std::fs::metadata(path) {
+        if meta.mode() & 0o077 != 0 {
+            tracing::warn!(path = %path.display(), mode = format!("{:o}", meta.mode() & 0o777), "the ARP token file is readable by other users; chmod 600 it");
+        }
+    }
+    text.lines()
+        .enumerate()
+        .map(|(i, line)| (i + 1, line.trim()))
+        .filter(|(_, line)| !line.is_empty() && !line.starts_with('#'))
+        .map(|(line, text)| {
+            text.parse::<Token>()
+                .map_err(|source| ConfigError::ArpTokenLine {
+                    path: path.to_owned(),
+                    line,
+                    source,
+                })
+        })
+        .collect()
 }
 
 /// `$ROBOT_AGENT_CONFIG_DIR`, else `/etc/robot-agent` for root, else
@@ -546,7 +710,7 @@ max = [1.0, 1.0]
         std::fs::write(&path, "server = \"ws://x/ws\"\nrobot_id = \"r\"\n").expect("write");
         assert!(matches!(
             RunConfig::resolve(flags(Some("0.0.0.0:7701"), &[])),
-            Err(ConfigError::Arp(ArpConfigError::NoTokenOnNetwork(_)))
+            Err(ConfigError::ArpTokenMissing(..))
         ));
         assert!(matches!(
             RunConfig::resolve(flags(Some("127.0.0.1:7701"), &["root:x"])),
@@ -556,6 +720,75 @@ max = [1.0, 1.0]
             .expect("resolves")
             .arp_listen
             .is_none());
+    }
+
+    #[test]
+    fn the_arp_gate_is_set_in_the_file_and_unknown_keys_are_still_refused() {
+        let dir = crate::testutil::temp_dir("config-arp-gate");
+        let path = dir.join("agent.toml");
+        std::fs::write(dir.join("planner.tokens"), "# planner\nviewer:p-secret\n").expect("write");
+        std::fs::write(
+            &path,
+            r#"
+server = "ws://127.0.0.1:1/ws"
+robot_id = "r"
+
+[arp]
+listen = "127.0.0.1:7700"
+token_file = "planner.tokens"
+allow_origins = ["HTTPS://Console.Example:8443/"]
+velocity_violation = "clamp"
+"#,
+        )
+        .expect("write");
+        let config = RunConfig::resolve(RunFlags {
+            config: Some(path.clone()),
+            arp_allow_origins: vec!["http://localhost:3000".into()],
+            ..RunFlags::default()
+        })
+        .expect("resolves");
+        let listen = config.arp_listen.expect("listening");
+        assert_eq!(listen.tokens.len(), 1);
+        assert_eq!(listen.tokens[0].secret, "p-secret");
+        assert_eq!(
+            config.arp_allow_origins,
+            ["https://console.example:8443", "http://localhost:3000"]
+        );
+        assert_eq!(
+            config.arp.velocity_violation,
+            Some(crate::arp::ViolationAction::Clamp)
+        );
+        std::fs::write(
+            &path,
+            "server = \"ws://x/ws\"\nrobot_id = \"r\"\n[arp]\nlisten = \"127.0.0.1:7700\"\nno_token = true\n",
+        )
+        .expect("write");
+        let config = RunConfig::resolve(RunFlags {
+            config: Some(path.clone()),
+            ..RunFlags::default()
+        })
+        .expect("no_token on loopback");
+        assert!(config.arp_listen.expect("listening").tokens.is_empty());
+        std::fs::write(
+            &path,
+            "server = \"ws://x/ws\"\nrobot_id = \"r\"\n[arp]\nlisen = \"127.0.0.1:7700\"\n",
+        )
+        .expect("write");
+        assert!(matches!(
+            RunConfig::resolve(RunFlags {
+                config: Some(path.clone()),
+                ..RunFlags::default()
+            }),
+            Err(ConfigError::Parse { .. })
+        ));
+        std::fs::write(dir.join("bad.tokens"), "operator:ok\nroot:nope\n").expect("write");
+        assert!(matches!(
+            read_token_file(&dir.join("bad.tokens")),
+            Err(ConfigError::ArpTokenLine { line: 2, .. })
+        ));
+        for bad in ["*", "https://a.example/path", "console.example", "https://"] {
+            assert!(check_origin(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

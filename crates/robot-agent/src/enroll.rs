@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
-use crate::config::{self, CERT_FILE, CONFIG_FILE, KEY_FILE};
+use crate::config::{self, ARP_TOKEN_FILE, CERT_FILE, CONFIG_FILE, KEY_FILE};
 use crate::fsutil;
 use crate::identity::{IdentityError, KeyType, RobotKey};
 use crate::server_keys::{self, SERVER_KEYS_FILE};
@@ -35,6 +35,8 @@ pub enum EnrollError {
     CaFile { path: PathBuf, message: String },
     #[error(transparent)]
     ServerKeys(#[from] crate::server_keys::ServerKeyError),
+    #[error("no randomness for the ARP token")]
+    Random,
 }
 
 /// What `enroll` was asked to do.
@@ -56,6 +58,8 @@ pub struct EnrollOutcome {
     pub key_created: bool,
     pub certificate_file: Option<PathBuf>,
     pub config_file: Option<PathBuf>,
+    /// The local ARP socket's token, when this enrollment created it.
+    pub arp_token_file: Option<PathBuf>,
     /// Ids of the server's signing keys now pinned (none from a server that signs no
     /// session tickets: the robot then checks none).
     pub server_keys: Vec<String>,
@@ -137,11 +141,13 @@ pub async fn enroll(request: &EnrollRequest) -> Result<EnrollOutcome, EnrollErro
     }
     let config_file =
         write_config_if_missing(&request.config_dir, &request.server, &request.robot_id)?;
+    let arp_token_file = write_arp_token_if_missing(&request.config_dir)?;
     Ok(EnrollOutcome {
         key_file,
         key_created,
         certificate_file,
         config_file,
+        arp_token_file,
         server_keys: pinned.into_iter().map(|k| k.kid).collect(),
     })
 }
@@ -170,6 +176,31 @@ fn write_config_if_missing(
         toml_string(robot_id),
     );
     write(&path, text.as_bytes())?;
+    Ok(Some(path))
+}
+
+/// The local ARP socket's operator token (`--arp-listen` uses it): 256
+/// random bits, mode 0600. An existing one is kept, so programs holding it
+/// keep working after a re-enrollment.
+fn write_arp_token_if_missing(dir: &Path) -> Result<Option<PathBuf>, EnrollError> {
+    use base64::Engine;
+    use ring::rand::SecureRandom;
+    let path = dir.join(ARP_TOKEN_FILE);
+    if path.exists() {
+        return Ok(None);
+    }
+    let mut secret = [0u8; 32];
+    ring::rand::SystemRandom::new()
+        .fill(&mut secret)
+        .map_err(|_| EnrollError::Random)?;
+    let text = format!(
+        "operator:{}\n",
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(secret)
+    );
+    fsutil::write_new_private(&path, text.as_bytes()).map_err(|source| EnrollError::Write {
+        path: path.clone(),
+        source,
+    })?;
     Ok(Some(path))
 }
 
@@ -268,6 +299,39 @@ mod tests {
         let config = std::fs::read_to_string(dir.join(CONFIG_FILE)).expect("config");
         assert!(config.contains(&format!("server = \"{}\"", config::websocket_url(&url))));
         assert!(config.contains("robot_id = \"robot-7\""));
+    }
+
+    /// Issue 41 #2: the local ARP socket has a token from the start: 256
+    /// random bits, 0600, kept across re-enrollments.
+    #[tokio::test]
+    async fn enrollment_writes_a_private_random_arp_token_once() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = crate::testutil::temp_dir("enroll-arp-token");
+        let (url, _server) = fake_server(201, json!({"robotId": "robot-7"})).await;
+        let outcome = enroll(&request(url, &dir, false)).await.expect("enrolls");
+        let path = dir.join(ARP_TOKEN_FILE);
+        assert_eq!(outcome.arp_token_file.as_deref(), Some(path.as_path()));
+        let tokens = config::read_token_file(&path).expect("a token file run reads");
+        assert_eq!(tokens.len(), 1);
+        assert_eq!(tokens[0].role, crate::safety::Role::Operator);
+        assert!(tokens[0].secret.len() >= 43, "256 bits in base64url");
+        let mode = std::fs::metadata(&path).expect("meta").permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let first = std::fs::read_to_string(&path).expect("read");
+
+        let again = crate::testutil::temp_dir("enroll-arp-token-2");
+        let (url, _server) = fake_server(201, json!({"robotId": "robot-7"})).await;
+        enroll(&request(url.clone(), &again, false))
+            .await
+            .expect("enrolls");
+        let other = std::fs::read_to_string(again.join(ARP_TOKEN_FILE)).expect("read");
+        assert_ne!(first, other, "random per robot");
+        let (url, _server) = fake_server(201, json!({"robotId": "robot-7"})).await;
+        let outcome = enroll(&request(url, &dir, false))
+            .await
+            .expect("re-enrolls");
+        assert_eq!(outcome.arp_token_file, None);
+        assert_eq!(std::fs::read_to_string(&path).expect("read"), first, "kept");
     }
 
     #[tokio::test]

@@ -3,7 +3,8 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use robot_agent::config::{self, RunConfig, RunFlags};
 use robot_agent::enroll::{self, EnrollRequest};
 use robot_agent::identity::KeyType;
@@ -84,6 +85,8 @@ enum Command {
         arp_listen: Option<String>,
         /// A credential of the ARP WebSocket, ROLE:SECRET (viewer,
         /// operator, owner); repeatable; the variable takes a comma list.
+        /// On the command line it is visible to every user (ps): prefer
+        /// --arp-token-file or the variable.
         #[arg(
             long = "arp-token",
             env = "ROBOT_AGENT_ARP_TOKENS",
@@ -92,13 +95,44 @@ enum Command {
             hide_env_values = true
         )]
         arp_token: Vec<String>,
+        /// A file of ARP credentials, one ROLE:SECRET a line; repeatable
+        /// [default: CONFIG_DIR/arp-token, written by enroll].
+        #[arg(
+            long = "arp-token-file",
+            env = "ROBOT_AGENT_ARP_TOKEN_FILE",
+            value_name = "PATH"
+        )]
+        arp_token_file: Vec<PathBuf>,
+        /// Serve the ARP WebSocket without a token, every local program an
+        /// operator: loopback addresses only.
+        #[arg(long, env = "ROBOT_AGENT_ARP_NO_TOKEN")]
+        arp_no_token: bool,
+        /// A browser origin (scheme://host[:port]) allowed to open the ARP
+        /// WebSocket; repeatable; every other page gets 403.
+        #[arg(
+            long = "arp-allow-origin",
+            env = "ROBOT_AGENT_ARP_ALLOW_ORIGINS",
+            value_name = "ORIGIN",
+            value_delimiter = ','
+        )]
+        arp_allow_origin: Vec<String>,
     },
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     init_logging(cli.log_format);
+    // A command line is readable by every user of the machine (/proc/PID/cmdline).
+    if let Some(("run", run)) = matches.subcommand() {
+        if run.value_source("arp_token") == Some(ValueSource::CommandLine) {
+            tracing::warn!(
+                "--arp-token on the command line is visible to every user of this machine \
+                 (ps, /proc/PID/cmdline); use --arp-token-file or ROBOT_AGENT_ARP_TOKENS"
+            );
+        }
+    }
     match cli.command {
         Command::Enroll {
             server,
@@ -135,6 +169,9 @@ async fn main() -> anyhow::Result<()> {
             if let Some(file) = outcome.config_file {
                 println!("Config written: {}", file.display());
             }
+            if let Some(file) = outcome.arp_token_file {
+                println!("ARP token written (for --arp-listen): {}", file.display());
+            }
             if outcome.server_keys.is_empty() {
                 println!("The server signs no session tickets: none will be checked.");
             }
@@ -163,6 +200,9 @@ async fn main() -> anyhow::Result<()> {
             video,
             arp_listen,
             arp_token,
+            arp_token_file,
+            arp_no_token,
+            arp_allow_origin,
         } => {
             let config = RunConfig::resolve(RunFlags {
                 config,
@@ -173,6 +213,9 @@ async fn main() -> anyhow::Result<()> {
                 video,
                 arp_listen,
                 arp_tokens: arp_token,
+                arp_token_files: arp_token_file,
+                arp_no_token,
+                arp_allow_origins: arp_allow_origin,
             })
             .context("configuration")?;
             robot_agent::agent::run(config)

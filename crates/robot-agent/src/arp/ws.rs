@@ -1,21 +1,33 @@
 //! `--arp-listen`: the ARP WebSocket for programs on the robot's own
-//! computer. Credentials (`--arp-token ROLE:SECRET`) are checked before
-//! the upgrade: `Authorization: Bearer SECRET` or `?token=SECRET`, else
-//! HTTP 401. With no token configured (loopback only, see
-//! [`super::ListenConfig`]) every local program is an operator.
+//! computer. Every upgrade is checked before it completes, in this order:
+//! a browser's `Origin` must be listed (`--arp-allow-origin`), else HTTP
+//! 403, so a web page cannot drive the robot through the local socket;
+//! the credential (`--arp-token ROLE:SECRET`, `Authorization: Bearer
+//! SECRET` or `?token=SECRET`) must match, else HTTP 401; and a
+//! connection slot must be free, else HTTP 503. With no token configured
+//! (only with `--arp-no-token` on loopback, see [`crate::config`]) every
+//! local program is an operator.
+//!
+//! A connection must finish its upgrade within [`HANDSHAKE_TIMEOUT`] of
+//! being accepted, one address may hold [`MAX_PER_ADDRESS`] connections,
+//! and the [`MAX_CONNECTIONS`] slots are taken only by authenticated
+//! connections: silent sockets cannot lock the port.
 
-use std::net::SocketAddr;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use signalling_protocol::arp::MAX_FRAME_BYTES;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
 use tokio_tungstenite::tungstenite::http::StatusCode;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::WebSocketStream;
 
 use super::{ArpServer, Peer, Token, FRAME_CHANNEL};
 use crate::safety::Role;
@@ -30,14 +42,29 @@ pub enum ArpListenError {
     },
 }
 
-/// Most concurrent local connections; more are closed at once (the socket
-/// is for a few programs on the robot, not a server).
+/// Most concurrent authenticated connections; more are refused with 503
+/// (the socket is for a few programs on the robot, not a server).
 pub const MAX_CONNECTIONS: usize = 64;
+/// Most connections still in their handshake; more are closed at once.
+/// Together with the deadline this bounds the descriptors strangers hold.
+pub const MAX_PENDING: usize = 128;
+/// Most concurrent connections (in handshake or open) from one IP address.
+pub const MAX_PER_ADDRESS: usize = 16;
+/// From the TCP accept to the completed, authenticated upgrade.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A bound listener; [`ArpListener::run`] serves it.
 pub struct ArpListener {
     listener: TcpListener,
-    tokens: Arc<Vec<Token>>,
+    access: Arc<Access>,
+    handshake_timeout: Duration,
+}
+
+/// Who may upgrade: the tokens and the browser origins allowed.
+struct Access {
+    tokens: Vec<Token>,
+    /// Lower-case `scheme://host[:port]`, as browsers send them.
+    origins: Vec<String>,
 }
 
 impl ArpListener {
@@ -51,8 +78,28 @@ impl ArpListener {
                 })?;
         Ok(ArpListener {
             listener,
-            tokens: Arc::new(config.tokens.clone()),
+            access: Arc::new(Access {
+                tokens: config.tokens.clone(),
+                origins: Vec::new(),
+            }),
+            handshake_timeout: HANDSHAKE_TIMEOUT,
         })
+    }
+
+    /// Browser origins allowed to connect (`--arp-allow-origin`); every
+    /// other request carrying an `Origin` header gets 403.
+    pub fn allow_origins(mut self, origins: &[String]) -> ArpListener {
+        self.access = Arc::new(Access {
+            tokens: self.access.tokens.clone(),
+            origins: origins.iter().map(|o| normalise_origin(o)).collect(),
+        });
+        self
+    }
+
+    /// Replaces [`HANDSHAKE_TIMEOUT`] (tests use a short one).
+    pub fn handshake_timeout(mut self, timeout: Duration) -> ArpListener {
+        self.handshake_timeout = timeout;
+        self
     }
 
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
@@ -62,7 +109,9 @@ impl ArpListener {
     /// Accepts connections until the task is dropped.
     pub async fn run(self, server: ArpServer) {
         let counter = Arc::new(AtomicU64::new(1));
-        let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+        let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+        let pending = Arc::new(Semaphore::new(MAX_PENDING));
+        let per_address = Arc::new(Mutex::new(HashMap::new()));
         loop {
             let (stream, from) = match self.listener.accept().await {
                 Ok(accepted) => accepted,
@@ -73,19 +122,73 @@ impl ArpListener {
                     continue;
                 }
             };
-            let Ok(slot) = slots.clone().try_acquire_owned() else {
-                tracing::warn!(%from, "too many ARP connections ({MAX_CONNECTIONS}); closed");
+            let Some(address) = AddressCount::take(&per_address, from.ip()) else {
+                tracing::warn!(%from, "too many ARP connections from one address ({MAX_PER_ADDRESS}); closed");
+                continue;
+            };
+            let Ok(handshake) = pending.clone().try_acquire_owned() else {
+                tracing::warn!(%from, "too many ARP handshakes in progress ({MAX_PENDING}); closed");
                 continue;
             };
             let n = counter.fetch_add(1, Ordering::Relaxed);
             let server = server.clone();
-            let tokens = self.tokens.clone();
+            let access = self.access.clone();
+            let slots = slots.clone();
+            let deadline = self.handshake_timeout;
             tokio::spawn(async move {
-                let _slot = slot;
-                if let Err(e) = serve(stream, from, n, &tokens, server).await {
+                let _address = address;
+                let upgrade = upgrade(stream, from, &access, &slots);
+                let accepted = match tokio::time::timeout(deadline, upgrade).await {
+                    Ok(Ok(Some(accepted))) => accepted,
+                    Ok(Ok(None)) => return,
+                    Ok(Err(e)) => {
+                        tracing::debug!(%from, error = %e, "ARP handshake failed");
+                        return;
+                    }
+                    Err(_) => {
+                        // Dropping the stream closes it.
+                        tracing::debug!(%from, "ARP handshake not completed in time; closed");
+                        return;
+                    }
+                };
+                drop(handshake);
+                if let Err(e) = serve(accepted, n, server).await {
                     tracing::debug!(%from, error = %e, "ARP connection ended");
                 }
             });
+        }
+    }
+}
+
+/// One address's share of the connections, released on drop.
+struct AddressCount {
+    counts: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    ip: IpAddr,
+}
+
+impl AddressCount {
+    fn take(counts: &Arc<Mutex<HashMap<IpAddr, usize>>>, ip: IpAddr) -> Option<AddressCount> {
+        let mut map = counts.lock().unwrap_or_else(PoisonError::into_inner);
+        let count = map.entry(ip).or_insert(0);
+        if *count >= MAX_PER_ADDRESS {
+            return None;
+        }
+        *count += 1;
+        Some(AddressCount {
+            counts: counts.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for AddressCount {
+    fn drop(&mut self) {
+        let mut map = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(count) = map.get_mut(&self.ip) {
+            *count -= 1;
+            if *count == 0 {
+                map.remove(&self.ip);
+            }
         }
     }
 }
@@ -97,6 +200,28 @@ fn same(a: &str, b: &str) -> bool {
         return false;
     }
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// An origin as compared: lower case, no trailing slash.
+pub fn normalise_origin(origin: &str) -> String {
+    origin.trim().trim_end_matches('/').to_ascii_lowercase()
+}
+
+/// Whether a request may come from where it says. Browsers send `Origin`
+/// on every WebSocket; programs on the robot send none. A page's origin
+/// (or `null`, or several, or garbage) is refused unless listed.
+fn origin_allowed(request: &Request, origins: &[String]) -> bool {
+    let mut values = request.headers().get_all("origin").iter();
+    let Some(value) = values.next() else {
+        return true;
+    };
+    if values.next().is_some() {
+        return false;
+    }
+    match value.to_str() {
+        Ok(origin) => origins.contains(&normalise_origin(origin)),
+        Err(_) => false,
+    }
 }
 
 /// The secret a request presents, from the header or the query.
@@ -130,35 +255,67 @@ fn authorise(request: &Request, tokens: &[Token]) -> Option<(Role, String)> {
         .map(|(i, t)| (t.role, format!("local-token-{}-{}", t.role, i + 1)))
 }
 
-fn unauthorized() -> ErrorResponse {
-    let mut response = ErrorResponse::new(Some("a valid ARP token is required\n".into()));
-    *response.status_mut() = StatusCode::UNAUTHORIZED;
-    response
-        .headers_mut()
-        .insert("www-authenticate", "Bearer".parse().expect("static header"));
+fn refusal(status: StatusCode, text: &str) -> ErrorResponse {
+    let mut response = ErrorResponse::new(Some(format!("{text}\n")));
+    *response.status_mut() = status;
+    if status == StatusCode::UNAUTHORIZED {
+        response
+            .headers_mut()
+            .insert("www-authenticate", "Bearer".parse().expect("static header"));
+    }
     response
 }
 
+/// An upgraded, authenticated connection holding its slot.
+struct Accepted {
+    ws: WebSocketStream<TcpStream>,
+    role: Role,
+    subject: String,
+    slot: OwnedSemaphorePermit,
+}
+
+/// The WebSocket upgrade with its checks (origin, token, slot); `None`
+/// when the request was refused (the refusal has been sent).
 // The handshake callback's error type is tungstenite's (an HTTP response).
 #[allow(clippy::result_large_err)]
-async fn serve(
+async fn upgrade(
     stream: TcpStream,
     from: SocketAddr,
-    n: u64,
-    tokens: &[Token],
-    server: ArpServer,
-) -> Result<(), tokio_tungstenite::tungstenite::Error> {
+    access: &Access,
+    slots: &Arc<Semaphore>,
+) -> Result<Option<Accepted>, tokio_tungstenite::tungstenite::Error> {
     let _ = stream.set_nodelay(true);
-    let mut who = None;
-    let callback = |request: &Request, response: Response| match authorise(request, tokens) {
-        Some(found) => {
-            who = Some(found);
-            Ok(response)
+    let mut admitted = None;
+    let callback = |request: &Request, response: Response| {
+        if !origin_allowed(request, &access.origins) {
+            let origin = request
+                .headers()
+                .get("origin")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("?");
+            tracing::warn!(%from, origin, "ARP connection from a browser origin not in --arp-allow-origin refused");
+            return Err(refusal(
+                StatusCode::FORBIDDEN,
+                "this origin may not use the robot's ARP socket (see --arp-allow-origin)",
+            ));
         }
-        None => {
+        let Some((role, subject)) = authorise(request, &access.tokens) else {
             tracing::warn!(%from, "ARP connection without a valid token refused");
-            Err(unauthorized())
-        }
+            return Err(refusal(
+                StatusCode::UNAUTHORIZED,
+                "a valid ARP token is required",
+            ));
+        };
+        // The slot is taken only now: strangers never hold one.
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            tracing::warn!(%from, "too many ARP connections ({MAX_CONNECTIONS}); refused");
+            return Err(refusal(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "too many ARP connections; try again later",
+            ));
+        };
+        admitted = Some((role, subject, slot));
+        Ok(response)
     };
     // Twice the frame cap: a larger frame is refused by the handler with a
     // JSON-RPC error; beyond this the socket closes (memory stays bounded).
@@ -167,9 +324,26 @@ async fn serve(
         .max_frame_size(Some(2 * MAX_FRAME_BYTES));
     let ws =
         tokio_tungstenite::accept_hdr_async_with_config(stream, callback, Some(config)).await?;
-    let Some((role, subject)) = who else {
-        return Ok(());
-    };
+    Ok(admitted.map(|(role, subject, slot)| Accepted {
+        ws,
+        role,
+        subject,
+        slot,
+    }))
+}
+
+async fn serve(
+    accepted: Accepted,
+    n: u64,
+    server: ArpServer,
+) -> Result<(), tokio_tungstenite::tungstenite::Error> {
+    let Accepted {
+        ws,
+        role,
+        subject,
+        slot,
+    } = accepted;
+    let _slot = slot;
     let (mut sink, mut source) = ws.split();
     let (in_tx, in_rx) = mpsc::channel(FRAME_CHANNEL);
     let (out_tx, mut out_rx) = mpsc::channel::<String>(FRAME_CHANNEL);
@@ -215,3 +389,7 @@ impl Drop for AbortOnDrop {
         self.0.abort();
     }
 }
+
+#[cfg(test)]
+#[path = "ws_tests.rs"]
+mod tests;
