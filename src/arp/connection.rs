@@ -636,18 +636,21 @@ impl Gateway {
         self.note_stop();
         if let Some(robot) = self.robot.clone() {
             let text = self.frame_for_robot(frame);
-            let delivered =
-                self.state
-                    .sessions
-                    .deliver_stop(&self.conn, &self.conn, &robot, Outbound::text(text));
+            let delivered = self.state.sessions.deliver_stop(
+                &self.conn,
+                &self.conn,
+                &robot,
+                Outbound::text(text),
+            );
             return match delivered {
                 Ok(()) => None,
                 Err(DeliveryError::Gone) => Some(Ending::SessionEnded("robot_offline".into())),
                 Err(DeliveryError::Full | DeliveryError::SenderThrottled) => {
                     // The robot's queue is full (of this flood's stops, most likely).
                     if let Some(id) = id {
-                        self.out
-                            .push(rules::rate_limited(&id, "frames queued for the robot").to_string());
+                        self.out.push(
+                            rules::rate_limited(&id, "frames queued for the robot").to_string(),
+                        );
                     }
                     None
                 }

@@ -368,9 +368,7 @@ impl Sessions {
         to: &ConnId,
         message: Outbound,
     ) -> Result<(), DeliveryError> {
-        self.hub
-            .router
-            .deliver_stop(from, session_id, to, message)
+        self.hub.router.deliver_stop(from, session_id, to, message)
     }
 
     /// Each (robot, subject) with sessions in `scope`, and the highest role among them:

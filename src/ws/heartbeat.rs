@@ -34,7 +34,12 @@ impl Heartbeat {
 
     /// At `now`, with the socket last heard at `last_heard`: nothing before the ping's time,
     /// then a ping or, for a socket silent past the idle timeout, its end.
-    pub fn due(&mut self, now: Instant, last_heard: Instant, limits: &SocketLimits) -> Option<Beat> {
+    pub fn due(
+        &mut self,
+        now: Instant,
+        last_heard: Instant,
+        limits: &SocketLimits,
+    ) -> Option<Beat> {
         if self.next_ping > now {
             return None;
         }
@@ -65,6 +70,9 @@ mod tests {
         assert_eq!(beat.next_ping(), first + limits.ping_every);
         let late = start + limits.idle_timeout + limits.ping_every + Duration::from_secs(1);
         assert_eq!(beat.due(late, start, limits), Some(Beat::Idle));
-        assert_eq!(beat.due(late + limits.ping_every, late, limits), Some(Beat::Ping));
+        assert_eq!(
+            beat.due(late + limits.ping_every, late, limits),
+            Some(Beat::Ping)
+        );
     }
 }

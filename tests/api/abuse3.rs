@@ -4,8 +4,7 @@
 use serde_json::{json, Value};
 
 use crate::arp_gateway::{
-    arp_robot, confirmations, initialize_result, initialized, robot_answers,
-    robot_frame, ArpClient,
+    arp_robot, confirmations, initialize_result, initialized, robot_answers, robot_frame, ArpClient,
 };
 use crate::helpers::*;
 
@@ -21,7 +20,12 @@ fn ask(id: &str) -> Value {
 }
 
 /// The robot sends `frame` on `connection` saying who may confirm (`meta.confirmationPolicy`).
-async fn robot_asks_with_policy(robot: &mut WsClient, connection: &str, frame: Value, policy: &str) {
+async fn robot_asks_with_policy(
+    robot: &mut WsClient,
+    connection: &str,
+    frame: Value,
+    policy: &str,
+) {
     let mut message = envelope(
         "arp.frame",
         Some(json!({ "connectionId": connection, "frame": frame })),
@@ -86,7 +90,9 @@ async fn a_program_cannot_approve_its_own_critical_call() {
     robot_asks_with_policy(&mut robot, &connection, ask("confirm-1"), "client").await;
     let listed = confirmations(&server, &alice, 1).await;
     for n in 1..=30 {
-        program.send_text(forged_approval(&format!("confirm-{n}"))).await;
+        program
+            .send_text(forged_approval(&format!("confirm-{n}")))
+            .await;
     }
     // A request after the forgeries: it is the robot's next frame.
     let fence = program.request("arp.listTools", json!({})).await;
@@ -98,7 +104,10 @@ async fn a_program_cannot_approve_its_own_critical_call() {
     );
     assert_eq!(next["id"], fence);
     let still = confirmations(&server, &alice, 1).await;
-    assert_eq!(still[0]["id"], listed[0]["id"], "the console still lists it");
+    assert_eq!(
+        still[0]["id"], listed[0]["id"],
+        "the console still lists it"
+    );
     assert_eq!(
         counter(
             &server,
@@ -146,7 +155,10 @@ async fn the_robots_policy_says_who_confirms_and_the_server_names_the_confirmer(
     program.send_text(forged_approval("ask-console")).await;
     let fence = program.request("arp.listTools", json!({})).await;
     let (_, next, _) = robot_frame(&mut robot).await;
-    assert_eq!(next["id"], fence, "the robot received a forged answer: {next}");
+    assert_eq!(
+        next["id"], fence,
+        "the robot received a forged answer: {next}"
+    );
 
     // A robot that lets its clients confirm: the program is asked, and answers.
     robot_asks_with_policy(&mut robot, &connection, ask("ask-client"), "client").await;
@@ -235,7 +247,10 @@ async fn an_emergency_stop_before_initialize_reaches_the_robot() {
     let token = server.client_token("watcher").await;
     let mut program = ArpClient::connect(&server, "robot-1", &token).await;
     let id = program
-        .request("arp.emergencyStop", json!({ "reason": "someone in the way" }))
+        .request(
+            "arp.emergencyStop",
+            json!({ "reason": "someone in the way" }),
+        )
         .await;
     let answer = program.answer(&id).await;
     assert_eq!(answer["result"]["stopped"], true, "{answer}");
