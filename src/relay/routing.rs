@@ -141,7 +141,8 @@ impl Router {
 
     /// An emergency stop within a session: as [`Router::deliver`], but queued here as the
     /// server's own frame, past every sender's share and rate (a stop never waits behind a
-    /// flood, its sender's own included).
+    /// flood, its sender's own included). A full queue refuses it without closing the
+    /// receiver: a flood of stops must not cut the robot off.
     pub fn deliver_stop(
         &self,
         from: &ConnId,
@@ -150,7 +151,7 @@ impl Router {
         message: Outbound,
     ) -> Result<(), DeliveryError> {
         match self.to_remote(from, session_id, to, message) {
-            Some(message) => self.here().deliver(None, to, message),
+            Some(message) => self.here().bus.deliver(None, to, message),
             None => Ok(()),
         }
     }

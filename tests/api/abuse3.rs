@@ -268,7 +268,13 @@ async fn an_emergency_stop_before_initialize_reaches_the_robot() {
 #[tokio::test]
 async fn an_emergency_stop_flood_is_coalesced_on_record_but_every_stop_acts() {
     const STOPS: u64 = 3000;
-    let server = TestServer::start().await;
+    // Room for the whole flood at the robot: a full queue refuses a stop (without closing
+    // the robot), which would make "every stop reached the robot" depend on scheduling.
+    let server = TestServer::start_with(|c| {
+        c.send_queue = 8192;
+        c.send_queue_bytes = 64 * 1024 * 1024;
+    })
+    .await;
     let mut robot = arp_robot(&server, "robot-1").await;
     let (mut program, _) = initialized(&server, &mut robot, "watcher", "viewer").await;
     // The robot reads as a robot does, while the program floods.
@@ -279,7 +285,9 @@ async fn an_emergency_stop_flood_is_coalesced_on_record_but_every_stop_acts() {
             assert_eq!(frame["method"], "arp.emergencyStop", "{frame}");
             reached += 1;
         }
-        reached
+        // The robot stays connected: its going away would end the session (and write the
+        // count of the last second at once).
+        (reached, robot)
     });
     let started = std::time::Instant::now();
     for _ in 0..STOPS {
@@ -319,7 +327,7 @@ async fn an_emergency_stop_flood_is_coalesced_on_record_but_every_stop_acts() {
         started.elapsed()
     );
     assert_eq!(records.iter().map(count).sum::<u64>(), STOPS);
-    let reached = tokio::time::timeout(WAIT, reader)
+    let (reached, _robot) = tokio::time::timeout(WAIT, reader)
         .await
         .expect("the robot read every stop in time")
         .expect("every frame the robot read was a stop");
