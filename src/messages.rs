@@ -90,14 +90,15 @@ pub fn key_endorsement(endorsement: &str) -> String {
     .to_string()
 }
 
-/// The frames that e-stop a robot from the API, on `subject`'s word: an `arp.emergencyStop`
+/// The frames that e-stop a robot outside any session (the API, a gateway program before its
+/// `arp.initialize`), on `subject`'s word: an `arp.emergencyStop`
 /// notification in a session of its own, then that session's end.
 pub fn arp_emergency_stop(subject: &str) -> [String; 2] {
     let connection_id = format!("estop-{}", uuid::Uuid::new_v4());
     let stop = serde_json::json!({
         "jsonrpc": "2.0",
         "method": "arp.emergencyStop",
-        "params": { "reason": format!("emergency stop from the API by {subject}") },
+        "params": { "reason": format!("emergency stop by {subject}") },
     });
     [
         // Unsigned: a robot takes an e-stop from anyone (stopping is always safe).

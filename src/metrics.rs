@@ -53,6 +53,9 @@ pub struct Metrics {
     /// What robots refused or ended for a bad or lapsed session ticket, as they report
     /// it: `offer`, `arp` (a gateway frame), `expired` (a session whose ticket ran out).
     pub robot_ticket_refusals: IntCounterVec,
+    /// Frames of gateway programs dropped unread by the robot, by reason:
+    /// `unsolicited_answer` (an answer to no request of the robot this program was sent).
+    pub arp_frames_dropped: IntCounterVec,
     /// Loaded CRLs past their nextUpdate (still enforced; the issuer owes a newer one).
     pub crl_stale: IntGauge,
     /// 1 while this node's Redis link (commands and its subscription) works (multi-node).
@@ -190,6 +193,11 @@ impl Metrics {
                 "signalling_robot_ticket_refusals_total",
                 "Offers, gateway ARP frames and sessions robots refused or ended for a bad or lapsed session ticket, as they report it",
                 &["kind"],
+            ),
+            arp_frames_dropped: r.counters(
+                "signalling_arp_frames_dropped_total",
+                "Frames of ARP gateway programs dropped before the robot, by reason",
+                &["reason"],
             ),
             crl_stale: r.gauge("signalling_crl_stale", "Loaded CRLs past their nextUpdate"),
             cluster_up: r.gauge(

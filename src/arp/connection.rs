@@ -10,7 +10,10 @@ use std::time::{Duration, Instant};
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
-use signalling_protocol::arp::{method, ArpCode, FRAME_SIGNATURE_KEY, MAX_FRAME_BYTES};
+use signalling_protocol::arp::{
+    method, ArpCode, ConfirmationPolicy, CONFIRMATION_POLICY_META_KEY, FRAME_SIGNATURE_KEY,
+    MAX_FRAME_BYTES,
+};
 use signalling_protocol::ticket::KEY_EXCHANGE_META_KEY;
 use signalling_protocol::Role;
 use tracing::Instrument;
@@ -27,9 +30,18 @@ use crate::relay::{
 use crate::state::SharedState;
 use crate::store::{bounded, AuditRecord, MAX_PARAMS_BYTES};
 use crate::tickets::{SessionKey, TicketFor};
+use crate::ws::heartbeat::{Beat, Heartbeat};
 
 /// How long a write to the program may take before the connection is given up.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// E-stops of one connection are put on record once per this long (with their count).
+const STOP_RECORD_EVERY: Duration = Duration::from_secs(1);
+/// Requests for confirmation the robot may have waiting on the program at once; past it,
+/// people are asked.
+const ASKED_AT_ONCE: usize = 16;
+/// `signalling_arp_frames_dropped_total{reason}`: an answer to no request of the robot
+/// that this program was sent.
+const DROPPED_UNSOLICITED_ANSWER: &str = "unsolicited_answer";
 
 /// Starts the connection's task (from axum's upgrade task, which ends right after).
 pub fn start(
@@ -92,6 +104,17 @@ enum Ending {
     SessionEnded(String),
     /// A write to the program failed or took too long.
     WriteFailed,
+    /// Nothing heard from the program for the idle timeout (not even a pong).
+    Idle,
+}
+
+/// E-stops on record: the first at once, the others of the second that follows as one
+/// record with their count (a flood must not flood the audit log; each stop still acts).
+#[derive(Default)]
+struct StopRecords {
+    /// The end of the second whose stops are counted, not yet recorded.
+    window_end: Option<tokio::time::Instant>,
+    unrecorded: u64,
 }
 
 struct Gateway {
@@ -108,6 +131,13 @@ struct Gateway {
     initializing: Option<Value>,
     /// The program said it answers confirmations itself.
     confirms_itself: bool,
+    /// The robot's requests for confirmation sent to this program (the robot's policy is
+    /// `client` and the program declared it), by id, with the tool each is about: the only
+    /// answers the program may send.
+    asked: HashMap<String, Option<String>>,
+    /// When the program was last heard (any frame, a pong included).
+    last_heard: Instant,
+    stops: StopRecords,
     pending: HashMap<String, Pending>,
     calls: RateLimiter,
     /// Frames for the program, written by the loop in order.
@@ -133,6 +163,9 @@ impl Gateway {
             robot: None,
             initializing: None,
             confirms_itself: false,
+            asked: HashMap::new(),
+            last_heard: Instant::now(),
+            stops: StopRecords::default(),
             pending: HashMap::new(),
             calls: RateLimiter::new(rules::CALLS_PER_SECOND, rules::CALL_BURST, Instant::now()),
             out: Vec::new(),
@@ -148,25 +181,55 @@ impl Gateway {
             let left = (at - crate::store::now_ms()).max(0) as u64;
             tokio::time::Instant::now() + Duration::from_millis(left)
         });
+        // The same ping and idle deadline as a /ws socket: a dead program must not keep its
+        // session, and the robot's control lock with it.
+        let state = self.state.clone();
+        let limits = state.config.socket_limits();
+        let mut heartbeat = Heartbeat::new(Instant::now(), limits);
         let ending = loop {
+            let next_ping = tokio::time::Instant::from_std(heartbeat.next_ping());
             let event = tokio::select! {
                 biased;
                 kick = inbox.kick.kicked() => Err(Ending::Kicked(kick)),
                 answered = self.people.next() => Ok(self.people_answered(answered)),
                 _ = sleep_until_opt(expiry) => Err(Ending::Kicked(Kick::TokenRevoked)),
+                _ = tokio::time::sleep_until(next_ping) => {
+                    match heartbeat.due(Instant::now(), self.last_heard, limits) {
+                        Some(Beat::Idle) => Err(Ending::Idle),
+                        Some(Beat::Ping) => {
+                            let ping = sink.send(Message::Ping(Default::default()));
+                            match tokio::time::timeout(WRITE_TIMEOUT, ping).await {
+                                Ok(Ok(())) => Ok(None),
+                                _ => Err(Ending::WriteFailed),
+                            }
+                        }
+                        None => Ok(None),
+                    }
+                }
+                _ = sleep_until_opt(self.stops.window_end) => {
+                    self.stop_window_ended();
+                    Ok(None)
+                }
                 frame = inbox.queue.recv() => match frame {
                     Some(Outbound::Text(text)) => Ok(self.robot_side(&text)),
                     Some(Outbound::Ping) => Ok(None),
                     None => Err(Ending::Program),
                 },
                 message = stream.next() => match message {
-                    Some(Ok(Message::Text(text))) => Ok(self.program_frame(text.as_str()).await),
+                    Some(Ok(Message::Text(text))) => {
+                        self.last_heard = Instant::now();
+                        Ok(self.program_frame(text.as_str()).await)
+                    }
                     Some(Ok(Message::Binary(_))) => {
+                        self.last_heard = Instant::now();
                         let error = rules::error(&Value::Null, ArpCode::InvalidRequest, "binary frames are not JSON-RPC; send text", None);
                         self.out.push(error.to_string());
                         Ok(None)
                     }
-                    Some(Ok(Message::Ping(_) | Message::Pong(_))) => Ok(None),
+                    Some(Ok(Message::Ping(_) | Message::Pong(_))) => {
+                        self.last_heard = Instant::now();
+                        Ok(None)
+                    }
                     Some(Ok(Message::Close(_))) | Some(Err(_)) | None => Err(Ending::Program),
                 },
             };
@@ -215,6 +278,10 @@ impl Gateway {
                 (code, text.to_string(), text.to_string())
             }
             Ending::SessionEnded(cause) => (1000, format!("session ended: {cause}"), cause.clone()),
+            Ending::Idle => {
+                tracing::info!(subject = %self.subject, "gateway program silent past the idle timeout; dropped");
+                (1008, "idle timeout".to_string(), "idle_timeout".to_string())
+            }
         };
         for (id, _) in std::mem::take(&mut self.pending) {
             let id: Value = serde_json::from_str(&id).unwrap_or(Value::Null);
@@ -238,6 +305,8 @@ impl Gateway {
 
     /// Calls that never got an answer are on record too.
     fn finish(&mut self) {
+        let unrecorded = std::mem::take(&mut self.stops.unrecorded);
+        self.record_stops(unrecorded);
         for (_, pending) in self.pending.drain() {
             if let Some(mut record) = pending.record {
                 record.outcome = "unanswered".into();
@@ -281,10 +350,7 @@ impl Gateway {
         let id = frame.get("id").cloned();
         let Some(method) = frame.get("method").and_then(Value::as_str) else {
             // The program's answer to a request of the robot (a confirmation).
-            if self.robot.is_some() && id.is_some() {
-                self.forward(value.clone());
-            }
-            return None;
+            return self.program_answer(value.clone());
         };
         let method = method.to_string();
         let id_or_null = id.clone().unwrap_or(Value::Null);
@@ -298,6 +364,9 @@ impl Gateway {
         }
         if method == method::INITIALIZE {
             return self.initialize(&id_or_null, value.clone()).await;
+        }
+        if method == method::EMERGENCY_STOP {
+            return self.emergency_stop(id, value).await;
         }
         if self.robot.is_none() {
             if id.is_some() {
@@ -354,11 +423,6 @@ impl Gateway {
                     "the call cannot be put on record now; try again",
                 ));
             }
-        }
-        if method == method::EMERGENCY_STOP {
-            self.state
-                .audit
-                .record(self.record("emergency_stop", None, None, "sent"));
         }
         let Some(id) = id else {
             return None;
@@ -492,6 +556,14 @@ impl Gateway {
             .pointer("/params/capabilities/confirmation")
             .and_then(Value::as_bool)
             == Some(true);
+        // The robot's requests for confirmation come to the gateway, which answers every one
+        // (people, or the program where the robot lets it): the robot is told it may ask.
+        if let Some(params) = frame.get_mut("params").and_then(Value::as_object_mut) {
+            let capabilities = params.entry("capabilities").or_insert_with(|| json!({}));
+            if let Some(capabilities) = capabilities.as_object_mut() {
+                capabilities.insert("confirmation".into(), Value::Bool(true));
+            }
+        }
         self.initializing = Some(id.clone());
         self.pending.insert(
             id.to_string(),
@@ -509,22 +581,7 @@ impl Gateway {
     fn forward(&mut self, frame: Value) -> Option<Ending> {
         let robot = self.robot.clone()?;
         let id = frame_id(&frame);
-        let session = TicketFor {
-            robot: &self.robot_id,
-            connection_id: &self.conn,
-            subject: &self.subject,
-            role: self.role,
-        };
-        let ticket = self
-            .state
-            .tickets
-            .arp_frame(session, &frame, &mut self.ticket_key);
-        let caller = crate::messages::ArpCaller {
-            subject: &self.subject,
-            role: self.role,
-            signature_nonce: self.signature_nonce.as_deref(),
-        };
-        let text = crate::messages::arp_frame(&self.conn, frame, caller, ticket.as_deref());
+        let text = self.frame_for_robot(frame);
         let share = Sender {
             share: &self.subject,
             viewer: !self.role.may_drive(),
@@ -549,6 +606,153 @@ impl Gateway {
             Err(DeliveryError::Full | DeliveryError::Gone) => {
                 Some(Ending::SessionEnded("robot_offline".into()))
             }
+        }
+    }
+
+    /// The `arp.frame` of `frame` for the robot, with who calls and the frame's ticket.
+    fn frame_for_robot(&mut self, frame: Value) -> String {
+        let session = TicketFor {
+            robot: &self.robot_id,
+            connection_id: &self.conn,
+            subject: &self.subject,
+            role: self.role,
+        };
+        let ticket = self
+            .state
+            .tickets
+            .arp_frame(session, &frame, &mut self.ticket_key);
+        let caller = crate::messages::ArpCaller {
+            subject: &self.subject,
+            role: self.role,
+            signature_nonce: self.signature_nonce.as_deref(),
+        };
+        crate::messages::arp_frame(&self.conn, frame, caller, ticket.as_deref())
+    }
+
+    /// `arp.emergencyStop`, from anyone with a grant, at any time: it acts first (it reaches
+    /// the robot, past every queue share), then it is answered (by the robot, in a session;
+    /// by the gateway before one). On record once a second per connection, with a count.
+    async fn emergency_stop(&mut self, id: Option<Value>, frame: Value) -> Option<Ending> {
+        self.note_stop();
+        if let Some(robot) = self.robot.clone() {
+            let text = self.frame_for_robot(frame);
+            let delivered = self.state.sessions.deliver_stop(
+                &self.conn,
+                &self.conn,
+                &robot,
+                Outbound::text(text),
+            );
+            return match delivered {
+                Ok(()) => None,
+                Err(DeliveryError::Gone) => Some(Ending::SessionEnded("robot_offline".into())),
+                Err(DeliveryError::Full | DeliveryError::SenderThrottled) => {
+                    // The robot's queue is full (of this flood's stops, most likely).
+                    if let Some(id) = id {
+                        self.out.push(
+                            rules::rate_limited(&id, "frames queued for the robot").to_string(),
+                        );
+                    }
+                    None
+                }
+            };
+        }
+        // No session yet: the stop goes the way the API's does, to the robot on any node.
+        let here = self
+            .state
+            .presence
+            .emergency_stop(&self.robot_id, &self.subject);
+        let reached = here || {
+            let robot = [self.robot_id.as_str()];
+            let online = self
+                .state
+                .presence
+                .where_online(&robot, &self.state.node_id)
+                .await;
+            online.contains_key(&self.robot_id)
+        };
+        if let Some(id) = id {
+            let answer = if reached {
+                json!({ "jsonrpc": "2.0", "id": id, "result": { "stopped": true } })
+            } else {
+                rules::error(
+                    &id,
+                    ArpCode::InternalError,
+                    &format!("robot {} is offline", self.robot_id),
+                    Some(json!({
+                        "reason": signalling_protocol::arp::reason::ROBOT_OFFLINE,
+                        "robotId": self.robot_id,
+                    })),
+                )
+            };
+            self.out.push(answer.to_string());
+        }
+        None
+    }
+
+    /// One e-stop to put on record: at once if none was this second, else counted.
+    fn note_stop(&mut self) {
+        if self.stops.window_end.is_some() {
+            self.stops.unrecorded += 1;
+            return;
+        }
+        self.record_stops(1);
+        self.stops.window_end = Some(tokio::time::Instant::now() + STOP_RECORD_EVERY);
+    }
+
+    /// The second of counted stops is over: one record for them, and the next second
+    /// counts too (at most one record a second while a flood lasts).
+    fn stop_window_ended(&mut self) {
+        let count = std::mem::take(&mut self.stops.unrecorded);
+        self.record_stops(count);
+        self.stops.window_end =
+            (count > 0).then(|| tokio::time::Instant::now() + STOP_RECORD_EVERY);
+    }
+
+    fn record_stops(&mut self, count: u64) {
+        if count == 0 {
+            return;
+        }
+        let params = json!({ "count": count }).to_string();
+        let record = self.record("emergency_stop", None, Some(params), "sent");
+        self.state.audit.record(record);
+    }
+
+    /// The program's answer to a request of the robot: passed on only for a request the
+    /// robot sent this very program (its policy allowed it, the program declared it), with
+    /// the confirmer set by the server; anything else is dropped and counted.
+    fn program_answer(&mut self, mut frame: Value) -> Option<Ending> {
+        let asked = frame
+            .get("id")
+            .and_then(|id| self.asked.remove(&id.to_string()));
+        let Some(tool) = asked else {
+            self.state
+                .metrics
+                .arp_frames_dropped
+                .with_label_values(&[DROPPED_UNSOLICITED_ANSWER])
+                .inc();
+            tracing::warn!(subject = %self.subject, "an answer to no request this program was sent; dropped");
+            return None;
+        };
+        let confirmer = format!("{} via client", self.subject);
+        let confirmed = frame.pointer("/result/confirmed").and_then(Value::as_bool) == Some(true);
+        if let Some(result) = frame.get_mut("result").and_then(Value::as_object_mut) {
+            result.insert("confirmedBy".into(), Value::String(confirmer.clone()));
+        }
+        if confirmed {
+            self.note_confirmer(tool.as_deref(), &confirmer);
+        }
+        self.forward(frame)
+    }
+
+    /// The call a confirmation was about keeps who approved it on record.
+    fn note_confirmer(&mut self, tool: Option<&str>, confirmer: &str) {
+        let call = self.pending.values_mut().find(|p| {
+            p.record
+                .as_ref()
+                .is_some_and(|r| r.tool.as_deref() == tool && r.confirmed_by.is_none())
+        });
+        if let Some(record) = call.and_then(|p| p.record.as_mut()) {
+            record.confirmed_by = Some(confirmer.to_string());
         }
     }
 
@@ -579,7 +783,10 @@ impl Gateway {
                 {
                     frame.insert(FRAME_SIGNATURE_KEY.into(), signature.clone());
                 }
-                self.robot_arp_frame(frame);
+                let policy = ConfirmationPolicy::from_meta(
+                    envelope.pointer(&format!("/meta/{CONFIRMATION_POLICY_META_KEY}")),
+                );
+                self.robot_arp_frame(frame, policy);
                 None
             }
             Some("signalling.disconnected") => {
@@ -614,14 +821,26 @@ impl Gateway {
         }
     }
 
-    fn robot_arp_frame(&mut self, frame: Value) {
+    fn robot_arp_frame(&mut self, frame: Value, policy: ConfirmationPolicy) {
         let is_request = frame.get("method").is_some();
         if is_request {
-            if frame.get("method").and_then(Value::as_str) == Some(method::REQUEST_CONFIRMATION)
-                && !self.confirms_itself
-            {
-                self.confirmation_unanswerable(&frame);
-                return;
+            if frame.get("method").and_then(Value::as_str) == Some(method::REQUEST_CONFIRMATION) {
+                let to_program = policy == ConfirmationPolicy::Client
+                    && self.confirms_itself
+                    && self.asked.len() < ASKED_AT_ONCE;
+                match frame.get("id").filter(|_| to_program) {
+                    Some(id) => {
+                        let tool = frame
+                            .pointer("/params/details/tool")
+                            .and_then(Value::as_str)
+                            .map(str::to_string);
+                        self.asked.insert(id.to_string(), tool);
+                    }
+                    None => {
+                        self.confirmation_unanswerable(&frame);
+                        return;
+                    }
+                }
             }
             self.out.push(frame.to_string());
             return;
@@ -688,14 +907,7 @@ impl Gateway {
         match answered.outcome {
             Outcome::Decided(decision) => {
                 if decision.confirmed {
-                    let call = self.pending.values_mut().find(|p| {
-                        p.record
-                            .as_ref()
-                            .is_some_and(|r| r.tool == answered.tool && r.confirmed_by.is_none())
-                    });
-                    if let Some(record) = call.and_then(|p| p.record.as_mut()) {
-                        record.confirmed_by = Some(decision.decided_by.clone());
-                    }
+                    self.note_confirmer(answered.tool.as_deref(), &decision.decided_by);
                 }
                 self.answer_confirmation(
                     answered.request_id,

@@ -133,6 +133,37 @@ impl Router {
         to: &ConnId,
         message: Outbound,
     ) -> Result<(), DeliveryError> {
+        match self.to_remote(from, session_id, to, message) {
+            Some(message) => self.here().deliver(Some(share), to, message),
+            None => Ok(()),
+        }
+    }
+
+    /// An emergency stop within a session: as [`Router::deliver`], but queued here as the
+    /// server's own frame, past every sender's share and rate (a stop never waits behind a
+    /// flood, its sender's own included). A full queue refuses it without closing the
+    /// receiver: a flood of stops must not cut the robot off.
+    pub fn deliver_stop(
+        &self,
+        from: &ConnId,
+        session_id: &str,
+        to: &ConnId,
+        message: Outbound,
+    ) -> Result<(), DeliveryError> {
+        match self.to_remote(from, session_id, to, message) {
+            Some(message) => self.here().bus.deliver(None, to, message),
+            None => Ok(()),
+        }
+    }
+
+    /// Sends the frame to `to`'s node if `to` is on another one; else gives it back.
+    fn to_remote(
+        &self,
+        from: &ConnId,
+        session_id: &str,
+        to: &ConnId,
+        message: Outbound,
+    ) -> Option<Outbound> {
         if let Router::Cluster(c) = self {
             let node = c.remote().get(to).cloned();
             if let Some(node) = node {
@@ -145,10 +176,10 @@ impl Router {
                     };
                     c.cluster.send_frame(node, frame);
                 }
-                return Ok(());
+                return None;
             }
         }
-        self.here().deliver(Some(share), to, message)
+        Some(message)
     }
 
     /// Delivery to a socket of this node only (notices, frames that came from another node).

@@ -360,6 +360,17 @@ impl Sessions {
             .deliver(from, share, session_id, to, message)
     }
 
+    /// An emergency stop of `from` for `to` in `session_id`: past every sender's share.
+    pub fn deliver_stop(
+        &self,
+        from: &ConnId,
+        session_id: &str,
+        to: &ConnId,
+        message: Outbound,
+    ) -> Result<(), DeliveryError> {
+        self.hub.router.deliver_stop(from, session_id, to, message)
+    }
+
     /// Each (robot, subject) with sessions in `scope`, and the highest role among them:
     /// what a grant check must allow.
     pub fn session_roles(&self, scope: GrantScope) -> Vec<(String, Arc<str>, Role)> {

@@ -18,6 +18,7 @@ use tokio::time::{sleep_until, Sleep};
 use tracing::Instrument;
 
 use super::error::WsError;
+use super::heartbeat::{Beat, Heartbeat};
 use super::legacy;
 use super::protocol::{Peer, Protocol};
 use crate::admission::Permit;
@@ -272,7 +273,7 @@ impl Closing {
 /// deadline and the credentials refresh, all on one timer.
 struct Duties {
     login_deadline: Instant,
-    next_ping: Instant,
+    heartbeat: Heartbeat,
     /// Only the instant is kept: the error is worked out again when it comes (the
     /// protocol state it depends on cannot change without a frame, which resets it).
     deadline: Option<Instant>,
@@ -284,7 +285,7 @@ impl Duties {
         let login_deadline = Instant::now() + limits.login_timeout;
         Duties {
             login_deadline,
-            next_ping: Instant::now() + limits.ping_every,
+            heartbeat: Heartbeat::new(Instant::now(), limits),
             deadline: protocol.deadline(login_deadline).map(|(at, _)| at),
             refresh_at: protocol.credentials_refresh_at(),
         }
@@ -292,7 +293,11 @@ impl Duties {
 
     /// Whichever comes first.
     fn next_wake(&self) -> tokio::time::Instant {
-        tokio::time::Instant::from_std(next_wake(self.next_ping, self.deadline, self.refresh_at))
+        tokio::time::Instant::from_std(next_wake(
+            self.heartbeat.next_ping(),
+            self.deadline,
+            self.refresh_at,
+        ))
     }
 
     /// A frame may have moved the deadline or the refresh (a login, a new token).
@@ -330,17 +335,16 @@ impl Duties {
             }
             self.refresh_at = protocol.credentials_refresh_at();
         }
-        if self.next_ping <= now {
-            let limits = out.limits();
-            self.next_ping = now + limits.ping_every;
-            if reading.last_heard.elapsed() > limits.idle_timeout {
+        match self.heartbeat.due(now, reading.last_heard, out.limits()) {
+            Some(Beat::Idle) => {
                 // Likely dead; should it still read, it learns why (the writer gives up on
                 // the close within its timeout if not).
                 tracing::debug!("dropping dead connection");
                 out.close = Some((1008, "idle timeout"));
                 return;
             }
-            out.send(Outbound::Ping);
+            Some(Beat::Ping) => out.send(Outbound::Ping),
+            None => {}
         }
         timer.reset(self.next_wake());
     }

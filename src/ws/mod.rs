@@ -3,6 +3,7 @@
 
 mod connection;
 mod error;
+pub mod heartbeat;
 mod legacy;
 mod protocol;
 

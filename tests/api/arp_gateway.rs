@@ -165,7 +165,7 @@ pub async fn arp_robot_at(ws_url: &str, robot_id: &str, key: &dyn Signer) -> WsC
 }
 
 /// A robot that declared ARP, logged in.
-async fn arp_robot(server: &TestServer, robot_id: &str) -> WsClient {
+pub async fn arp_robot(server: &TestServer, robot_id: &str) -> WsClient {
     let key = server.enrolled_robot(robot_id).await;
     let mut robot = WsClient::connect(&server.ws_url()).await;
     let verified = robot
@@ -210,7 +210,7 @@ pub fn initialize_result() -> Value {
 }
 
 /// A program of `subject` with `role` on the robot, initialized; the robot's side of it.
-async fn initialized(
+pub async fn initialized(
     server: &TestServer,
     robot: &mut WsClient,
     subject: &str,
@@ -578,7 +578,7 @@ async fn calls_are_limited_and_on_record() {
 }
 
 /// GET or POST with a client token.
-async fn as_client(
+pub async fn as_client(
     server: &TestServer,
     token: &str,
     method: reqwest::Method,
@@ -598,7 +598,7 @@ async fn as_client(
 }
 
 /// The confirmations `token`'s person sees, once there are `count`.
-async fn confirmations(server: &TestServer, token: &str, count: usize) -> Vec<Value> {
+pub async fn confirmations(server: &TestServer, token: &str, count: usize) -> Vec<Value> {
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
         let (status, list) = as_client(

@@ -437,7 +437,10 @@ async fn arp_mode_relays_a_session_both_ways() {
         .result(
             json!(4),
             "arp.initialize",
-            json!({ "protocolVersion": "0.1.0", "clientInfo": { "name": "test", "version": "1" } }),
+            // This parent answers confirmations (below), so it says so: robot-agent asks
+            // only a client that declared it.
+            json!({ "protocolVersion": "0.1.0", "clientInfo": { "name": "test", "version": "1" },
+                "capabilities": { "confirmation": true } }),
         )
         .await;
     assert_eq!(init["protocolVersion"], "0.1.0");
@@ -597,7 +600,8 @@ async fn mcp_mode_serves_tools_resources_and_the_emergency_stop() {
     );
     b.backlog.clear();
 
-    // The robot asks for confirmation: the bridge refuses (fail closed).
+    // The tool needs a person and the bridge declared it answers no confirmation: the
+    // robot denies the call at once (fail closed), without asking.
     let saved = b
         .result(
             json!(4),
@@ -608,14 +612,6 @@ async fn mcp_mode_serves_tools_resources_and_the_emergency_stop() {
     assert_eq!(saved["isError"], true, "{saved}");
     assert_eq!(saved["structuredContent"]["error"]["code"], -40006);
     assert!(text_of(&saved).contains("-40006"));
-    robot
-        .proxy
-        .wait_for("the bridge's refusal", |s| {
-            s.from_bridge
-                .iter()
-                .any(|v| v["result"]["confirmed"] == false)
-        })
-        .await;
 
     // An unknown tool is a protocol error; a bad argument a tool error.
     let unknown = b

@@ -191,6 +191,41 @@ pub const SIGNATURE_NONCE_META_KEY: &str = "signatureNonce";
 /// and server it travels in the `arp.frame`'s `meta` under the same key.
 pub const FRAME_SIGNATURE_KEY: &str = "signature";
 
+/// `meta` key of the robot's `arp.frame` that carries an `arp.requestConfirmation`: who
+/// may answer it ([`ConfirmationPolicy`]; docs/arp.md, "Who confirms").
+pub const CONFIRMATION_POLICY_META_KEY: &str = "confirmationPolicy";
+
+/// Who may answer a robot's `arp.requestConfirmation` that comes through the gateway.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ConfirmationPolicy {
+    /// A person with a driving grant on the robot, in the console (`/v1/confirmations`).
+    /// What a robot gets when it says nothing, or anything else.
+    #[default]
+    Console,
+    /// Also the program's host, if the program declared `capabilities.confirmation`
+    /// (a host that asks its own person); the confirmer on record is the program's subject.
+    Client,
+}
+
+impl ConfirmationPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConfirmationPolicy::Console => "console",
+            ConfirmationPolicy::Client => "client",
+        }
+    }
+
+    /// The policy a robot's `meta` value names; anything but `"client"` is `console`
+    /// (fail closed: people confirm).
+    pub fn from_meta(value: Option<&Value>) -> ConfirmationPolicy {
+        match value.and_then(Value::as_str) {
+            Some("client") => ConfirmationPolicy::Client,
+            _ => ConfirmationPolicy::Console,
+        }
+    }
+}
+
 /// A nonce a program may choose: 16 to 128 characters of base64url's alphabet.
 pub fn valid_signature_nonce(nonce: &str) -> bool {
     (16..=128).contains(&nonce.len())

@@ -38,6 +38,8 @@ struct Call {
     tool: Tool,
     arguments: Value,
     cancel: watch::Receiver<bool>,
+    /// The caller declared that it answers confirmations.
+    client_confirms: bool,
 }
 
 impl Conn {
@@ -122,6 +124,7 @@ fn start(conn: &Conn, id: &Value, params: &Value) -> Result<Option<Value>, ArpEr
         tool,
         arguments,
         cancel: cancel_rx,
+        client_confirms: conn.client_confirms,
     };
     let request_id = id.clone();
     tokio::spawn(async move {
@@ -398,8 +401,17 @@ impl Call {
         &mut self,
         estop: &mut watch::Receiver<Option<String>>,
     ) -> Result<bool, ArpError> {
+        if !self.client_confirms {
+            // Nobody on this connection answers confirmations: fail closed, at once. (The
+            // server's gateway declares it for every program: it asks people, or the
+            // program where the robot's policy lets it.)
+            tracing::warn!(call = %self.id, tool = self.tool.name, "ARP call needs a confirmation the client does not answer; denied");
+            return Err(ArpError::ConfirmationDenied(
+                "nobody (the client does not answer confirmations)".into(),
+            ));
+        }
         let timeout = self.server.inner.options.confirmation_timeout;
-        let request_id = self.server.request_id("confirm");
+        let request_id = self.server.request_id("confirm")?;
         let answer = self
             .link
             .request(

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use serde_json::{json, Value};
+pub use signalling_protocol::arp::ConfirmationPolicy;
 
 use crate::safety::Role;
 
@@ -37,9 +38,9 @@ pub struct ArpFileConfig {
     pub tokens: Vec<String>,
     /// What a `drive` over the velocity limit gets: refused or clamped.
     pub velocity_violation: Option<ViolationAction>,
-    /// Tool name → whether it asks the caller's human first.
+    /// Which tools ask a person first, and who may answer.
     #[serde(default)]
-    pub confirm: HashMap<String, bool>,
+    pub confirm: ConfirmConfig,
     pub confirmation_timeout_secs: Option<f64>,
     /// A box the robot must stay in (odom frame).
     pub workspace: Option<WorkspaceConfig>,
@@ -47,6 +48,17 @@ pub struct ArpFileConfig {
     pub robot_type: Option<String>,
     /// `nav_msgs/Odometry` topic of the rosbridge driver (default `/odom`).
     pub odometry_topic: Option<String>,
+}
+
+/// `[arp.confirm]`: `policy = "console" | "client"` and `TOOL = true | false`.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+pub struct ConfirmConfig {
+    /// Who answers through the gateway (docs/arp.md, "Who confirms"); `console` if unset.
+    #[serde(default)]
+    pub policy: ConfirmationPolicy,
+    /// Tool name → whether it asks the caller's human first.
+    #[serde(flatten)]
+    pub tools: HashMap<String, bool>,
 }
 
 #[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
@@ -163,6 +175,9 @@ pub struct ArpOptions {
     pub velocity_violation: ViolationAction,
     /// Tools whose `requiresConfirmation` differs from the default.
     pub confirm: HashMap<String, bool>,
+    /// Who may answer a confirmation through the gateway; told to the server with each
+    /// request (`meta.confirmationPolicy`).
+    pub confirmation_policy: ConfirmationPolicy,
     pub confirmation_timeout: Duration,
     pub workspace: Option<Workspace>,
     pub robot_model: Option<String>,
@@ -178,6 +193,7 @@ impl Default for ArpOptions {
         ArpOptions {
             velocity_violation: ViolationAction::Reject,
             confirm: HashMap::new(),
+            confirmation_policy: ConfirmationPolicy::Console,
             confirmation_timeout: Duration::from_secs_f64(DEFAULT_CONFIRMATION_TIMEOUT_SECS),
             workspace: None,
             robot_model: None,
@@ -203,7 +219,8 @@ impl ArpOptions {
             .transpose()?;
         Ok(ArpOptions {
             velocity_violation: file.velocity_violation.unwrap_or_default(),
-            confirm: file.confirm.clone(),
+            confirm: file.confirm.tools.clone(),
+            confirmation_policy: file.confirm.policy,
             confirmation_timeout: Duration::from_secs_f64(timeout),
             workspace,
             robot_model: file.robot_model.clone(),
@@ -264,6 +281,20 @@ mod tests {
         let t: Token = "viewer:v".parse().expect("token");
         assert!(ListenConfig::new("0.0.0.0:7700", vec![t]).is_ok());
         assert!(ListenConfig::new("nowhere", vec![]).is_err());
+    }
+
+    #[test]
+    fn the_confirmation_policy_sits_beside_the_tools_and_defaults_to_the_console() {
+        let parse = |text: &str| toml::from_str::<ArpFileConfig>(text);
+        let file = parse("[confirm]\ndrive = true\n").expect("parses");
+        assert_eq!(file.confirm.policy, ConfirmationPolicy::Console);
+        assert_eq!(file.confirm.tools.get("drive"), Some(&true));
+        let file = parse("[confirm]\npolicy = \"client\"\ndrive = true\n").expect("parses");
+        let options = ArpOptions::from_file(&file, true).expect("options");
+        assert_eq!(options.confirmation_policy, ConfirmationPolicy::Client);
+        assert_eq!(options.confirm.get("drive"), Some(&true));
+        assert!(!options.confirm.contains_key("policy"));
+        assert!(parse("[confirm]\npolicy = \"anyone\"\n").is_err());
     }
 
     #[test]

@@ -4,7 +4,6 @@
 //! never blocks `cancelTool`, `emergencyStop` or a confirmation answer.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -97,6 +96,10 @@ pub(super) struct Conn {
     pub(super) peer: Peer,
     pub(super) link: Link,
     initialized: bool,
+    /// The client declared `capabilities.confirmation: true`: it is sent the robot's
+    /// `arp.requestConfirmation` and may answer it. A client that did not is never asked,
+    /// so it has nothing to answer (its calls that need a person are denied).
+    pub(super) client_confirms: bool,
     subscriptions: HashMap<String, JoinHandle<()>>,
     budget: MessageBudget,
     last_limit_error: Option<Instant>,
@@ -146,6 +149,7 @@ pub(super) async fn run(
             nav: Arc::default(),
         },
         initialized: false,
+        client_confirms: false,
         subscriptions: HashMap::new(),
         budget: MessageBudget::new(MESSAGE_RATE, MESSAGE_BURST),
         last_limit_error: None,
@@ -181,7 +185,6 @@ struct InitializeParams {
     protocol_version: String,
     client_info: ClientInfo,
     #[serde(default)]
-    #[allow(dead_code)]
     capabilities: Option<Map<String, Value>>,
 }
 
@@ -454,11 +457,18 @@ impl Conn {
             self.server.take_control(&self.peer)?;
         }
         self.initialized = true;
+        self.client_confirms = p
+            .capabilities
+            .as_ref()
+            .and_then(|c| c.get("confirmation"))
+            .and_then(Value::as_bool)
+            == Some(true);
         tracing::info!(
             key = %self.peer.key,
             client = %p.client_info.name,
             client_version = %p.client_info.version,
             role = self.peer.role.as_str(),
+            confirms = self.client_confirms,
             "ARP client initialized"
         );
         let options = &self.server.inner.options;
@@ -491,6 +501,7 @@ impl Conn {
         self.server.cancel_calls_of(&self.peer.key);
         self.server.release_control(&self.peer.key);
         self.initialized = false;
+        self.client_confirms = false;
     }
 
     async fn emergency_stop(&self, reason: Option<String>) {
@@ -659,11 +670,13 @@ impl ArpServer {
         }
     }
 
-    /// The next id of a request the robot sends.
-    pub(super) fn request_id(&self, prefix: &str) -> String {
-        format!(
-            "{prefix}-{}",
-            self.inner.next_id.fetch_add(1, Ordering::Relaxed)
-        )
+    /// The id of a request the robot sends: 128 random bits, so that no client can answer
+    /// a request it was not sent by guessing its id.
+    pub(super) fn request_id(&self, prefix: &str) -> Result<String, ArpError> {
+        let mut bits = [0u8; 16];
+        ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bits)
+            .map_err(|_| ArpError::Internal)?;
+        let hex: String = bits.iter().map(|b| format!("{b:02x}")).collect();
+        Ok(format!("{prefix}-{hex}"))
     }
 }

@@ -27,7 +27,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use serde_json::{json, Value};
-use signalling_protocol::arp::{method, reason, ArpCode, ArpFramePayload};
+use signalling_protocol::arp::{
+    method, reason, ArpCode, ArpFramePayload, ConfirmationPolicy, CONFIRMATION_POLICY_META_KEY,
+};
 use signalling_protocol::{
     DisconnectReason, DisconnectedPayload, Envelope, SessionMeta, Signalling, PROTOCOL_VERSION,
 };
@@ -241,6 +243,7 @@ impl Gateway {
             open: open.clone(),
             connection: connection.clone(),
             signer: signer.clone(),
+            confirmation_policy: self.server.inner.options.confirmation_policy,
         };
         let pump = tokio::spawn(pump(
             handler,
@@ -436,6 +439,8 @@ struct Link {
     open: Gate,
     connection: String,
     signer: Option<ArpFrameSigner>,
+    /// Said with every `arp.requestConfirmation`: who the server may let answer it.
+    confirmation_policy: ConfirmationPolicy,
 }
 
 impl Link {
@@ -450,9 +455,16 @@ impl Link {
                 return true;
             }
         };
-        let Some(envelope) = fitted(connection, frame, text.len(), self.signer.as_ref()) else {
+        let asks =
+            frame.get("method").and_then(Value::as_str) == Some(method::REQUEST_CONFIRMATION);
+        let Some(mut envelope) = fitted(connection, frame, text.len(), self.signer.as_ref()) else {
             return true;
         };
+        if asks {
+            let meta = envelope.meta.get_or_insert_with(Default::default);
+            let policy = Value::String(self.confirmation_policy.as_str().into());
+            meta.insert(CONFIRMATION_POLICY_META_KEY.into(), policy);
+        }
         // Room first (waiting), then the gate and the send at once.
         let Ok(permit) = self.signalling.reserve().await else {
             return false;

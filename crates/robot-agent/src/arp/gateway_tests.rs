@@ -76,7 +76,11 @@ fn code(v: &Value) -> i64 {
 }
 
 async fn rig() -> Rig {
-    let f = fixture(ArpOptions::default()).await;
+    rig_with(ArpOptions::default()).await
+}
+
+async fn rig_with(options: ArpOptions) -> Rig {
+    let f = fixture(options).await;
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let options = SignallingOptions {
         urls: vec![format!("ws://{}/ws", listener.local_addr().expect("addr"))],
@@ -218,10 +222,21 @@ impl Rig {
         if value["type"] != FRAME_TYPE {
             return value;
         }
-        assert!(
-            value.get("meta").is_none(),
-            "the robot's frames carry no meta: {value}"
-        );
+        let asks = value["payload"]["frame"]["method"] == "arp.requestConfirmation";
+        let policy = value["meta"]["confirmationPolicy"].clone();
+        if asks {
+            // The one meta a robot's frame carries here: who may answer a confirmation.
+            assert_eq!(
+                value["meta"].as_object().map(|m| m.len()),
+                Some(1),
+                "{value}"
+            );
+        } else {
+            assert!(
+                value.get("meta").is_none(),
+                "the robot's frames carry no meta: {value}"
+            );
+        }
         let parsed = Envelope::parse(&value.to_string()).expect("a valid envelope");
         let p = ArpFramePayload::from_envelope(&parsed).expect("an arp.frame payload");
         let answered = p
@@ -232,7 +247,12 @@ impl Rig {
         if let Err(e) = ArpValidator::shared().validate(&p.frame, answered.map(String::as_str)) {
             panic!("the robot sent an invalid ARP frame: {e}\n{}", p.frame);
         }
-        json!({"type": FRAME_TYPE, "connectionId": p.connection_id, "frame": p.frame})
+        let mut kept =
+            json!({"type": FRAME_TYPE, "connectionId": p.connection_id, "frame": p.frame});
+        if asks {
+            kept["confirmationPolicy"] = policy;
+        }
+        kept
     }
 
     /// The first message (backlog first) that `matches`; others are kept.
@@ -604,4 +624,48 @@ async fn an_emergency_stop_right_before_its_sessions_end_still_stops_the_robot()
         s.linear == 0.0 && s.last_stop.as_deref() == Some("emergency_stop")
     })
     .await;
+}
+
+/// A confirmation through the gateway says the robot's policy to the server
+/// (`meta.confirmationPolicy`), under an id nobody can guess; the answer the server relays
+/// (confirmer named by the server) lets the call run, and the robot logs that confirmer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_confirmation_through_the_gateway_carries_the_policy_under_an_unguessable_id() {
+    for policy in [ConfirmationPolicy::Console, ConfirmationPolicy::Client] {
+        let mut r = rig_with(ArpOptions {
+            confirm: HashMap::from([("drive".to_owned(), true)]),
+            confirmation_policy: policy,
+            ..ArpOptions::default()
+        })
+        .await;
+        let c = "arp-op-confirm";
+        // What the server's gateway sends: it declares confirmation for every program.
+        let params = json!({"protocolVersion": "0.1.0", "clientInfo": {"name": "gateway-test", "version": "1"},
+            "capabilities": {"confirmation": true}});
+        let init = r.call(c, OPERATOR, "arp.initialize", params).await;
+        assert!(init.get("error").is_none(), "{init}");
+        let id = r
+            .request(c, OPERATOR, "arp.callTool", drive(0.2, 0.2))
+            .await;
+        let asked = r
+            .wait_for("the confirmation request", |v| {
+                v["frame"]["method"] == "arp.requestConfirmation"
+            })
+            .await;
+        assert_eq!(asked["confirmationPolicy"], policy.as_str(), "{asked}");
+        let ask_id = asked["frame"]["id"]
+            .as_str()
+            .expect("a string id")
+            .to_owned();
+        let hex = ask_id.strip_prefix("confirm-").expect("confirm- prefix");
+        assert!(
+            hex.len() == 32 && hex.bytes().all(|b| b.is_ascii_hexdigit()),
+            "128 random bits: {ask_id}"
+        );
+        let answer = json!({"jsonrpc": "2.0", "id": ask_id,
+            "result": {"confirmed": true, "confirmedBy": "planner-7 via client", "timestamp": "2026-11-28T12:00:00Z"}});
+        r.frame(c, OPERATOR, answer).await;
+        let done = r.response(c, &id).await;
+        assert_eq!(done["result"]["state"], "completed", "{done}");
+    }
 }

@@ -35,7 +35,7 @@ use crate::controller::control::Claimant;
 use crate::driver::Pose;
 use crate::safety::{Role, SafetyLimits, StopReason};
 use crate::session::Shared;
-pub use config::{ArpOptions, ListenConfig, Token, ViolationAction, Workspace};
+pub use config::{ArpOptions, ConfirmationPolicy, ListenConfig, Token, ViolationAction, Workspace};
 pub use error::ArpError;
 use tools::Tool;
 

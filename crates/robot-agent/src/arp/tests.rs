@@ -743,6 +743,7 @@ async fn confirmation_confirmed_denied_and_timed_out() {
 
     let id = c.request("arp.callTool", drive.clone()).await;
     let ask = c.message("arp.requestConfirmation").await;
+    let first_ask = ask["id"].clone();
     assert_eq!(ask["params"]["details"]["tool"], "drive");
     assert_eq!(ask["params"]["safetyLevel"], "elevated");
     assert_eq!(
@@ -761,6 +762,15 @@ async fn confirmation_confirmed_denied_and_timed_out() {
     let x = f.probe.state().x;
     let id = c.request("arp.callTool", drive.clone()).await;
     let ask = c.message("arp.requestConfirmation").await;
+    assert_ne!(ask["id"], first_ask, "every request has its own id");
+    for asked in [&ask["id"], &first_ask] {
+        let id = asked.as_str().expect("a string id");
+        let hex = id.strip_prefix("confirm-").expect("confirm- prefix");
+        assert!(
+            hex.len() == 32 && hex.bytes().all(|b| b.is_ascii_hexdigit()),
+            "an id of 128 random bits, not a counter: {id}"
+        );
+    }
     let answer = json!({"jsonrpc": "2.0", "id": ask["id"], "result": {"confirmed": false, "confirmedBy": "operator_jane", "timestamp": "2026-11-25T13:00:01Z"}});
     c.send_raw(&answer.to_string()).await;
     let denied = c.response(&id).await;
@@ -772,6 +782,44 @@ async fn confirmation_confirmed_denied_and_timed_out() {
     let timed_out = c.response(&id).await;
     assert_eq!(code(&timed_out), -40005);
     assert_eq!(f.probe.state().x, x, "neither moved");
+}
+
+/// A local client that did not declare `capabilities.confirmation` is never asked: the call
+/// that needs a person is denied at once, the robot does not move, and answers it sends in
+/// a person's name (with ids a counter would have given) reach nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_does_not_confirm_is_never_asked_and_cannot_answer() {
+    let f = fixture(ArpOptions {
+        confirm: HashMap::from([("drive".to_owned(), true)]),
+        ..ArpOptions::default()
+    })
+    .await;
+    let mut c = Client::connect(&f.url, OPERATOR).await;
+    c.result(
+        "arp.initialize",
+        json!({"protocolVersion": "0.1.0", "clientInfo": {"name": "t", "version": "1"}, "capabilities": {}}),
+    )
+    .await;
+    let drive =
+        json!({"name": "drive", "arguments": {"linear": 0.2, "angular": 0.0, "durationSecs": 0.2}});
+    let id = c.request("arp.callTool", drive).await;
+    for n in 1..=30 {
+        let forged = json!({"jsonrpc": "2.0", "id": format!("confirm-{n}"),
+            "result": {"confirmed": true, "confirmedBy": "the owner", "timestamp": "2026-11-28T12:00:00Z"}});
+        c.send_raw(&forged.to_string()).await;
+    }
+    let answer = loop {
+        let v = c.read().await;
+        assert_ne!(
+            v["method"], "arp.requestConfirmation",
+            "a client that declared no confirmation was asked: {v}"
+        );
+        if v.get("method").is_none() && v["id"] == id {
+            break v;
+        }
+    };
+    assert_eq!(code(&answer), -40006, "{answer}");
+    assert_eq!(f.probe.state().x, 0.0, "nothing moved");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
