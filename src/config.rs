@@ -426,3 +426,41 @@ pub struct SocketLimits {
     /// Longest a batch of writes may make no progress.
     pub write_timeout: Duration,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Config;
+
+    #[test]
+    fn one_source_gets_at_most_a_quarter_of_the_tcp_connections() {
+        let limits = |args: &[&str]| {
+            let mut all = vec!["signalling-server"];
+            all.extend_from_slice(args);
+            Config::from_args(all)
+                .expect("config")
+                .tcp_connection_limits()
+        };
+        // 256 open files: 192 in all, 1,100 asked per source.
+        assert_eq!(limits(&["--max-tcp-connections", "192"]), (192, 48));
+        assert_eq!(
+            limits(&[
+                "--max-tcp-connections",
+                "10000",
+                "--max-tcp-connections-per-ip",
+                "100"
+            ]),
+            (10_000, 100)
+        );
+        // Behind a load balancer: no per-source limit stays none.
+        assert_eq!(
+            limits(&[
+                "--max-tcp-connections",
+                "192",
+                "--max-tcp-connections-per-ip",
+                "0"
+            ]),
+            (192, 0)
+        );
+        assert_eq!(limits(&["--max-tcp-connections", "2"]), (2, 1));
+    }
+}

@@ -599,6 +599,37 @@ mod tests {
         assert_eq!(read, records);
     }
 
+    #[tokio::test]
+    async fn an_outcome_replaces_its_request_and_a_repeat_changes_nothing() {
+        let file = std::env::temp_dir().join(format!("audit-{}.db", uuid::Uuid::new_v4()));
+        let store = Store::connect(&format!("sqlite://{}", file.display()))
+            .await
+            .expect("store");
+        let mut request = record(1);
+        request.outcome = "pending".into();
+        store.append_audit(&[request]).await.expect("request");
+        let outcome = record(1);
+        // Twice in one batch (a spill loaded back beside memory), then once more.
+        store
+            .append_audit(&[outcome.clone(), outcome.clone()])
+            .await
+            .expect("outcome");
+        store
+            .append_audit(std::slice::from_ref(&outcome))
+            .await
+            .expect("again");
+        let read = store
+            .audit(&AuditQuery {
+                robot_id: "robot-1".into(),
+                limit: 10,
+                ..AuditQuery::default()
+            })
+            .await
+            .expect("read");
+        let _ = std::fs::remove_file(&file);
+        assert_eq!(read, vec![outcome]);
+    }
+
     #[test]
     fn params_are_cut_on_a_character_boundary() {
         assert_eq!(bounded("abc", 4), "abc");
