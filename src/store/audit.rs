@@ -15,7 +15,7 @@ use std::fmt::Write;
 use std::io::{BufRead, Write as _};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -113,6 +113,9 @@ struct Queued {
 #[derive(Clone)]
 pub struct AuditLog {
     queue: mpsc::Sender<Queued>,
+    /// Records nobody waits for that found the queue full: the writer takes them with its
+    /// next batch (a full queue means it has one to take), so they are not dropped.
+    overflow: Arc<Mutex<Vec<AuditRecord>>>,
     /// Records outside the database (spill file and memory), as the writer counts them.
     waiting: Arc<AtomicUsize>,
 }
@@ -121,6 +124,7 @@ pub struct AuditLog {
 pub struct AuditWriter {
     store: Store,
     queue: mpsc::Receiver<Queued>,
+    overflow: Arc<Mutex<Vec<AuditRecord>>>,
     spill: Spill,
     waiting: Arc<AtomicUsize>,
     metrics: Metrics,
@@ -133,14 +137,17 @@ impl AuditLog {
         let spill = Spill::open(spill_file);
         let waiting = Arc::new(AtomicUsize::new(spill.waiting()));
         metrics.audit_spilled.set(spill.waiting() as i64);
+        let overflow = Arc::new(Mutex::new(Vec::new()));
         (
             AuditLog {
                 queue: tx,
+                overflow: overflow.clone(),
                 waiting: waiting.clone(),
             },
             AuditWriter {
                 store,
                 queue: rx,
+                overflow,
                 spill,
                 waiting,
                 metrics,
@@ -154,16 +161,26 @@ impl AuditLog {
     }
 
     /// Queues a record that nobody waits for (an outcome, an emergency stop): the writer
-    /// retries and spills it rather than drop it. False (and logged) only when the queue is
-    /// full or the writer is gone.
+    /// retries and spills it rather than drop it; past a full queue it waits beside it.
+    /// False (and logged) only when even that is full or the writer is gone.
     pub fn record(&self, record: AuditRecord) -> bool {
-        match self.queue.try_send(Queued {
+        let queued = Queued {
             record,
             committed: None,
-        }) {
+        };
+        match self.queue.try_send(queued) {
             Ok(()) => true,
-            Err(e) => {
-                tracing::error!(error = %e, "audit record lost: the audit queue is full");
+            Err(mpsc::error::TrySendError::Full(queued)) => {
+                let mut overflow = self.overflow.lock().unwrap_or_else(|p| p.into_inner());
+                if overflow.len() < MAX_HELD {
+                    overflow.push(queued.record);
+                    return true;
+                }
+                tracing::error!("audit record lost: the audit queue and its overflow are full");
+                false
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                tracing::error!("audit record lost: the audit writer is gone");
                 false
             }
         }
@@ -196,29 +213,43 @@ impl AuditWriter {
     /// (or spilled).
     pub async fn run(mut self, mut stop: StopSignal) {
         let mut batch = Vec::with_capacity(BATCH);
-        let mut reload = tokio::time::interval(RELOAD_EVERY);
-        reload.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut next_reload = tokio::time::Instant::now() + RELOAD_EVERY;
         loop {
+            // Records first: a call waiting for its request to be on record must not wait
+            // behind reloads of the spill (each may take an attempt's whole deadline).
             tokio::select! {
-                n = self.queue.recv_many(&mut batch, BATCH) => {
-                    if n == 0 {
-                        return;
-                    }
-                }
+                biased;
                 _ = stop.stopped() => {
                     while let Ok(queued) = self.queue.try_recv() {
                         batch.push(queued);
                     }
+                    self.take_overflow(&mut batch);
                     self.write(&mut batch).await;
                     return;
                 }
-                _ = reload.tick(), if self.spill.waiting() > 0 => {
-                    self.reload().await;
-                    continue;
+                n = self.queue.recv_many(&mut batch, BATCH) => {
+                    if n == 0 {
+                        return;
+                    }
+                    self.take_overflow(&mut batch);
+                    self.write(&mut batch).await;
                 }
+                _ = tokio::time::sleep_until(next_reload), if self.spill.waiting() > 0 => {}
             }
-            self.write(&mut batch).await;
+            // Under a steady stream of records the reload still gets its turn.
+            if self.spill.waiting() > 0 && tokio::time::Instant::now() >= next_reload {
+                self.reload().await;
+                next_reload = tokio::time::Instant::now() + RELOAD_EVERY;
+            }
         }
+    }
+
+    fn take_overflow(&self, batch: &mut Vec<Queued>) {
+        let mut overflow = self.overflow.lock().unwrap_or_else(|p| p.into_inner());
+        batch.extend(overflow.drain(..).map(|record| Queued {
+            record,
+            committed: None,
+        }));
     }
 
     /// Writes a batch. Callers waiting for it hear at once whether the first attempt
@@ -406,10 +437,15 @@ fn append_synced(file: &std::path::Path, text: &str) -> std::io::Result<()> {
     if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)?;
     }
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(file)?;
+    let mut options = std::fs::OpenOptions::new();
+    options.create(true).append(true);
+    // Records carry call parameters: for the server's user only.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    let mut f = options.open(file)?;
     let before = f.metadata()?.len();
     let written = f.write_all(text.as_bytes()).and_then(|()| f.sync_data());
     if written.is_err() {
