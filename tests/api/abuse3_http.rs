@@ -327,6 +327,31 @@ fn temp_dir(name: &str) -> PathBuf {
     dir
 }
 
+/// Finding 3, the other way round: a tool call sent as a notification (no id, so no
+/// outcome could ever be recorded) is refused and never reaches the robot.
+#[tokio::test]
+async fn a_tool_call_without_an_id_never_reaches_the_robot() {
+    let server = TestServer::start().await;
+    let (mut robot, mut program, _) = arp_pair(&server).await;
+    program
+        .send_text(
+            json!({ "jsonrpc": "2.0", "method": "arp.callTool",
+                    "params": { "name": "drive", "arguments": { "linear": 0.3 } } })
+            .to_string(),
+        )
+        .await;
+    let error = tokio::select! {
+        (_, frame, _) = robot_frame(&mut robot) => panic!(
+            "a tool call without an id (never on record with its outcome) reached the robot: {frame}"
+        ),
+        error = program.recv() => error,
+    };
+    assert_eq!(error["id"], Value::Null, "{error}");
+    assert_eq!(error["error"]["code"], -32600, "{error}");
+    robot.expect_nothing_pending().await;
+    server.shutdown().await;
+}
+
 /// Another process's write lock on a SQLite database: an open `BEGIN EXCLUSIVE`.
 async fn lock_sqlite(file: &Path) -> sqlx::SqliteConnection {
     let mut conn = sqlx::SqliteConnection::connect(&format!("sqlite://{}", file.display()))
