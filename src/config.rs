@@ -286,6 +286,16 @@ pub struct Config {
     /// requests, or in its TLS handshake.
     #[arg(long, env = "SIGNALLING_HEADER_READ_TIMEOUT", default_value_t = 10)]
     pub header_read_timeout_secs: u64,
+    /// Seconds a request's body has to arrive whole, counted from the end of its headers
+    /// (slow-body attacks: the API's bodies are small JSON); late, 408 and the connection
+    /// is closed.
+    #[arg(long, env = "SIGNALLING_BODY_READ_TIMEOUT", default_value_t = 10)]
+    pub body_read_timeout_secs: u64,
+    /// Folder for audit records the database would not take (`audit-spill.jsonl`,
+    /// fsync'd JSON lines, loaded back when the database takes writes again). Default: next
+    /// to a SQLite database (`<file>.audit-spill.jsonl`), else `./data`. One per node.
+    #[arg(long, env = "SIGNALLING_AUDIT_SPILL_DIR")]
+    pub audit_spill_dir: Option<std::path::PathBuf>,
     /// Seconds graceful shutdown waits for connections to close.
     #[arg(long, env = "SIGNALLING_SHUTDOWN_GRACE", default_value_t = 5)]
     pub shutdown_grace_secs: u64,
@@ -350,6 +360,36 @@ impl Config {
         open_file_limit().map_or(0, |limit| limit.saturating_sub(64).max(1))
     }
 
+    /// The TCP caps in force: (in all, per source). One source may hold at most a quarter
+    /// of the total, so a single address cannot fill the server when the file limit makes
+    /// the total small. A per-source 0 (behind a load balancer) stays 0.
+    pub fn tcp_connection_limits(&self) -> (usize, usize) {
+        let total = self.tcp_connection_cap();
+        let per_source = self.max_tcp_connections_per_ip;
+        if total == 0 || per_source == 0 {
+            return (total, per_source);
+        }
+        (total, per_source.min((total / 4).max(1)))
+    }
+
+    /// Where audit records the database would not take are spilled.
+    pub fn audit_spill_file(&self) -> std::path::PathBuf {
+        if let Some(dir) = &self.audit_spill_dir {
+            return dir.join("audit-spill.jsonl");
+        }
+        let url = self.database_url();
+        if let Some(rest) = url
+            .strip_prefix("sqlite://")
+            .or_else(|| url.strip_prefix("sqlite:"))
+        {
+            let path = rest.split('?').next().unwrap_or_default();
+            if !path.is_empty() && path != ":memory:" && !rest.contains("mode=memory") {
+                return format!("{path}.audit-spill.jsonl").into();
+            }
+        }
+        std::path::PathBuf::from("data/audit-spill.jsonl")
+    }
+
     pub fn challenge_ttl(&self) -> Duration {
         Duration::from_secs(self.challenge_ttl_secs)
     }
@@ -385,4 +425,42 @@ pub struct SocketLimits {
     pub idle_timeout: Duration,
     /// Longest a batch of writes may make no progress.
     pub write_timeout: Duration,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Config;
+
+    #[test]
+    fn one_source_gets_at_most_a_quarter_of_the_tcp_connections() {
+        let limits = |args: &[&str]| {
+            let mut all = vec!["signalling-server"];
+            all.extend_from_slice(args);
+            Config::from_args(all)
+                .expect("config")
+                .tcp_connection_limits()
+        };
+        // 256 open files: 192 in all, 1,100 asked per source.
+        assert_eq!(limits(&["--max-tcp-connections", "192"]), (192, 48));
+        assert_eq!(
+            limits(&[
+                "--max-tcp-connections",
+                "10000",
+                "--max-tcp-connections-per-ip",
+                "100"
+            ]),
+            (10_000, 100)
+        );
+        // Behind a load balancer: no per-source limit stays none.
+        assert_eq!(
+            limits(&[
+                "--max-tcp-connections",
+                "192",
+                "--max-tcp-connections-per-ip",
+                "0"
+            ]),
+            (192, 0)
+        );
+        assert_eq!(limits(&["--max-tcp-connections", "2"]), (2, 1));
+    }
 }

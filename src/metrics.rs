@@ -71,6 +71,11 @@ pub struct Metrics {
     /// Frames from other nodes dropped because their sender and receiver are not the two
     /// ends of the session they name here (a session id taken over on another node).
     pub cluster_frames_refused: IntCounter,
+    /// Audit records the database could not take, waiting in the spill file (or, when
+    /// that cannot be written either, in memory) to be loaded back; 0 when all is written.
+    pub audit_spilled: IntGauge,
+    /// Tool calls refused because their request could not be put on record first.
+    pub audit_refused_calls: IntCounter,
     relay: Arc<[RelayMetrics]>,
 }
 
@@ -228,6 +233,14 @@ impl Metrics {
             cluster_frames_refused: r.counter(
                 "signalling_cluster_frames_refused_total",
                 "Frames from other nodes dropped: sender and receiver are not the ends of the session they name",
+            ),
+            audit_spilled: r.gauge(
+                "signalling_audit_spilled_records",
+                "Audit records waiting outside the database (spill file or memory) to be loaded back",
+            ),
+            audit_refused_calls: r.counter(
+                "signalling_audit_refused_calls_total",
+                "Tool calls refused because their request could not be committed to the audit log",
             ),
             registry: r.registry,
         }

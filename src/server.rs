@@ -281,7 +281,8 @@ impl Server {
             addr: config.listen,
             source,
         })?;
-        let (audit, audit_writer) = AuditLog::new(store.clone());
+        let (audit, audit_writer) =
+            AuditLog::new(store.clone(), config.audit_spill_file(), metrics.clone());
         tasks.spawn("audit-writer", move |stop| audit_writer.run(stop));
         let state = Arc::new(AppState::new(Components {
             config,
@@ -329,10 +330,18 @@ impl Server {
         };
 
         let header_timeout = Duration::from_secs(state.config.header_read_timeout_secs.max(1));
-        let tcp = LeanAcceptor::new(Admission::new(
-            state.config.tcp_connection_cap(),
-            state.config.max_tcp_connections_per_ip,
-        ));
+        let deadlines = http_serve::Deadlines {
+            header: header_timeout,
+            body: Duration::from_secs(state.config.body_read_timeout_secs.max(1)),
+        };
+        let (max_tcp, max_tcp_per_source) = state.config.tcp_connection_limits();
+        tracing::info!(
+            max_tcp_connections = max_tcp,
+            max_tcp_connections_per_ip = max_tcp_per_source,
+            asked_per_ip = state.config.max_tcp_connections_per_ip,
+            "TCP connection limits (0: none)"
+        );
+        let tcp = LeanAcceptor::new(Admission::new(max_tcp, max_tcp_per_source));
         match (&state.config.tls_cert, &state.config.tls_key) {
             (Some(cert), Some(key)) => {
                 let tls = axum_server::tls_rustls::RustlsConfig::from_pem_file(cert, key)
@@ -342,11 +351,11 @@ impl Server {
                 let acceptor = axum_server::tls_rustls::RustlsAcceptor::new(tls)
                     .handshake_timeout(header_timeout)
                     .acceptor(tcp);
-                http_serve::serve(self.listener, acceptor, app, header_timeout, drain).await;
+                http_serve::serve(self.listener, acceptor, app, deadlines, drain).await;
             }
             _ => {
                 tracing::info!(%addr, node = %state.node_id, "listening");
-                http_serve::serve(self.listener, tcp, app, header_timeout, drain).await;
+                http_serve::serve(self.listener, tcp, app, deadlines, drain).await;
             }
         }
         tasks.stop().await;

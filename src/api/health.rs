@@ -5,7 +5,7 @@ use axum::http::header;
 use axum::response::IntoResponse;
 use axum::Json;
 
-use super::views::{CrlHealth, CrlList, Health};
+use super::views::{AuditHealth, CrlHealth, CrlList, Health};
 use super::ApiError;
 use crate::state::SharedState;
 
@@ -14,6 +14,7 @@ pub async fn healthz() -> Json<Health> {
         status: "ok",
         database: None,
         crl: None,
+        audit: None,
     })
 }
 
@@ -33,11 +34,19 @@ pub async fn readyz(State(state): State<SharedState>) -> Result<Json<Health>, Ap
             ));
         }
     }
+    // Audit records outside the database: reported, not fatal. The node still refuses
+    // every call it cannot put on record, and its emergency stops must stay reachable.
+    let spilled = state.audit.waiting();
+    let audit = (spilled > 0).then_some(AuditHealth {
+        status: "degraded",
+        spilled_records: spilled,
+    });
     match tokio::time::timeout(Duration::from_secs(2), state.store.ping()).await {
         Ok(Ok(())) => Ok(Json(Health {
-            status: "ready",
+            status: if audit.is_some() { "degraded" } else { "ready" },
             database: Some(state.store.backend()),
             crl: state.config.crl.is_some().then(|| crl_detail(&state)),
+            audit,
         })),
         Ok(Err(e)) => Err(ApiError::Unavailable(format!("database: {e}"))),
         Err(_) => Err(ApiError::Unavailable(

@@ -224,6 +224,17 @@ pub struct Health {
     /// Freshness of the loaded CRLs, when `--crl` is set (a stale CRL shows here).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub crl: Option<CrlHealth>,
+    /// Audit records the database would not take, when there are any (`degraded`: they
+    /// wait in the spill file or memory to be loaded back).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub audit: Option<AuditHealth>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AuditHealth {
+    pub status: &'static str,
+    pub spilled_records: usize,
 }
 
 #[derive(Serialize)]

@@ -391,6 +391,32 @@ impl Gateway {
             self.out.push(refusal.to_string());
             return None;
         }
+        // A tool call runs only once its request is committed to the audit log. One sent as
+        // a notification (no id) could have no outcome on record: never forwarded.
+        if method == method::CALL_TOOL && id.is_none() {
+            let error = rules::error(
+                &Value::Null,
+                ArpCode::InvalidRequest,
+                "arp.callTool needs an id: a call is put on record with its outcome",
+                None,
+            );
+            self.out.push(error.to_string());
+            return None;
+        }
+        let key = id_or_null.to_string();
+        if let Some(record) = self.pending.get(&key).and_then(|p| p.record.clone()) {
+            if !self.state.audit.record_committed(record).await {
+                self.pending.remove(&key);
+                self.state.metrics.audit_refused_calls.inc();
+                let refusal = rules::internal(
+                    &id_or_null,
+                    "audit_unavailable",
+                    "the call cannot be put on record now; try again",
+                );
+                self.out.push(refusal.to_string());
+                return None;
+            }
+        }
         self.forward(value)
     }
 

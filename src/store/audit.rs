@@ -1,13 +1,28 @@
 //! The audit log: every ARP tool call through the gateway, every emergency stop and reset,
 //! every takeover. Appended in batches by one writer per node; the API only reads it.
+//!
+//! Nothing runs that is not on record: a tool call's request is committed (with the batch
+//! it joined, group commit) before the gateway forwards it, or the call is refused. Records
+//! that nobody waits for (a call's outcome, an emergency stop) are never dropped: when the
+//! database refuses them after retries they go to an append-only spill file (JSON lines,
+//! fsync'd) and are loaded back once the database takes writes again; when even the file
+//! cannot be written they wait in memory. Meanwhile `/readyz` says `degraded` and
+//! `signalling_audit_spilled_records` counts them. Writes are upserts on the record's id,
+//! so a call's outcome replaces its request, and loading a spill twice changes nothing.
 
+use std::collections::HashSet;
 use std::fmt::Write;
+use std::io::{BufRead, Write as _};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde::Serialize;
-use tokio::sync::mpsc;
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, oneshot};
 
 use super::{Store, StoreError};
+use crate::metrics::Metrics;
 use crate::shutdown::StopSignal;
 
 /// Records waiting for the writer; past this, new tool calls are refused (nothing is done
@@ -15,11 +30,21 @@ use crate::shutdown::StopSignal;
 const QUEUE: usize = 4096;
 /// Most records written in one transaction.
 const BATCH: usize = 256;
+/// Longest one attempt at writing a batch may take: a call waits this long at most for its
+/// request to be on record, and a database that hangs (locked, unreachable) is given up
+/// on in bounded time.
+const ATTEMPT: Duration = Duration::from_secs(1);
+/// Pauses before the retries of a batch that failed, before it is spilled.
+const RETRY_PAUSES: [Duration; 2] = [Duration::from_millis(100), Duration::from_millis(300)];
+/// How often spilled records are offered to the database again.
+const RELOAD_EVERY: Duration = Duration::from_secs(1);
+/// Most records kept in memory when neither the database nor the spill file takes them.
+const MAX_HELD: usize = 100_000;
 
 /// Most bytes of a call's parameters kept in its record (cut at a character boundary).
 pub const MAX_PARAMS_BYTES: usize = 4096;
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AuditRecord {
     pub id: String,
@@ -36,8 +61,9 @@ pub struct AuditRecord {
     /// The call's parameters as JSON text, at most [`MAX_PARAMS_BYTES`].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub params: Option<String>,
-    /// `completed`, `cancelled`, `failed`, `refused` (by the gateway), `unanswered`
-    /// (the connection ended first).
+    /// `pending` (forwarded to the robot, no answer recorded yet), `completed`,
+    /// `cancelled`, `failed`, `refused` (by the gateway, also when the call could not be
+    /// put on record), `unanswered` (the connection ended first).
     pub outcome: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error_code: Option<i64>,
@@ -76,23 +102,57 @@ pub fn bounded(text: &str, max: usize) -> String {
     text[..end].to_string()
 }
 
+/// A record for the writer, and the caller waiting for its commit, if any.
+struct Queued {
+    record: AuditRecord,
+    committed: Option<oneshot::Sender<bool>>,
+}
+
 /// The node's way into the audit log: a bounded queue in front of one writer task that
 /// appends whatever has piled up in one transaction.
 #[derive(Clone)]
 pub struct AuditLog {
-    queue: mpsc::Sender<AuditRecord>,
+    queue: mpsc::Sender<Queued>,
+    /// Records nobody waits for that found the queue full: the writer takes them with its
+    /// next batch (a full queue means it has one to take), so they are not dropped.
+    overflow: Arc<Mutex<Vec<AuditRecord>>>,
+    /// Records outside the database (spill file and memory), as the writer counts them.
+    waiting: Arc<AtomicUsize>,
 }
 
 /// The writer's side, run by the node's tasks ([`AuditWriter::run`]).
 pub struct AuditWriter {
     store: Store,
-    queue: mpsc::Receiver<AuditRecord>,
+    queue: mpsc::Receiver<Queued>,
+    overflow: Arc<Mutex<Vec<AuditRecord>>>,
+    spill: Spill,
+    waiting: Arc<AtomicUsize>,
+    metrics: Metrics,
 }
 
 impl AuditLog {
-    pub fn new(store: Store) -> (AuditLog, AuditWriter) {
+    /// The log and its writer; records the database refuses go to `spill_file`.
+    pub fn new(store: Store, spill_file: PathBuf, metrics: Metrics) -> (AuditLog, AuditWriter) {
         let (tx, rx) = mpsc::channel(QUEUE);
-        (AuditLog { queue: tx }, AuditWriter { store, queue: rx })
+        let spill = Spill::open(spill_file);
+        let waiting = Arc::new(AtomicUsize::new(spill.waiting()));
+        metrics.audit_spilled.set(spill.waiting() as i64);
+        let overflow = Arc::new(Mutex::new(Vec::new()));
+        (
+            AuditLog {
+                queue: tx,
+                overflow: overflow.clone(),
+                waiting: waiting.clone(),
+            },
+            AuditWriter {
+                store,
+                queue: rx,
+                overflow,
+                spill,
+                waiting,
+                metrics,
+            },
+        )
     }
 
     /// Whether a record can be taken now: a caller that cannot be recorded is refused.
@@ -100,67 +160,339 @@ impl AuditLog {
         self.queue.capacity() > 0
     }
 
-    /// Queues a record; false (and logged) when the queue is full or the writer is gone.
+    /// Queues a record that nobody waits for (an outcome, an emergency stop): the writer
+    /// retries and spills it rather than drop it; past a full queue it waits beside it.
+    /// False (and logged) only when even that is full or the writer is gone.
     pub fn record(&self, record: AuditRecord) -> bool {
-        match self.queue.try_send(record) {
+        let queued = Queued {
+            record,
+            committed: None,
+        };
+        match self.queue.try_send(queued) {
             Ok(()) => true,
-            Err(e) => {
-                tracing::error!(error = %e, "audit record lost: the audit queue is full");
+            Err(mpsc::error::TrySendError::Full(queued)) => {
+                let mut overflow = self.overflow.lock().unwrap_or_else(|p| p.into_inner());
+                if overflow.len() < MAX_HELD {
+                    overflow.push(queued.record);
+                    return true;
+                }
+                tracing::error!("audit record lost: the audit queue and its overflow are full");
+                false
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                tracing::error!("audit record lost: the audit writer is gone");
                 false
             }
         }
     }
+
+    /// Queues a record and waits until the batch it joined is committed: true once it is
+    /// in the database. False when it is not (database refused it, queue full, writer
+    /// gone): the caller must not act on it. Such a record is still written later, with
+    /// outcome `refused`.
+    pub async fn record_committed(&self, record: AuditRecord) -> bool {
+        let (committed, done) = oneshot::channel();
+        let queued = Queued {
+            record,
+            committed: Some(committed),
+        };
+        if self.queue.try_send(queued).is_err() {
+            return false;
+        }
+        done.await.unwrap_or(false)
+    }
+
+    /// Records outside the database, waiting to be loaded back; 0 when all is written.
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Relaxed)
+    }
 }
 
 impl AuditWriter {
-    /// Writes queued records until stopped; what is queued at the stop is still written.
+    /// Writes queued records until stopped; what is queued at the stop is still written
+    /// (or spilled).
     pub async fn run(mut self, mut stop: StopSignal) {
         let mut batch = Vec::with_capacity(BATCH);
+        let mut next_reload = tokio::time::Instant::now() + RELOAD_EVERY;
         loop {
+            // Records first: a call waiting for its request to be on record must not wait
+            // behind reloads of the spill (each may take an attempt's whole deadline).
             tokio::select! {
+                biased;
+                _ = stop.stopped() => {
+                    while let Ok(queued) = self.queue.try_recv() {
+                        batch.push(queued);
+                    }
+                    self.take_overflow(&mut batch);
+                    self.write(&mut batch).await;
+                    return;
+                }
                 n = self.queue.recv_many(&mut batch, BATCH) => {
                     if n == 0 {
                         return;
                     }
-                }
-                _ = stop.stopped() => {
-                    while let Ok(record) = self.queue.try_recv() {
-                        batch.push(record);
-                    }
+                    self.take_overflow(&mut batch);
                     self.write(&mut batch).await;
-                    return;
                 }
+                _ = tokio::time::sleep_until(next_reload), if self.spill.waiting() > 0 => {}
             }
-            self.write(&mut batch).await;
+            // Under a steady stream of records the reload still gets its turn.
+            if self.spill.waiting() > 0 && tokio::time::Instant::now() >= next_reload {
+                self.reload().await;
+                next_reload = tokio::time::Instant::now() + RELOAD_EVERY;
+            }
         }
     }
 
-    /// Writes a batch, trying again a few times: a record is dropped only after the
-    /// database refused it repeatedly (and that is logged).
-    async fn write(&self, batch: &mut Vec<AuditRecord>) {
-        for attempt in 0..5u32 {
-            match self.store.append_audit(batch).await {
-                Ok(()) => break,
-                Err(e) if attempt < 4 => {
-                    tracing::warn!(error = %e, records = batch.len(), "cannot write audit records; retrying");
-                    tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
-                }
+    fn take_overflow(&self, batch: &mut Vec<Queued>) {
+        let mut overflow = self.overflow.lock().unwrap_or_else(|p| p.into_inner());
+        batch.extend(overflow.drain(..).map(|record| Queued {
+            record,
+            committed: None,
+        }));
+    }
+
+    /// Writes a batch. Callers waiting for it hear at once whether the first attempt
+    /// committed; when it did not, their records become `refused` (their calls do not
+    /// run) and the batch is retried, then spilled.
+    async fn write(&mut self, batch: &mut Vec<Queued>) {
+        let mut records = Vec::with_capacity(batch.len());
+        let mut waiters = Vec::with_capacity(batch.len());
+        for queued in batch.drain(..) {
+            records.push(queued.record);
+            waiters.push(queued.committed);
+        }
+        let first = self.attempt(&records).await;
+        let Err(e) = first else {
+            for waiter in waiters.into_iter().flatten() {
+                let _ = waiter.send(true);
+            }
+            return;
+        };
+        tracing::warn!(error = %e, records = records.len(), "cannot write audit records; retrying");
+        for (record, waiter) in records.iter_mut().zip(waiters) {
+            if let Some(waiter) = waiter {
+                record.outcome = "refused".into();
+                let _ = waiter.send(false);
+            }
+        }
+        for pause in RETRY_PAUSES {
+            tokio::time::sleep(pause).await;
+            match self.attempt(&records).await {
+                Ok(()) => return,
                 Err(e) => {
-                    tracing::error!(error = %e, records = batch.len(), "audit records lost")
+                    tracing::warn!(error = %e, records = records.len(), "cannot write audit records")
                 }
             }
         }
-        batch.clear();
+        self.spill.hold(records).await;
+        self.counted();
     }
+
+    /// One try at writing `records`, within [`ATTEMPT`].
+    async fn attempt(&self, records: &[AuditRecord]) -> Result<(), String> {
+        match tokio::time::timeout(ATTEMPT, self.store.append_audit(records)).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!("no commit within {ATTEMPT:?}")),
+        }
+    }
+
+    /// Offers the spilled records to the database again; the spill is emptied once all
+    /// are in.
+    async fn reload(&mut self) {
+        let records = self.spill.all().await;
+        for chunk in records.chunks(BATCH * 4) {
+            if let Err(e) = self.attempt(chunk).await {
+                // Left where they are for the next try; those only in memory get another
+                // chance at the file.
+                tracing::debug!(error = %e, "spilled audit records not loaded back yet");
+                if !self.spill.held.is_empty() {
+                    self.spill.hold(Vec::new()).await;
+                    self.counted();
+                }
+                return;
+            }
+        }
+        self.spill.clear().await;
+        self.counted();
+        tracing::info!(
+            records = records.len(),
+            "audit records loaded back into the database"
+        );
+    }
+
+    fn counted(&self) {
+        let waiting = self.spill.waiting();
+        self.waiting.store(waiting, Ordering::Relaxed);
+        self.metrics.audit_spilled.set(waiting as i64);
+    }
+}
+
+/// Where records go that the database would not take: the spill file, and memory while
+/// the file cannot be written either.
+struct Spill {
+    file: PathBuf,
+    /// Records in the file.
+    on_file: usize,
+    /// Records neither the database nor the file took.
+    held: Vec<AuditRecord>,
+}
+
+impl Spill {
+    /// The spill at `file`, counting what an earlier run left in it.
+    fn open(file: PathBuf) -> Spill {
+        let on_file = std::fs::File::open(&file)
+            .map(|f| std::io::BufReader::new(f).lines().count())
+            .unwrap_or(0);
+        if on_file > 0 {
+            tracing::warn!(records = on_file, file = %file.display(), "audit records spilled by an earlier run; loading them back");
+        }
+        Spill {
+            file,
+            on_file,
+            held: Vec::new(),
+        }
+    }
+
+    fn waiting(&self) -> usize {
+        self.on_file + self.held.len()
+    }
+
+    /// Takes `records` out of the database's way: appended to the file (fsync'd), or
+    /// held in memory when that fails.
+    async fn hold(&mut self, records: Vec<AuditRecord>) {
+        self.held.extend(records);
+        if self.held.len() > MAX_HELD {
+            let lost = self.held.len() - MAX_HELD;
+            self.held.drain(..lost);
+            tracing::error!(
+                records = lost,
+                "audit records lost: neither the database nor the spill file takes them"
+            );
+        }
+        let mut text = String::new();
+        for record in &self.held {
+            // An AuditRecord always serializes.
+            if let Ok(line) = serde_json::to_string(record) {
+                text.push_str(&line);
+                text.push('\n');
+            }
+        }
+        let file = self.file.clone();
+        match tokio::task::spawn_blocking(move || append_synced(&file, &text)).await {
+            Ok(Ok(())) => {
+                tracing::error!(
+                    records = self.held.len(),
+                    file = %self.file.display(),
+                    "the database refuses audit records: spilled to the file, to be loaded back"
+                );
+                self.on_file += self.held.len();
+                self.held.clear();
+            }
+            Ok(Err(e)) => tracing::error!(
+                error = %e,
+                records = self.held.len(),
+                file = %self.file.display(),
+                "cannot spill audit records either: held in memory"
+            ),
+            Err(e) => tracing::error!(error = %e, "audit spill task failed"),
+        }
+    }
+
+    /// Every waiting record: the file's, then memory's.
+    async fn all(&self) -> Vec<AuditRecord> {
+        let file = self.file.clone();
+        let mut records = tokio::task::spawn_blocking(move || read_spill(&file))
+            .await
+            .unwrap_or_default();
+        records.extend(self.held.iter().cloned());
+        records
+    }
+
+    /// Everything waiting is in the database: the file is emptied.
+    async fn clear(&mut self) {
+        if self.on_file > 0 {
+            let file = self.file.clone();
+            let emptied = tokio::task::spawn_blocking(move || {
+                let f = std::fs::OpenOptions::new().write(true).open(&file)?;
+                f.set_len(0)?;
+                f.sync_all()
+            })
+            .await;
+            if !matches!(emptied, Ok(Ok(()))) {
+                // Left as it is: loading it again later is harmless (upserts).
+                tracing::warn!(file = %self.file.display(), "cannot empty the audit spill file");
+                return;
+            }
+        }
+        self.on_file = 0;
+        self.held.clear();
+    }
+}
+
+/// Appends `text` to `file` and syncs it; on failure the file is cut back to where it
+/// was, so no torn line stays behind.
+fn append_synced(file: &std::path::Path, text: &str) -> std::io::Result<()> {
+    if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    let mut options = std::fs::OpenOptions::new();
+    options.create(true).append(true);
+    // Records carry call parameters: for the server's user only.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    let mut f = options.open(file)?;
+    let before = f.metadata()?.len();
+    let written = f.write_all(text.as_bytes()).and_then(|()| f.sync_data());
+    if written.is_err() {
+        let _ = f.set_len(before);
+    }
+    written
+}
+
+/// The spill file's records; a line that does not parse (cut by a crash mid-write) is
+/// logged and skipped.
+fn read_spill(file: &std::path::Path) -> Vec<AuditRecord> {
+    let Ok(f) = std::fs::File::open(file) else {
+        return Vec::new();
+    };
+    let mut records = Vec::new();
+    for line in std::io::BufReader::new(f).lines() {
+        let Ok(line) = line else { break };
+        match serde_json::from_str(&line) {
+            Ok(record) => records.push(record),
+            Err(e) => tracing::warn!(error = %e, "unreadable line in the audit spill file"),
+        }
+    }
+    records
+}
+
+/// The last of each id's records, in order (a batch may carry a record twice: a spill
+/// loaded back beside the same records held in memory).
+fn latest_per_id(records: &[AuditRecord]) -> Vec<&AuditRecord> {
+    let mut seen = HashSet::with_capacity(records.len());
+    let mut latest: Vec<&AuditRecord> = records
+        .iter()
+        .rev()
+        .filter(|r| seen.insert(r.id.as_str()))
+        .collect();
+    latest.reverse();
+    latest
 }
 
 impl Store {
     /// Appends records in one statement per [`BATCH`] records: one round trip for a
     /// batch, where a statement per record made PostgreSQL the gateway's limit (about
     /// 7,500 records/s, docs/benchmarks.md, "ARP through the gateway").
+    /// An id already on record is updated (a call's outcome after its request).
     pub async fn append_audit(&self, records: &[AuditRecord]) -> Result<(), StoreError> {
+        let latest = latest_per_id(records);
         let mut tx = self.writer.begin().await?;
-        for chunk in records.chunks(BATCH) {
+        for chunk in latest.chunks(BATCH) {
             let sql = insert_rows(chunk.len());
             let mut query = sqlx::query(&sql);
             for r in chunk {
@@ -245,6 +577,11 @@ fn insert_rows(rows: usize) -> String {
         }
         sql.push(')');
     }
+    sql.push_str(
+        " ON CONFLICT (id) DO UPDATE SET outcome = excluded.outcome, \
+         error_code = excluded.error_code, duration_ms = excluded.duration_ms, \
+         confirmed_by = excluded.confirmed_by",
+    );
     sql
 }
 
@@ -296,6 +633,37 @@ mod tests {
             .expect("read");
         let _ = std::fs::remove_file(&file);
         assert_eq!(read, records);
+    }
+
+    #[tokio::test]
+    async fn an_outcome_replaces_its_request_and_a_repeat_changes_nothing() {
+        let file = std::env::temp_dir().join(format!("audit-{}.db", uuid::Uuid::new_v4()));
+        let store = Store::connect(&format!("sqlite://{}", file.display()))
+            .await
+            .expect("store");
+        let mut request = record(1);
+        request.outcome = "pending".into();
+        store.append_audit(&[request]).await.expect("request");
+        let outcome = record(1);
+        // Twice in one batch (a spill loaded back beside memory), then once more.
+        store
+            .append_audit(&[outcome.clone(), outcome.clone()])
+            .await
+            .expect("outcome");
+        store
+            .append_audit(std::slice::from_ref(&outcome))
+            .await
+            .expect("again");
+        let read = store
+            .audit(&AuditQuery {
+                robot_id: "robot-1".into(),
+                limit: 10,
+                ..AuditQuery::default()
+            })
+            .await
+            .expect("read");
+        let _ = std::fs::remove_file(&file);
+        assert_eq!(read, vec![outcome]);
     }
 
     #[test]

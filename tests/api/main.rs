@@ -6,6 +6,7 @@ mod helpers;
 mod abuse;
 mod abuse2;
 mod abuse3;
+mod abuse3_http;
 mod admin_api;
 mod arp_gateway;
 mod client_auth;
