@@ -27,7 +27,7 @@ pub struct Answered {
     pub confirmed_by: String,
 }
 
-/// Requests for approval waiting on the robots the caller may drive, oldest first.
+/// Requests for approval waiting on the robots the caller owns, oldest first.
 #[utoipa::path(get, path = "/v1/confirmations", tag = "me", security(("client" = [])),
     responses((status = 200, body = Vec<Confirmation>), super::error::CommonErrors))]
 pub async fn list(
@@ -43,8 +43,7 @@ pub async fn list(
     ))
 }
 
-/// Approves or denies a request (operators and owners of its robot, never the program
-/// that asked). 409 once answered or expired.
+/// Approves or denies a request (owners of its robot, never the program that asked). 409 once answered or expired.
 #[utoipa::path(post, path = "/v1/confirmations/{id}", tag = "me", security(("client" = [])),
     params(("id" = String, Path, description = "confirmation id")),
     request_body = Answer,
@@ -60,9 +59,11 @@ pub async fn answer(
         return Err(ApiError::NotFound(format!("no confirmation {id}")));
     };
     let role = state.store.grant(&request.robot_id, &who.subject).await?;
-    if !role.is_some_and(|role| role.may_drive()) {
+    // A critical call waits for a person who owns the robot: an operator (whose own
+    // program may be the one asking) approves nothing (issue 41).
+    if !matches!(role, Some(crate::store::Role::Owner)) {
         return Err(ApiError::Forbidden(format!(
-            "only operators and owners of robot {} answer its confirmations",
+            "only owners of robot {} answer its confirmations",
             request.robot_id
         )));
     }

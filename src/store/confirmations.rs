@@ -73,15 +73,15 @@ impl Store {
         .await?)
     }
 
-    /// Undecided, unexpired confirmations of the robots `subject` may drive (operator or
-    /// owner): what the console shows that person.
+    /// Undecided, unexpired confirmations of the robots `subject` owns: what the console
+    /// shows that person (owners answer them).
     pub async fn open_confirmations_for(
         &self,
         subject: &str,
         now: i64,
     ) -> Result<Vec<Confirmation>, StoreError> {
         Ok(sqlx::query_as(
-            "SELECT c.id, c.robot_id, c.session_id, c.requested_by, c.action, c.tool,              c.arguments, c.safety_level, c.created_at, c.expires_at              FROM confirmations c JOIN grants g ON g.robot_id = c.robot_id              WHERE g.subject = $1 AND g.role IN ('operator', 'owner')              AND c.decided_at IS NULL AND c.expires_at > $2 ORDER BY c.created_at, c.id",
+            "SELECT c.id, c.robot_id, c.session_id, c.requested_by, c.action, c.tool,              c.arguments, c.safety_level, c.created_at, c.expires_at              FROM confirmations c JOIN grants g ON g.robot_id = c.robot_id              WHERE g.subject = $1 AND g.role = 'owner'              AND c.decided_at IS NULL AND c.expires_at > $2 ORDER BY c.created_at, c.id",
         )
         .bind(subject)
         .bind(now)

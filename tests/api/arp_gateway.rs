@@ -674,15 +674,24 @@ async fn people_approve_what_the_robot_marks_critical_and_the_first_answer_wins(
             .0,
         403
     );
+    // An operator is no one to approve a critical call (the robot's owners are).
+    assert_eq!(
+        as_client(&server, &bob, post.clone(), &path, yes.clone())
+            .await
+            .0,
+        403
+    );
     let (status, answered) = as_client(&server, &alice, post.clone(), &path, yes.clone()).await;
     assert_eq!(
         (status, &answered["confirmedBy"]),
         (200, &json!("alice")),
         "{answered}"
     );
-    // Bob is second: too late.
+    // Olga, another owner, is second: too late.
+    server.grant("robot-1", "olga", "owner").await;
+    let olga = server.client_token("olga").await;
     let no = Some(json!({ "confirmed": false }));
-    assert_eq!(as_client(&server, &bob, post, &path, no).await.0, 409);
+    assert_eq!(as_client(&server, &olga, post, &path, no).await.0, 409);
     let (_, reply, _) = robot_frame(&mut robot).await;
     assert_eq!(reply["id"], "confirm-1");
     assert_eq!(reply["result"]["confirmed"], true);
@@ -721,7 +730,7 @@ async fn a_person_denies_and_the_robot_hears_no() {
     let server = TestServer::start().await;
     let mut robot = arp_robot(&server, "robot-1").await;
     let (_program, connection) = initialized(&server, &mut robot, "planner", "operator").await;
-    server.grant("robot-1", "alice", "operator").await;
+    server.grant("robot-1", "alice", "owner").await;
     let alice = server.client_token("alice").await;
     let ask = json!({ "jsonrpc": "2.0", "id": 7, "method": "arp.requestConfirmation",
         "params": { "action": "drive", "safetyLevel": "elevated",

@@ -1,6 +1,6 @@
 // Requests for approval: when a robot asks a person before it runs a tool and the program
 // that called did not say it answers these itself, the ARP gateway puts the request before
-// the robot's operators and owners (GET /v1/confirmations). While a client is signed in this
+// the robot's owners (GET /v1/confirmations). While a client is signed in this
 // panel asks every second — one request at a time, slower after failures — and shows each
 // request with what it would do, who asked, a countdown, and Approve / Deny.
 import { $, h, api, request, auth, prettyJson } from '/console/ui.js';
