@@ -1,8 +1,10 @@
 // Builds dist/: the minified ES module (esbuild) and its type declarations (tsc, which
-// also type-checks). `--check` builds into a scratch folder and fails when the committed
-// dist/ differs: the server embeds dist/signalling-client.js, so it must match src/.
+// also type-checks). `--check` fails when the committed dist/ differs: the server embeds
+// dist/signalling-client.js, so it must match src/. Both build into a scratch folder; a
+// build copies only what changed into dist/, so an unchanged file keeps its time and cargo
+// does not rebuild the server (which embeds it) after every `npm test`.
 import { execFileSync } from 'node:child_process';
-import { mkdtempSync, readFileSync, rmSync, existsSync } from 'node:fs';
+import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, dirname } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -11,7 +13,7 @@ import { build } from 'esbuild';
 
 const here = dirname(fileURLToPath(import.meta.url));
 const check = process.argv.includes('--check');
-const out = check ? mkdtempSync(join(tmpdir(), 'sdk-dist-')) : join(here, 'dist');
+const out = mkdtempSync(join(tmpdir(), 'sdk-dist-'));
 const files = ['signalling-client.js', 'signalling-client.d.ts'];
 
 execFileSync(join(here, 'node_modules', '.bin', 'tsc'), ['-p', join(here, 'tsconfig.json'), '--outDir', out], { stdio: 'inherit' });
@@ -29,16 +31,20 @@ await build({
 const js = readFileSync(join(out, 'signalling-client.js'));
 console.log(`signalling-client.js: ${js.length} bytes minified, ${gzipSync(js).length} bytes gzipped`);
 
+const dist = join(here, 'dist');
+const differs = (f) =>
+  !existsSync(join(dist, f)) || !readFileSync(join(dist, f)).equals(readFileSync(join(out, f)));
 if (check) {
   let stale = false;
-  for (const f of files) {
-    const committed = join(here, 'dist', f);
-    if (!existsSync(committed) || !readFileSync(committed).equals(readFileSync(join(out, f)))) {
-      console.error(`clients/js/dist/${f} is out of date: run \`npm run build\` in clients/js and commit it`);
-      stale = true;
-    }
+  for (const f of files.filter(differs)) {
+    console.error(`clients/js/dist/${f} is out of date: run \`npm run build\` in clients/js and commit it`);
+    stale = true;
   }
   rmSync(out, { recursive: true, force: true });
   if (stale) process.exit(1);
   console.log('dist/ matches src/');
+} else {
+  mkdirSync(dist, { recursive: true });
+  for (const f of files.filter(differs)) copyFileSync(join(out, f), join(dist, f));
+  rmSync(out, { recursive: true, force: true });
 }
