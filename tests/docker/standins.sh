@@ -114,7 +114,8 @@ RUN printf 'version = "12"\\ndefault_toolchain = "%s"\\nprofile = "minimal"\\nau
 LABEL $STANDIN_LABEL=$inputs
 EOF
     # -h: the toolchain goes in as files; its documentation (most of its size) stays out.
+    # Host network: CI may make the stand-ins early with a daemon that has no bridge.
     tar -C "$context" -ch --exclude=toolchain/share/doc . |
-        DOCKER_BUILDKIT=0 docker build -q -t "$image" - >/dev/null
+        DOCKER_BUILDKIT=0 docker build -q --network host -t "$image" - >/dev/null
     rm -rf "$context"
 }
