@@ -85,11 +85,15 @@ async fn run(mut end: DriverEnd, config: SimConfig, probe: SimProbe) {
     }
     let mut tick = tokio::time::interval(config.step);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let dt = config.step.as_secs_f64();
+    // The pose advances by the time that really passed at the velocity that held, up to each
+    // tick and each command: on a busy machine ticks come late or are skipped, and a fixed
+    // step per tick would make a two-second drive cover less than two seconds' distance.
+    let mut moved_until = tokio::time::Instant::now();
     loop {
         tokio::select! {
             command = end.commands.recv() => {
                 let Some(command) = command else { return };
+                advance(&mut state, &mut moved_until, config.step);
                 match command {
                     DriverCommand::Move { linear, angular } => {
                         state.linear = linear;
@@ -121,6 +125,7 @@ async fn run(mut end: DriverEnd, config: SimConfig, probe: SimProbe) {
                 }
             }
             _ = tick.tick() => {
+                advance(&mut state, &mut moved_until, config.step);
                 if let Some(g) = &goal {
                     if let Some((linear, angular)) = steer(&state, g, &config) {
                         state.linear = linear;
@@ -140,7 +145,6 @@ async fn run(mut end: DriverEnd, config: SimConfig, probe: SimProbe) {
                         }
                     }
                 }
-                integrate(&mut state, dt);
             }
         }
         state.goal = goal.as_ref().map(|g| g.name.clone());
@@ -182,6 +186,22 @@ fn steer(state: &SimState, goal: &Goal, config: &SimConfig) -> Option<(f64, f64)
         }
     }
     None
+}
+
+/// Moves the robot from `moved_until` to now at its current velocity, in steps of at most
+/// `step` (the arc of a turn stays close to the true one).
+fn advance(state: &mut SimState, moved_until: &mut tokio::time::Instant, step: Duration) {
+    let now = tokio::time::Instant::now();
+    let mut left = now.saturating_duration_since(*moved_until);
+    *moved_until = now;
+    if state.linear == 0.0 && state.angular == 0.0 {
+        return;
+    }
+    while !left.is_zero() {
+        let dt = left.min(step);
+        integrate(state, dt.as_secs_f64());
+        left -= dt;
+    }
 }
 
 fn integrate(state: &mut SimState, dt: f64) {
