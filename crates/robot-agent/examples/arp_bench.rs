@@ -157,8 +157,8 @@ async fn agent() -> (String, mpsc::Receiver<Instant>) {
     (url, stops)
 }
 
-/// 1. Tool-call round trip: callTool list_locations, sequential; the
-/// message budget (100/s sustained) paces it, so pause between calls.
+/// Part 1, the tool-call round trip: callTool list_locations, sequential;
+/// the message budget (100/s sustained) paces it, so pause between calls.
 async fn round_trip(op: &mut Client, round_trips: usize) {
     let mut rtt = Vec::with_capacity(round_trips);
     for i in 0..round_trips + 50 {
@@ -182,7 +182,7 @@ async fn round_trip(op: &mut Client, round_trips: usize) {
     );
 }
 
-/// 2. E-stop: a viewer's arp.emergencyStop mid-drive → the driver's Stop.
+/// Part 2, the e-stop: a viewer's arp.emergencyStop mid-drive → the driver's Stop.
 async fn estop(op: &mut Client, viewer: &mut Client, stops: &mut mpsc::Receiver<Instant>) {
     let mut estop = Vec::new();
     for _ in 0..200 {
@@ -214,7 +214,7 @@ async fn estop(op: &mut Client, viewer: &mut Client, stops: &mut mpsc::Receiver<
     );
 }
 
-/// 3. Context jitter: odometry at maxRate 10, inter-arrival times.
+/// Part 3, context jitter: odometry at maxRate 10, inter-arrival times.
 async fn context_jitter(url: &str) {
     let mut ctx = Client::connect(url, "view").await;
     ctx.call(

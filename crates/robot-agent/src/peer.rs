@@ -716,7 +716,7 @@ impl PeerManager {
         let (session, generation) = event.target();
         let session = session.to_owned();
         let current = self.sessions.get(&session);
-        if !current.is_some_and(|p| p.generation == generation) {
+        if current.is_none_or(|p| p.generation != generation) {
             return; // a late callback of a peer that is gone
         }
         match event {

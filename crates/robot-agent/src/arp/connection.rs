@@ -275,7 +275,7 @@ enum Frame {
 impl Frame {
     /// Sorts a message; what breaks JSON-RPC is the error to answer, with
     /// the id to answer it under.
-    fn sort(mut message: Map<String, Value>) -> Result<Frame, (Value, ArpError)> {
+    fn sort(mut message: Map<String, Value>) -> Result<Frame, Box<(Value, ArpError)>> {
         let id = message.remove("id");
         let id_ok = matches!(&id, None | Some(Value::String(_)))
             || id.as_ref().is_some_and(|v| v.is_i64() || v.is_u64());
@@ -284,7 +284,12 @@ impl Frame {
         } else {
             Value::Null
         };
-        let invalid = |why: &str| Err((reply_id.clone(), ArpError::InvalidRequest(why.to_owned())));
+        let invalid = |why: &str| {
+            Err(Box::new((
+                reply_id.clone(),
+                ArpError::InvalidRequest(why.to_owned()),
+            )))
+        };
         if !id_ok {
             return invalid("id must be a string or an integer");
         }
@@ -311,7 +316,7 @@ impl Frame {
                     field: Some("params".into()),
                     message: "params must be an object".into(),
                 };
-                return Err((reply_id, e));
+                return Err(Box::new((reply_id, e)));
             }
         };
         Ok(match id {
@@ -338,10 +343,13 @@ impl Conn {
             return;
         }
         let sorted = json_object(text)
-            .map_err(|e| (Value::Null, e))
+            .map_err(|e| Box::new((Value::Null, e)))
             .and_then(Frame::sort);
         match sorted {
-            Err((reply_id, e)) => self.link.send(error_response(&reply_id, &e, None)).await,
+            Err(refused) => {
+                let (reply_id, e) = *refused;
+                self.link.send(error_response(&reply_id, &e, None)).await
+            }
             Ok(Frame::Request { id, method, params }) => {
                 match self.request(&id, &method, &params).await {
                     Ok(Some(result)) => self.link.send(response(&id, result)).await,
