@@ -121,12 +121,8 @@ impl Relay<'_> {
             }
             let key = jsonrpc::id_key(&id);
             if !self.pending.contains_key(&key) && self.pending.len() >= MAX_PENDING {
-                let e = jsonrpc::error(
-                    &id,
-                    INTERNAL_ERROR,
-                    "too many requests awaiting the robot's answer",
-                    Some(json!({ "limit": MAX_PENDING })),
-                );
+                let what = "too many requests awaiting the robot's answer";
+                let e = jsonrpc::over_limit(&id, what, MAX_PENDING);
                 emit(self.out, e).await;
                 return;
             }

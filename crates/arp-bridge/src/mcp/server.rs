@@ -14,9 +14,7 @@ use super::robot::{Robot, RobotError};
 use super::tools::{resources_list, resources_read, tools_call, tools_list};
 use crate::config::{Config, Exit};
 use crate::intake::{Input, Intake};
-use crate::jsonrpc::{
-    self, Message, INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND,
-};
+use crate::jsonrpc::{self, Message, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND};
 use crate::parent::{emit, not_ready, ready_params, CLOSED, DESCRIBE, READY, VERSION};
 use crate::ws::{self, FromRobot, Link};
 
@@ -271,12 +269,7 @@ impl Server<'_> {
     /// [`MAX_IN_FLIGHT`]: the loop keeps reading both sides meanwhile.
     async fn spawn(&mut self, id: Value, method: String, params: Map<String, Value>) {
         let Ok(permit) = self.slots.clone().try_acquire_owned() else {
-            let e = jsonrpc::error(
-                &id,
-                INTERNAL_ERROR,
-                "too many requests in flight",
-                Some(json!({ "limit": MAX_IN_FLIGHT })),
-            );
+            let e = jsonrpc::over_limit(&id, "too many requests in flight", MAX_IN_FLIGHT);
             emit(self.out, e).await;
             return;
         };
