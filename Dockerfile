@@ -14,11 +14,13 @@ COPY crates/protocol/Cargo.toml crates/protocol/
 COPY crates/robot-agent/Cargo.toml crates/robot-agent/
 COPY crates/bench/Cargo.toml crates/bench/
 COPY crates/arp-bridge/Cargo.toml crates/arp-bridge/
+COPY crates/agent-server-tests/Cargo.toml crates/agent-server-tests/
 # Patched dependencies ([patch.crates-io] in Cargo.toml).
 COPY vendor ./vendor
 # Every member needs a source to load the workspace; only the server's are compiled. The
 # stubs' own artifacts go again, so the real sources below are always compiled afresh.
-RUN for member in . crates/protocol crates/robot-agent crates/bench crates/arp-bridge; do \
+RUN for member in . crates/protocol crates/robot-agent crates/bench crates/arp-bridge \
+        crates/agent-server-tests; do \
         mkdir -p "$member/src" && touch "$member/src/lib.rs"; \
     done \
     && for member in . crates/robot-agent crates/bench crates/arp-bridge; do \

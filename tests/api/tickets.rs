@@ -1,7 +1,7 @@
 //! Session tickets, the server's side (issue 33): the public signing keys (`GET
 //! /v1/signing-keys`, enrollment's answer) and the signed ticket in `meta.session` of every
 //! offer and `arp.frame` forwarded to a robot. The robot's checks are robot-agent's tests
-//! (src/tickets_tests.rs) and tests/arp/gateway.rs end to end.
+//! (src/tickets_tests.rs) and crates/agent-server-tests/tests/arp_gateway_conformance.rs end to end.
 
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use base64::Engine;

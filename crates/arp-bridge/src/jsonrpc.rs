@@ -29,6 +29,11 @@ pub fn error(id: &Value, code: i64, message: &str, data: Option<Value>) -> Value
     json!({ "jsonrpc": "2.0", "id": id, "error": error })
 }
 
+/// The bridge's refusal of a request because `limit` of something is reached.
+pub fn over_limit(id: &Value, message: &str, limit: usize) -> Value {
+    error(id, INTERNAL_ERROR, message, Some(json!({ "limit": limit })))
+}
+
 /// A JSON-RPC error object as received.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RpcError {

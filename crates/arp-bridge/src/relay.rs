@@ -7,14 +7,15 @@
 
 use std::collections::HashMap;
 
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 use signalling_protocol::arp::{method, reason, MAX_FRAME_BYTES};
 use tokio::sync::mpsc;
 
-use crate::jsonrpc::{self, FrameError, Message, INTERNAL_ERROR};
-use crate::stdio::Line;
-use crate::ws::{FromRobot, Link};
-use crate::{emit, ready_params, Config, Exit, CLOSED, DESCRIBE, READY};
+use crate::config::{Config, Exit};
+use crate::intake::{Input, Intake};
+use crate::jsonrpc::{self, Message, INTERNAL_ERROR};
+use crate::parent::{emit, ready_params, CLOSED, DESCRIBE, READY, VERSION};
+use crate::ws::{self, FromRobot, Link};
 
 /// Unanswered requests remembered at most; beyond, new ones are refused
 /// (a robot that never answers must not grow our memory).
@@ -41,9 +42,9 @@ pub fn describe(config: &Config) -> Value {
     methods.extend_from_slice(CLIENT_METHODS);
     json!({
         "name": "arp-bridge",
-        "version": crate::VERSION,
+        "version": VERSION,
         "mode": "arp",
-        "url": crate::ws::redact(&config.target.url),
+        "url": ws::redact(&config.target.url),
         "methods": methods,
         "notifications": [
             READY, CLOSED, method::TOOL_PROGRESS, method::CONTEXT_UPDATE, method::EMERGENCY_STOP,
@@ -64,7 +65,7 @@ struct Relay<'a> {
 pub async fn run(
     config: &Config,
     mut link: Link,
-    mut lines: mpsc::Receiver<std::io::Result<Line>>,
+    mut intake: Intake,
     out: &mpsc::Sender<String>,
 ) -> Exit {
     emit(
@@ -80,14 +81,16 @@ pub async fn run(
     };
     loop {
         tokio::select! {
-            line = lines.recv() => match line {
-                Some(Ok(line)) => relay.parent_line(line).await,
-                Some(Err(e)) => {
+            input = intake.next() => match input {
+                Input::Object { text, object } => relay.parent_object(text, object).await,
+                Input::Refused(error) => emit(out, error).await,
+                Input::Blank => {}
+                Input::Failed(e) => {
                     eprintln!("arp-bridge: reading stdin failed: {e}");
                     link.close().await;
                     return Exit::Input;
                 }
-                None => {
+                Input::Ended => {
                     link.close().await;
                     return Exit::Eof;
                 }
@@ -108,33 +111,7 @@ pub async fn run(
 }
 
 impl Relay<'_> {
-    async fn parent_line(&mut self, line: Line) {
-        let text = match line {
-            Line::Text(text) => text,
-            Line::TooLong => {
-                emit(
-                    self.out,
-                    FrameError::TooLarge(MAX_FRAME_BYTES).to_response(),
-                )
-                .await;
-                return;
-            }
-            Line::NotUtf8 => {
-                let e = FrameError::Parse("the line is not UTF-8".into());
-                emit(self.out, e.to_response()).await;
-                return;
-            }
-        };
-        if text.trim().is_empty() {
-            return;
-        }
-        let object = match jsonrpc::parse_object(&text) {
-            Ok(object) => object,
-            Err(e) => {
-                emit(self.out, e.to_response()).await;
-                return;
-            }
-        };
+    async fn parent_object(&mut self, text: String, object: Map<String, Value>) {
         // The robot checks the rest of JSON-RPC; the relay only needs to
         // know the requests it may have to answer itself.
         if let Message::Request { id, method, .. } = Message::from_object(object) {
@@ -144,12 +121,8 @@ impl Relay<'_> {
             }
             let key = jsonrpc::id_key(&id);
             if !self.pending.contains_key(&key) && self.pending.len() >= MAX_PENDING {
-                let e = jsonrpc::error(
-                    &id,
-                    INTERNAL_ERROR,
-                    "too many requests awaiting the robot's answer",
-                    Some(json!({ "limit": MAX_PENDING })),
-                );
+                let what = "too many requests awaiting the robot's answer";
+                let e = jsonrpc::over_limit(&id, what, MAX_PENDING);
                 emit(self.out, e).await;
                 return;
             }

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
 use signalling_protocol::arp::MAX_FRAME_BYTES;
 use tokio::sync::{mpsc, oneshot};
@@ -14,7 +15,9 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::{self, Message};
-use tokio_tungstenite::Connector;
+use tokio_tungstenite::{Connector, MaybeTlsStream, WebSocketStream};
+
+type Socket = WebSocketStream<MaybeTlsStream<tokio::net::TcpStream>>;
 
 /// Capacity of the frame channels, each way.
 pub const FRAME_QUEUE: usize = 64;
@@ -194,66 +197,12 @@ pub async fn connect(target: &Target) -> Result<Link, WsError> {
             }
             other => WsError::Connect(other.to_string()),
         })?;
-    let (mut sink, mut stream) = ws.split();
-    let (to_robot, mut outgoing) = mpsc::channel::<String>(FRAME_QUEUE);
+    let (sink, stream) = ws.split();
+    let (to_robot, outgoing) = mpsc::channel::<String>(FRAME_QUEUE);
     let (incoming, from_robot) = mpsc::channel::<FromRobot>(FRAME_QUEUE);
-    let (shutdown, mut shutdown_rx) = oneshot::channel::<()>();
-    let writer = tokio::spawn(async move {
-        loop {
-            tokio::select! {
-                next = outgoing.recv() => match next {
-                    Some(text) => {
-                        if sink.send(Message::text(text)).await.is_err() {
-                            // The reader reports why the socket ended.
-                            return;
-                        }
-                    }
-                    None => break,
-                },
-                _ = &mut shutdown_rx => break,
-            }
-        }
-        let _ = sink.close().await;
-    });
-    let reader = tokio::spawn(async move {
-        let closed = loop {
-            match stream.next().await {
-                Some(Ok(Message::Text(text))) => {
-                    if incoming
-                        .send(FromRobot::Frame(text.to_string()))
-                        .await
-                        .is_err()
-                    {
-                        return;
-                    }
-                }
-                Some(Ok(Message::Close(frame))) => {
-                    break FromRobot::Closed {
-                        code: frame.as_ref().map(|f| u16::from(f.code)),
-                        reason: frame
-                            .map(|f| f.reason.to_string())
-                            .filter(|r| !r.is_empty())
-                            .unwrap_or_else(|| "closed by the ARP endpoint".into()),
-                    };
-                }
-                // Binary frames are not ARP; pings are answered by tungstenite.
-                Some(Ok(_)) => {}
-                Some(Err(e)) => {
-                    break FromRobot::Closed {
-                        code: None,
-                        reason: e.to_string(),
-                    }
-                }
-                None => {
-                    break FromRobot::Closed {
-                        code: None,
-                        reason: "the connection ended".into(),
-                    }
-                }
-            }
-        };
-        let _ = incoming.send(closed).await;
-    });
+    let (shutdown, shutdown_rx) = oneshot::channel::<()>();
+    let writer = tokio::spawn(write_frames(sink, outgoing, shutdown_rx));
+    let reader = tokio::spawn(read_frames(stream, incoming));
     Ok(Link {
         to_robot,
         from_robot,
@@ -261,6 +210,70 @@ pub async fn connect(target: &Target) -> Result<Link, WsError> {
         reader,
         writer,
     })
+}
+
+/// Sends the bridge's frames until told to stop, then closes the socket.
+async fn write_frames(
+    mut sink: SplitSink<Socket, Message>,
+    mut outgoing: mpsc::Receiver<String>,
+    mut shutdown: oneshot::Receiver<()>,
+) {
+    loop {
+        tokio::select! {
+            next = outgoing.recv() => match next {
+                Some(text) => {
+                    if sink.send(Message::text(text)).await.is_err() {
+                        // The reader reports why the socket ended.
+                        return;
+                    }
+                }
+                None => break,
+            },
+            _ = &mut shutdown => break,
+        }
+    }
+    let _ = sink.close().await;
+}
+
+/// Hands the robot's text frames on, then why the socket closed.
+async fn read_frames(mut stream: SplitStream<Socket>, incoming: mpsc::Sender<FromRobot>) {
+    let closed = loop {
+        match stream.next().await {
+            Some(Ok(Message::Text(text))) => {
+                if incoming
+                    .send(FromRobot::Frame(text.to_string()))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            Some(Ok(Message::Close(frame))) => {
+                break FromRobot::Closed {
+                    code: frame.as_ref().map(|f| u16::from(f.code)),
+                    reason: frame
+                        .map(|f| f.reason.to_string())
+                        .filter(|r| !r.is_empty())
+                        .unwrap_or_else(|| "closed by the ARP endpoint".into()),
+                };
+            }
+            // Binary frames are not ARP; pings are answered by tungstenite.
+            Some(Ok(_)) => {}
+            Some(Err(e)) => {
+                break FromRobot::Closed {
+                    code: None,
+                    reason: e.to_string(),
+                }
+            }
+            None => {
+                break FromRobot::Closed {
+                    code: None,
+                    reason: "the connection ended".into(),
+                }
+            }
+        }
+    };
+    let _ = incoming.send(closed).await;
 }
 
 #[cfg(test)]

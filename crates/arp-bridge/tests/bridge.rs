@@ -398,6 +398,44 @@ impl Bridge {
 // ---------------------------------------------------------------------
 // arp mode.
 
+async fn context_updates_come_up(b: &mut Bridge) {
+    b.result(
+        json!(6),
+        "arp.subscribeContext",
+        json!({ "name": "odometry" }),
+    )
+    .await;
+    let update = b.notification("arp.contextUpdate").await;
+    assert_eq!(update["params"]["name"], "odometry");
+    b.result(
+        json!(7),
+        "arp.unsubscribeContext",
+        json!({ "name": "odometry" }),
+    )
+    .await;
+}
+
+/// A broken line, a batch and an oversized line: answered by the bridge
+/// itself with id null.
+async fn framing_errors_are_the_bridges(b: &mut Bridge) {
+    b.send_raw("{\"jsonrpc\":\"2.0\",\"id\":1,").await;
+    let e = b.response(Value::Null).await;
+    assert_eq!(e["error"]["code"], -32700, "{e}");
+    b.send_raw(r#"[{"jsonrpc":"2.0","id":2,"method":"arp.listTools"}]"#)
+        .await;
+    let e = b.response(Value::Null).await;
+    assert_eq!(e["error"]["code"], -32600, "{e}");
+    assert!(e["error"]["message"].as_str().unwrap().contains("batch"));
+    let huge = format!(
+        r#"{{"jsonrpc":"2.0","id":3,"method":"arp.listTools","params":{{"pad":"{}"}}}}"#,
+        "x".repeat(70 * 1024)
+    );
+    b.send_raw(&huge).await;
+    let e = b.response(Value::Null).await;
+    assert_eq!(e["error"]["code"], -32600, "{e}");
+    assert_eq!(e["error"]["data"]["limit"], 65536);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn arp_mode_relays_a_session_both_ways() {
     let robot = robot(&["save_location"]).await;
@@ -416,22 +454,7 @@ async fn arp_mode_relays_a_session_both_ways() {
         .contains(&json!("arp.callTool")));
 
     // Framing errors are the bridge's own, answered with id null.
-    b.send_raw("{\"jsonrpc\":\"2.0\",\"id\":1,").await;
-    let e = b.response(Value::Null).await;
-    assert_eq!(e["error"]["code"], -32700, "{e}");
-    b.send_raw(r#"[{"jsonrpc":"2.0","id":2,"method":"arp.listTools"}]"#)
-        .await;
-    let e = b.response(Value::Null).await;
-    assert_eq!(e["error"]["code"], -32600, "{e}");
-    assert!(e["error"]["message"].as_str().unwrap().contains("batch"));
-    let huge = format!(
-        r#"{{"jsonrpc":"2.0","id":3,"method":"arp.listTools","params":{{"pad":"{}"}}}}"#,
-        "x".repeat(70 * 1024)
-    );
-    b.send_raw(&huge).await;
-    let e = b.response(Value::Null).await;
-    assert_eq!(e["error"]["code"], -32600, "{e}");
-    assert_eq!(e["error"]["data"]["limit"], 65536);
+    framing_errors_are_the_bridges(&mut b).await;
 
     let init = b
         .result(
@@ -467,20 +490,7 @@ async fn arp_mode_relays_a_session_both_ways() {
     assert!(robot.probe.state().x > 0.0, "the sim moved");
 
     // Context updates come up.
-    b.result(
-        json!(6),
-        "arp.subscribeContext",
-        json!({ "name": "odometry" }),
-    )
-    .await;
-    let update = b.notification("arp.contextUpdate").await;
-    assert_eq!(update["params"]["name"], "odometry");
-    b.result(
-        json!(7),
-        "arp.unsubscribeContext",
-        json!({ "name": "odometry" }),
-    )
-    .await;
+    context_updates_come_up(&mut b).await;
 
     // A robot → client request goes up, and its answer goes down.
     b.send(json!({ "jsonrpc": "2.0", "id": 8, "method": "arp.callTool",
@@ -557,13 +567,9 @@ fn text_of(result: &Value) -> String {
         .to_owned()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mcp_mode_serves_tools_resources_and_the_emergency_stop() {
-    let robot = robot(&["save_location"]).await;
-    let mut b = mcp_bridge(&robot.url, &[], OPERATOR).await;
-    assert_eq!(b.result(json!("p"), "ping", json!({})).await, json!({}));
-
-    // Tools: the robot's, with their schemas, and emergency_stop.
+/// Tools: the robot's, with their schemas, and emergency_stop; a short
+/// drive with a progress token.
+async fn tools_and_a_drive(b: &mut Bridge) {
     let listed = b.result(json!(2), "tools/list", json!({})).await;
     let tools = listed["tools"].as_array().unwrap();
     let drive = tools.iter().find(|t| t["name"] == "drive").expect("drive");
@@ -572,7 +578,6 @@ async fn mcp_mode_serves_tools_resources_and_the_emergency_stop() {
     assert_eq!(drive["annotations"]["readOnlyHint"], false);
     assert!(tools.iter().any(|t| t["name"] == "emergency_stop"));
 
-    // A short drive with a progress token.
     b.send(
         json!({ "jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {
         "name": "drive", "arguments": { "linear": 0.2, "angular": 0.0, "durationSecs": 0.5 },
@@ -599,7 +604,11 @@ async fn mcp_mode_serves_tools_resources_and_the_emergency_stop() {
         "increasing: {progress:?}"
     );
     b.backlog.clear();
+}
 
+/// Refusals: a tool needing a person (fail closed), an unknown tool, a bad
+/// argument.
+async fn calls_the_robot_refuses(b: &mut Bridge) {
     // The tool needs a person and the bridge declared it answers no confirmation: the
     // robot denies the call at once (fail closed), without asking.
     let saved = b
@@ -631,8 +640,10 @@ async fn mcp_mode_serves_tools_resources_and_the_emergency_stop() {
         .await;
     assert_eq!(bad["isError"], true);
     assert_eq!(bad["structuredContent"]["error"]["code"], -32602);
+}
 
-    // Resources: the context sources, read once each.
+/// Resources: the context sources, read once each.
+async fn resources_are_the_context_sources(b: &mut Bridge, robot: &Robot) {
     let listed = b.result(json!(7), "resources/list", json!({})).await;
     let uris: Vec<&str> = listed["resources"]
         .as_array()
@@ -672,8 +683,10 @@ async fn mcp_mode_serves_tools_resources_and_the_emergency_stop() {
         )
         .await;
     assert_eq!(missing["error"]["code"], -32002, "{missing}");
+}
 
-    // Cancelling a running call sends arp.cancelTool; no answer follows.
+/// Cancelling a running call sends arp.cancelTool; no answer follows.
+async fn cancelling_a_call(b: &mut Bridge, robot: &Robot) {
     b.send(
         json!({ "jsonrpc": "2.0", "id": 10, "method": "tools/call", "params": {
         "name": "drive", "arguments": { "linear": 0.1, "angular": 0.0, "durationSecs": 10 },
@@ -707,8 +720,10 @@ async fn mcp_mode_serves_tools_resources_and_the_emergency_stop() {
         "a cancelled request was answered: {:?}",
         b.backlog
     );
+}
 
-    // emergency_stop → arp.emergencyStop; motion is refused afterwards.
+/// emergency_stop → arp.emergencyStop; motion is refused afterwards.
+async fn the_emergency_stop_tool(b: &mut Bridge, robot: &Robot) {
     let stopped = b
         .result(
             json!(12),
@@ -735,6 +750,19 @@ async fn mcp_mode_serves_tools_resources_and_the_emergency_stop() {
         refused["structuredContent"]["error"]["code"], -40007,
         "{refused}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_mode_serves_tools_resources_and_the_emergency_stop() {
+    let robot = robot(&["save_location"]).await;
+    let mut b = mcp_bridge(&robot.url, &[], OPERATOR).await;
+    assert_eq!(b.result(json!("p"), "ping", json!({})).await, json!({}));
+
+    tools_and_a_drive(&mut b).await;
+    calls_the_robot_refuses(&mut b).await;
+    resources_are_the_context_sources(&mut b, &robot).await;
+    cancelling_a_call(&mut b, &robot).await;
+    the_emergency_stop_tool(&mut b, &robot).await;
 
     let status = b.eof().await;
     assert_eq!(status.code(), Some(0));

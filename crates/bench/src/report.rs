@@ -75,110 +75,123 @@ pub fn markdown(rows: &[Row], conditions: &Value) -> String {
     out
 }
 
+/// The headline figures drawn: (benchmark, metric, panel title).
+const PANELS: [(&str, &str, &str); 6] = [
+    (
+        "relay 250 B, saturated",
+        "throughput",
+        "relay 250 B saturated (msgs/s, higher is better)",
+    ),
+    (
+        "relay 6 KB, saturated",
+        "throughput",
+        "relay 6 KB saturated (msgs/s, higher is better)",
+    ),
+    (
+        "relay 250 B, fixed load",
+        "p99 latency",
+        "p99 at fixed load (µs, lower is better)",
+    ),
+    (
+        "capacity",
+        "RSS per idle connection",
+        "RSS per idle connection (KiB, lower is better)",
+    ),
+    (
+        "capacity",
+        "CPU while idle",
+        "CPU while idle (% of a core, lower is better)",
+    ),
+    (
+        "session setup (offer → answer)",
+        "rate",
+        "session setup (offers/s, higher is better)",
+    ),
+];
+const COLORS: [&str; 6] = [
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
+];
+const BAR_H: f64 = 18.0;
+const LABEL_W: f64 = 190.0;
+const WIDTH: f64 = 820.0;
+
 /// Panels of horizontal bars, one per headline figure, one bar per target.
 pub fn svg(rows: &[Row]) -> String {
-    let panels: [(&str, &str, &str); 6] = [
-        (
-            "relay 250 B, saturated",
-            "throughput",
-            "relay 250 B saturated (msgs/s, higher is better)",
-        ),
-        (
-            "relay 6 KB, saturated",
-            "throughput",
-            "relay 6 KB saturated (msgs/s, higher is better)",
-        ),
-        (
-            "relay 250 B, fixed load",
-            "p99 latency",
-            "p99 at fixed load (µs, lower is better)",
-        ),
-        (
-            "capacity",
-            "RSS per idle connection",
-            "RSS per idle connection (KiB, lower is better)",
-        ),
-        (
-            "capacity",
-            "CPU while idle",
-            "CPU while idle (% of a core, lower is better)",
-        ),
-        (
-            "session setup (offer → answer)",
-            "rate",
-            "session setup (offers/s, higher is better)",
-        ),
-    ];
-    let colors = [
-        "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
-    ];
     let mut targets: Vec<&str> = Vec::new();
     for row in rows {
         if !targets.contains(&row.target.as_str()) {
             targets.push(&row.target);
         }
     }
-    let bar_h = 18.0;
-    let panel_h = 36.0 + bar_h * targets.len() as f64 + 16.0;
-    let width = 820.0;
-    let label_w = 190.0;
-    let chart_w = width - label_w - 110.0;
-    let height = panel_h * panels.len() as f64 + 20.0;
+    let panel_h = 36.0 + BAR_H * targets.len() as f64 + 16.0;
+    let height = panel_h * PANELS.len() as f64 + 20.0;
     let mut out = String::new();
     let _ = writeln!(
         out,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="12">"#
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" font-family="sans-serif" font-size="12">"#
     );
     let _ = writeln!(out, r#"<rect width="100%" height="100%" fill="white"/>"#);
-    for (p, (benchmark, metric, title)) in panels.iter().enumerate() {
+    for (p, panel) in PANELS.iter().enumerate() {
         let top = 10.0 + p as f64 * panel_h;
-        let _ = writeln!(
-            out,
-            r#"<text x="10" y="{}" font-weight="bold">{}</text>"#,
-            top + 16.0,
-            escape(title)
-        );
-        let values: Vec<(usize, f64)> = targets
-            .iter()
-            .enumerate()
-            .filter_map(|(i, t)| {
-                rows.iter()
-                    .find(|r| r.benchmark == *benchmark && r.metric == *metric && r.target == *t)
-                    .map(|r| (i, r.value))
-            })
-            .collect();
-        let max = values
-            .iter()
-            .map(|(_, v)| *v)
-            .fold(0.0_f64, f64::max)
-            .max(f64::MIN_POSITIVE);
-        for (slot, (i, value)) in values.iter().enumerate() {
-            let y = top + 28.0 + slot as f64 * bar_h;
-            let w = (value / max * chart_w).max(1.0);
-            let _ = writeln!(
-                out,
-                r#"<text x="{}" y="{}" text-anchor="end">{}</text>"#,
-                label_w - 6.0,
-                y + 13.0,
-                escape(targets[*i])
-            );
-            let _ = writeln!(
-                out,
-                r#"<rect x="{label_w}" y="{y}" width="{w:.1}" height="{}" fill="{}"/>"#,
-                bar_h - 4.0,
-                colors[i % colors.len()]
-            );
-            let _ = writeln!(
-                out,
-                r#"<text x="{:.1}" y="{}">{}</text>"#,
-                label_w + w + 4.0,
-                y + 13.0,
-                fmt_value(*value)
-            );
-        }
+        svg_panel(&mut out, rows, &targets, *panel, top);
     }
     let _ = writeln!(out, "</svg>");
     out
+}
+
+/// One panel: its title, and a bar per target that has the figure.
+fn svg_panel(
+    out: &mut String,
+    rows: &[Row],
+    targets: &[&str],
+    (benchmark, metric, title): (&str, &str, &str),
+    top: f64,
+) {
+    let chart_w = WIDTH - LABEL_W - 110.0;
+    let _ = writeln!(
+        out,
+        r#"<text x="10" y="{}" font-weight="bold">{}</text>"#,
+        top + 16.0,
+        escape(title)
+    );
+    let values: Vec<(usize, f64)> = targets
+        .iter()
+        .enumerate()
+        .filter_map(|(i, t)| {
+            rows.iter()
+                .find(|r| r.benchmark == benchmark && r.metric == metric && r.target == *t)
+                .map(|r| (i, r.value))
+        })
+        .collect();
+    let max = values
+        .iter()
+        .map(|(_, v)| *v)
+        .fold(0.0_f64, f64::max)
+        .max(f64::MIN_POSITIVE);
+    for (slot, (i, value)) in values.iter().enumerate() {
+        let y = top + 28.0 + slot as f64 * BAR_H;
+        let w = (value / max * chart_w).max(1.0);
+        let _ = writeln!(
+            out,
+            r#"<text x="{}" y="{}" text-anchor="end">{}</text>"#,
+            LABEL_W - 6.0,
+            y + 13.0,
+            escape(targets[*i])
+        );
+        let _ = writeln!(
+            out,
+            r#"<rect x="{LABEL_W}" y="{y}" width="{w:.1}" height="{}" fill="{}"/>"#,
+            BAR_H - 4.0,
+            COLORS[i % COLORS.len()]
+        );
+        let _ = writeln!(
+            out,
+            r#"<text x="{:.1}" y="{}">{}</text>"#,
+            LABEL_W + w + 4.0,
+            y + 13.0,
+            fmt_value(*value)
+        );
+    }
 }
 
 fn escape(text: &str) -> String {

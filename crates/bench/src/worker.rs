@@ -248,6 +248,19 @@ async fn open_pairs(spec: &Spec, count: usize) -> anyhow::Result<Vec<Pair>> {
     Ok(pairs)
 }
 
+/// A session's share of a fixed total `rate`, its sends spread over the period
+/// (`aligned`: all at once, for BENCH_ALIGNED_PHASES=1).
+fn pacing(rate: Option<u64>, sessions: usize, index: usize, aligned: bool) -> Option<Pacing> {
+    rate.map(|r| Pacing {
+        per_session: r as f64 / sessions as f64,
+        phase: if aligned {
+            0.0
+        } else {
+            index as f64 / sessions as f64
+        },
+    })
+}
+
 type Sink = SplitSink<Socket, Message>;
 
 #[allow(clippy::too_many_arguments)]
@@ -289,14 +302,7 @@ async fn relay(
             route,
             dir,
             size,
-            rate.map(|r| Pacing {
-                per_session: r as f64 / sessions as f64,
-                phase: if aligned {
-                    0.0
-                } else {
-                    index as f64 / sessions as f64
-                },
-            }),
+            pacing(rate, sessions, index, aligned),
             permits.clone(),
             clock,
             stop_at,
@@ -494,6 +500,35 @@ async fn storm(
     Ok(())
 }
 
+/// The robot end of a session-setup pair: answers every offer it gets.
+async fn answer_offers(
+    mut b_sink: Sink,
+    mut b_stream: SplitStream<Socket>,
+    route: Route,
+    sdp_size: usize,
+) -> anyhow::Result<()> {
+    while let Some(Ok(frame)) = b_stream.next().await {
+        let Message::Text(text) = frame else { continue };
+        let session = if matches!(route, Route::Ours { .. }) {
+            let message: Value = serde_json::from_str(&text)?;
+            if message["type"] != "signalling.offer" {
+                continue;
+            }
+            message["payload"]["connectionId"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        } else {
+            String::new()
+        };
+        let answer = target::answer_message(&route, &session, sdp_size)?;
+        if b_sink.send(Message::Text(answer.into())).await.is_err() {
+            break;
+        }
+    }
+    Ok(())
+}
+
 async fn setup(spec: &Spec, sessions: usize, sdp_size: usize, secs: f64) -> anyhow::Result<()> {
     let pairs = open_pairs(spec, sessions).await?;
     emit(json!({"event": "ready", "sessions": pairs.len()}));
@@ -503,31 +538,8 @@ async fn setup(spec: &Spec, sessions: usize, sdp_size: usize, secs: f64) -> anyh
     for (index, pair) in pairs.into_iter().enumerate() {
         let Pair { a, b, route } = pair;
         let (mut a_sink, mut a_stream) = a.split();
-        let (mut b_sink, mut b_stream) = b.split();
-        let robot_route = route.clone();
-        // The robot end answers every offer it gets.
-        let robot = tokio::spawn(async move {
-            while let Some(Ok(frame)) = b_stream.next().await {
-                let Message::Text(text) = frame else { continue };
-                let session = if matches!(robot_route, Route::Ours { .. }) {
-                    let message: Value = serde_json::from_str(&text)?;
-                    if message["type"] != "signalling.offer" {
-                        continue;
-                    }
-                    message["payload"]["connectionId"]
-                        .as_str()
-                        .unwrap_or_default()
-                        .to_string()
-                } else {
-                    String::new()
-                };
-                let answer = target::answer_message(&robot_route, &session, sdp_size)?;
-                if b_sink.send(Message::Text(answer.into())).await.is_err() {
-                    break;
-                }
-            }
-            anyhow::Ok(())
-        });
+        let (b_sink, b_stream) = b.split();
+        let robot = tokio::spawn(answer_offers(b_sink, b_stream, route.clone(), sdp_size));
         let tag = spec.tag.clone();
         tasks.push(tokio::spawn(async move {
             let mut histogram = new_histogram();

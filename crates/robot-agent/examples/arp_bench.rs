@@ -99,8 +99,17 @@ async fn main() {
         .nth(1)
         .and_then(|a| a.parse().ok())
         .unwrap_or(2000);
-    // The stand-in driver: ready, a fixed pose, and the arrival time of
-    // every emergency stop.
+    let (url, mut stops) = agent().await;
+    let mut op = Client::connect(&url, "op").await;
+    let mut viewer = Client::connect(&url, "view").await;
+    round_trip(&mut op, round_trips).await;
+    estop(&mut op, &mut viewer, &mut stops).await;
+    context_jitter(&url).await;
+}
+
+/// The ARP server on 127.0.0.1:0 over a stand-in driver (ready, a fixed
+/// pose); its URL, and the arrival time of every emergency stop at the driver.
+async fn agent() -> (String, mpsc::Receiver<Instant>) {
     let (handle, mut end) = DriverHandle::channel();
     let pose = handle.pose.clone();
     end.pose.send_replace(Some(Pose {
@@ -109,7 +118,7 @@ async fn main() {
         theta: 0.0,
     }));
     end.events.send(DriverEvent::Ready).await.expect("ready");
-    let (stops_tx, mut stops) = mpsc::channel::<Instant>(16);
+    let (stops_tx, stops) = mpsc::channel::<Instant>(16);
     let pose_tx = end.pose;
     tokio::spawn(async move {
         while let Some(command) = end.commands.recv().await {
@@ -145,12 +154,12 @@ async fn main() {
         .expect("bind");
     let url = format!("ws://{}/", listener.local_addr().expect("addr"));
     tokio::spawn(listener.run(server));
+    (url, stops)
+}
 
-    let mut op = Client::connect(&url, "op").await;
-    let mut viewer = Client::connect(&url, "view").await;
-
-    // 1. Tool-call round trip: callTool list_locations, sequential; the
-    // message budget (100/s sustained) paces it, so pause between calls.
+/// Part 1, the tool-call round trip: callTool list_locations, sequential;
+/// the message budget (100/s sustained) paces it, so pause between calls.
+async fn round_trip(op: &mut Client, round_trips: usize) {
     let mut rtt = Vec::with_capacity(round_trips);
     for i in 0..round_trips + 50 {
         let start = Instant::now();
@@ -171,8 +180,10 @@ async fn main() {
         "tool-call round trip (callTool list_locations, loopback WebSocket)",
         rtt,
     );
+}
 
-    // 2. E-stop: a viewer's arp.emergencyStop mid-drive → the driver's Stop.
+/// Part 2, the e-stop: a viewer's arp.emergencyStop mid-drive → the driver's Stop.
+async fn estop(op: &mut Client, viewer: &mut Client, stops: &mut mpsc::Receiver<Instant>) {
     let mut estop = Vec::new();
     for _ in 0..200 {
         let drive = op
@@ -201,9 +212,11 @@ async fn main() {
         "e-stop call -> driver stop (arp.emergencyStop from a viewer mid-drive)",
         estop,
     );
+}
 
-    // 3. Context jitter: odometry at maxRate 10, inter-arrival times.
-    let mut ctx = Client::connect(&url, "view").await;
+/// Part 3, context jitter: odometry at maxRate 10, inter-arrival times.
+async fn context_jitter(url: &str) {
+    let mut ctx = Client::connect(url, "view").await;
     ctx.call(
         "arp.subscribeContext",
         json!({"name": "odometry", "maxRate": 10}),

@@ -70,14 +70,7 @@ fn ticket_check(config: &RunConfig) -> Result<Option<Arc<TicketCheck>>, AgentErr
 
 pub async fn run(config: RunConfig) -> Result<(), AgentError> {
     let key = RobotKey::load(&config.key_file).map_err(AgentError::Key)?;
-    let certificate = if config.certificate_file.exists() {
-        Some(
-            identity::load_certificate_chain(&config.certificate_file)
-                .map_err(AgentError::Certificate)?,
-        )
-    } else {
-        None
-    };
+    let certificate = certificate(&config)?;
     std::fs::create_dir_all(&config.data_dir).map_err(|source| AgentError::DataDir {
         path: config.data_dir.display().to_string(),
         source,
@@ -86,20 +79,7 @@ pub async fn run(config: RunConfig) -> Result<(), AgentError> {
     let limits = settings.safety_limits(&config.safety);
     let locations =
         LocationStore::open(&config.data_dir.join(LOCATIONS_FILE), config.max_locations)?;
-
-    let topic = |key: &str, default: &str| settings.get_str(key).unwrap_or(default).to_owned();
-    let driver_options = DriverOptions {
-        cmd_vel_topic: topic("ros.cmd_vel_topic", "/cmd_vel"),
-        nav_goal_topic: topic("ros.nav_goal_topic", "/modulr/nav/goal"),
-        nav_cancel_topic: topic("ros.nav_cancel_topic", "/modulr/nav/cancel"),
-        nav_status_topic: topic("ros.nav_status_topic", "/modulr/nav/status"),
-        odom_topic: config
-            .arp
-            .odometry_topic
-            .clone()
-            .unwrap_or_else(|| "/odom".into()),
-        ..DriverOptions::default()
-    };
+    let driver_options = driver_options(&settings, &config);
     tracing::info!(
         robot = %config.robot_id,
         servers = %config.servers.join(","),
@@ -113,13 +93,15 @@ pub async fn run(config: RunConfig) -> Result<(), AgentError> {
     let pose = driver.pose.clone();
     let driver_tools = driver.tools.clone();
     let controller = controller::spawn(limits, driver);
+    let reply_signer = ReplySigner::configured(config.sign_replies, &config.robot_id, &key)
+        .map_err(AgentError::Key)?;
     let shared = Shared {
         controller: controller.clone(),
         locations: Arc::new(Mutex::new(locations)),
         settings: Arc::new(Mutex::new(settings)),
         base_limits: config.safety.clone(),
         metrics: Arc::new(Metrics::default()),
-        reply_signer: ReplySigner::configured(&config, &key).map_err(AgentError::Key)?,
+        reply_signer,
     };
     let metrics = shared.metrics.clone();
     // Only drivers that report a pose offer the `odometry` context.
@@ -135,46 +117,11 @@ pub async fn run(config: RunConfig) -> Result<(), AgentError> {
             ..crate::arp::ArpOptions::from_file(&config.arp, odometry)?
         },
     );
-    let _arp_listener = match &config.arp_listen {
-        Some(listen) => {
-            let listener = crate::arp::ws::ArpListener::bind(listen)
-                .await?
-                .allow_origins(&config.arp_allow_origins);
-            let addr = listener.local_addr().unwrap_or(listen.addr);
-            tracing::info!(
-                %addr,
-                tokens = listen.tokens.len(),
-                allowed_origins = config.arp_allow_origins.len(),
-                "ARP WebSocket listening"
-            );
-            Some(AbortOnDrop(tokio::spawn(listener.run(arp.clone()))))
-        }
-        None => None,
-    };
-
-    let cameras: Vec<_> = config
-        .video
-        .iter()
-        .map(|spec| {
-            tracing::info!(camera = %spec.name, source = spec.source.kind(), "camera configured");
-            crate::video::Camera::start(spec.clone(), config.video_grace)
-        })
-        .collect();
-    let tickets = ticket_check(&config)?;
+    let _arp_listener = arp_listener(&config, &arp).await?;
     let (inbound_tx, inbound_rx) = mpsc::channel(INBOUND_CAPACITY);
     let outbound = signalling::spawn_checked(
-        SignallingOptions {
-            urls: config.servers.clone(),
-            robot_id: config.robot_id.clone(),
-            key: Arc::new(key),
-            certificate,
-            reconnect: config.reconnect.clone(),
-            ca_file: config.ca_file.clone(),
-            // The ARP server is always on; the peer manager serves the
-            // gateway's sessions with it (`with_arp`).
-            arp: true,
-        },
-        tickets,
+        signalling_options(&config, key, certificate),
+        ticket_check(&config)?,
         inbound_tx,
     );
     let manager = PeerManager::new(
@@ -185,17 +132,10 @@ pub async fn run(config: RunConfig) -> Result<(), AgentError> {
         outbound,
         shared,
     )?
-    .with_cameras(cameras)
+    .with_cameras(cameras(&config))
     .with_arp(arp);
     let peers = tokio::spawn(manager.run(inbound_rx));
-
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(AgentError::Signal)?;
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted; shutting down"),
-        _ = terminate.recv() => tracing::info!("terminated; shutting down"),
-        _ = peers => tracing::error!("peer manager ended unexpectedly"),
-    }
+    until_stopped(peers).await?;
     controller.stop_all(StopReason::Shutdown).await;
     tracing::info!(
         stale_commands_total = metrics.stale_commands(),
@@ -204,6 +144,96 @@ pub async fn run(config: RunConfig) -> Result<(), AgentError> {
     // Give the stop a moment to reach the driver (bounded; a stalled
     // driver must not keep the process alive).
     let _ = tokio::time::timeout(std::time::Duration::from_secs(2), controller.status()).await;
+    Ok(())
+}
+
+/// The robot's certificate chain, when enrollment left one.
+fn certificate(config: &RunConfig) -> Result<Option<String>, AgentError> {
+    if !config.certificate_file.exists() {
+        return Ok(None);
+    }
+    identity::load_certificate_chain(&config.certificate_file)
+        .map(Some)
+        .map_err(AgentError::Certificate)
+}
+
+/// The ROS topics (the settings' `ros.*`, the config's odometry topic).
+fn driver_options(settings: &Settings, config: &RunConfig) -> DriverOptions {
+    let topic = |key: &str, default: &str| settings.get_str(key).unwrap_or(default).to_owned();
+    DriverOptions {
+        cmd_vel_topic: topic("ros.cmd_vel_topic", "/cmd_vel"),
+        nav_goal_topic: topic("ros.nav_goal_topic", "/modulr/nav/goal"),
+        nav_cancel_topic: topic("ros.nav_cancel_topic", "/modulr/nav/cancel"),
+        nav_status_topic: topic("ros.nav_status_topic", "/modulr/nav/status"),
+        odom_topic: config
+            .arp
+            .odometry_topic
+            .clone()
+            .unwrap_or_else(|| "/odom".into()),
+        ..DriverOptions::default()
+    }
+}
+
+/// The local ARP WebSocket (`--arp-listen`), serving `arp` until it is dropped.
+async fn arp_listener(
+    config: &RunConfig,
+    arp: &crate::arp::ArpServer,
+) -> Result<Option<AbortOnDrop>, AgentError> {
+    let Some(listen) = &config.arp_listen else {
+        return Ok(None);
+    };
+    let listener = crate::arp::ws::ArpListener::bind(listen)
+        .await?
+        .allow_origins(&config.arp_allow_origins);
+    let addr = listener.local_addr().unwrap_or(listen.addr);
+    tracing::info!(
+        %addr,
+        tokens = listen.tokens.len(),
+        allowed_origins = config.arp_allow_origins.len(),
+        "ARP WebSocket listening"
+    );
+    Ok(Some(AbortOnDrop(tokio::spawn(listener.run(arp.clone())))))
+}
+
+/// The configured cameras, started.
+fn cameras(config: &RunConfig) -> Vec<Arc<crate::video::Camera>> {
+    config
+        .video
+        .iter()
+        .map(|spec| {
+            tracing::info!(camera = %spec.name, source = spec.source.kind(), "camera configured");
+            crate::video::Camera::start(spec.clone(), config.video_grace)
+        })
+        .collect()
+}
+
+fn signalling_options(
+    config: &RunConfig,
+    key: RobotKey,
+    certificate: Option<String>,
+) -> SignallingOptions {
+    SignallingOptions {
+        urls: config.servers.clone(),
+        robot_id: config.robot_id.clone(),
+        key: Arc::new(key),
+        certificate,
+        reconnect: config.reconnect.clone(),
+        ca_file: config.ca_file.clone(),
+        // The ARP server is always on; the peer manager serves the
+        // gateway's sessions with it (`with_arp`).
+        arp: true,
+    }
+}
+
+/// Waits for SIGINT, SIGTERM or the peer manager's end.
+async fn until_stopped(peers: tokio::task::JoinHandle<()>) -> Result<(), AgentError> {
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(AgentError::Signal)?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted; shutting down"),
+        _ = terminate.recv() => tracing::info!("terminated; shutting down"),
+        _ = peers => tracing::error!("peer manager ended unexpectedly"),
+    }
     Ok(())
 }
 

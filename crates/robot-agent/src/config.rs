@@ -281,28 +281,7 @@ pub struct RunConfig {
 
 impl RunConfig {
     pub fn resolve(flags: RunFlags) -> Result<RunConfig, ConfigError> {
-        let (config_dir, file) = match &flags.config {
-            Some(path) => {
-                let dir = match path.parent() {
-                    Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
-                    _ => PathBuf::from("."),
-                };
-                (
-                    flags.config_dir.clone().unwrap_or(dir),
-                    FileConfig::load(path)?,
-                )
-            }
-            None => {
-                let dir = flags.config_dir.clone().unwrap_or_else(default_config_dir);
-                let path = dir.join(CONFIG_FILE);
-                let file = if path.exists() {
-                    FileConfig::load(&path)?
-                } else {
-                    FileConfig::default()
-                };
-                (dir, file)
-            }
-        };
+        let (config_dir, file) = load(&flags)?;
         let within = |p: PathBuf| {
             if p.is_absolute() {
                 p
@@ -310,29 +289,12 @@ impl RunConfig {
                 config_dir.join(p)
             }
         };
-
-        let servers = match flags.server {
-            Some(flag) => split_servers(&flag),
-            None => file.server.map(ServerSetting::urls).unwrap_or_default(),
-        };
-        if servers.is_empty() {
-            return Err(ConfigError::Missing("server (--server)"));
-        }
-        if let Some(bad) = servers
-            .iter()
-            .find(|s| !(s.starts_with("ws://") || s.starts_with("wss://")))
-        {
-            return Err(ConfigError::ServerUrl(bad.clone()));
-        }
+        let servers = servers(flags.server.as_deref(), file.server.clone())?;
         let robot_id = flags
             .robot_id
             .or(file.robot_id)
             .ok_or(ConfigError::Missing("robot id (--robot-id)"))?;
-        let driver_spec = flags.driver.or(file.driver).unwrap_or_else(|| {
-            tracing::warn!("no driver configured; using the simulated base (--driver sim)");
-            "sim".to_owned()
-        });
-        let driver = driver_spec.parse()?;
+        let driver = driver_spec(flags.driver.or(file.driver)).parse()?;
         let video = VideoSpec::merge(&file.video, &flags.video)?;
         let video_grace = file
             .video_grace_s
@@ -346,7 +308,7 @@ impl RunConfig {
         let section = file.arp.unwrap_or_default();
         let mut arp = section.server;
         arp.tokens.extend(flags.arp_tokens);
-        let mut tokens = arp
+        let tokens = arp
             .tokens
             .iter()
             .map(|t| t.parse::<Token>())
@@ -361,30 +323,9 @@ impl RunConfig {
         let arp_listen = match flags.arp_listen.or_else(|| arp.listen.clone()) {
             None => None,
             Some(addr) => {
-                let default_file = config_dir.join(ARP_TOKEN_FILE);
                 let mut files: Vec<PathBuf> = flags.arp_token_files.clone();
                 files.extend(section.token_file.clone().map(&within));
-                if files.is_empty() && !no_token && default_file.exists() {
-                    files.push(default_file.clone());
-                }
-                for path in &files {
-                    tokens.extend(read_token_file(path)?);
-                }
-                let at: std::net::SocketAddr = addr
-                    .parse()
-                    .map_err(|_| ArpConfigError::Listen(addr.clone()))?;
-                if no_token {
-                    if !tokens.is_empty() {
-                        return Err(ConfigError::ArpNoTokenWithTokens(tokens.len()));
-                    }
-                    if !at.ip().is_loopback() {
-                        return Err(ConfigError::ArpNoTokenOnNetwork(at));
-                    }
-                } else if tokens.is_empty() {
-                    return Err(ConfigError::ArpTokenMissing(at, default_file));
-                }
-                let listen = ListenConfig::new(&addr, tokens)?;
-                Some(listen)
+                Some(listen_config(&addr, &config_dir, files, tokens, no_token)?)
             }
         };
         // Checked now, so a mistake stops the start rather than the first call.
@@ -417,6 +358,90 @@ impl RunConfig {
             config_dir,
         })
     }
+}
+
+/// The driver named by `--driver` or the file; none: the simulated base, said so.
+fn driver_spec(named: Option<String>) -> String {
+    named.unwrap_or_else(|| {
+        tracing::warn!("no driver configured; using the simulated base (--driver sim)");
+        "sim".to_owned()
+    })
+}
+
+/// The config folder and the file in it (or the one `--config` names; none: defaults).
+fn load(flags: &RunFlags) -> Result<(PathBuf, FileConfig), ConfigError> {
+    Ok(match &flags.config {
+        Some(path) => {
+            let dir = match path.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
+                _ => PathBuf::from("."),
+            };
+            (
+                flags.config_dir.clone().unwrap_or(dir),
+                FileConfig::load(path)?,
+            )
+        }
+        None => {
+            let dir = flags.config_dir.clone().unwrap_or_else(default_config_dir);
+            let path = dir.join(CONFIG_FILE);
+            let file = if path.exists() {
+                FileConfig::load(&path)?
+            } else {
+                FileConfig::default()
+            };
+            (dir, file)
+        }
+    })
+}
+
+/// The signalling servers: `--server` over the file's; at least one, each a WebSocket URL.
+fn servers(flag: Option<&str>, file: Option<ServerSetting>) -> Result<Vec<String>, ConfigError> {
+    let servers = match flag {
+        Some(flag) => split_servers(flag),
+        None => file.map(ServerSetting::urls).unwrap_or_default(),
+    };
+    if servers.is_empty() {
+        return Err(ConfigError::Missing("server (--server)"));
+    }
+    if let Some(bad) = servers
+        .iter()
+        .find(|s| !(s.starts_with("ws://") || s.starts_with("wss://")))
+    {
+        return Err(ConfigError::ServerUrl(bad.clone()));
+    }
+    Ok(servers)
+}
+
+/// The local ARP socket on `addr`: `tokens` and those of the token `files` (the enrolled
+/// token file when none is named), or none at all with `no_token` (loopback only).
+fn listen_config(
+    addr: &str,
+    config_dir: &std::path::Path,
+    mut files: Vec<PathBuf>,
+    mut tokens: Vec<Token>,
+    no_token: bool,
+) -> Result<ListenConfig, ConfigError> {
+    let default_file = config_dir.join(ARP_TOKEN_FILE);
+    if files.is_empty() && !no_token && default_file.exists() {
+        files.push(default_file.clone());
+    }
+    for path in &files {
+        tokens.extend(read_token_file(path)?);
+    }
+    let at: std::net::SocketAddr = addr
+        .parse()
+        .map_err(|_| ArpConfigError::Listen(addr.to_owned()))?;
+    if no_token {
+        if !tokens.is_empty() {
+            return Err(ConfigError::ArpNoTokenWithTokens(tokens.len()));
+        }
+        if !at.ip().is_loopback() {
+            return Err(ConfigError::ArpNoTokenOnNetwork(at));
+        }
+    } else if tokens.is_empty() {
+        return Err(ConfigError::ArpTokenMissing(at, default_file));
+    }
+    Ok(ListenConfig::new(addr, tokens)?)
 }
 
 /// A browser origin as `--arp-allow-origin` takes it: `scheme://host[:port]`

@@ -82,56 +82,9 @@ pub async fn enroll(request: &EnrollRequest) -> Result<EnrollOutcome, EnrollErro
         body["publicKey"] = Value::String(key.enrollment_public_key());
     }
 
-    let url = format!("{}/v1/enroll", config::http_base_url(&request.server));
-    let mut client = reqwest::Client::builder().timeout(std::time::Duration::from_secs(30));
-    if let Some(ca) = &request.ca_file {
-        for cert in read_ca(ca)? {
-            client = client.add_root_certificate(cert);
-        }
-    }
-    let client = client.build().map_err(|source| EnrollError::Http {
-        url: url.clone(),
-        source,
-    })?;
-    let response = client
-        .post(&url)
-        .json(&body)
-        .send()
-        .await
-        .map_err(|source| EnrollError::Http {
-            url: url.clone(),
-            source,
-        })?;
-    let status = response.status().as_u16();
-    let answer: Value = response.json().await.unwrap_or(Value::Null);
-    if status != 201 {
-        let message = answer
-            .get("message")
-            .and_then(Value::as_str)
-            .or_else(|| answer.get("error").and_then(Value::as_str))
-            .unwrap_or("no details")
-            .to_owned();
-        return Err(EnrollError::Rejected { status, message });
-    }
+    let answer = post_enrollment(request, &body).await?;
 
-    let cert_path = request.config_dir.join(CERT_FILE);
-    let certificate_file = if request.csr {
-        let chain = answer
-            .get("certificate")
-            .and_then(Value::as_str)
-            .ok_or(EnrollError::NoCertificate)?;
-        write(&cert_path, chain.as_bytes())?;
-        Some(cert_path)
-    } else {
-        // The server now knows the bare key; a leftover certificate would be
-        // presented at login and could be refused, so move it out of the way.
-        if cert_path.exists() {
-            let old = cert_path.with_extension("crt.old");
-            std::fs::rename(&cert_path, &old)
-                .map_err(|source| EnrollError::Write { path: old, source })?;
-        }
-        None
-    };
+    let certificate_file = keep_certificate(request, &answer)?;
 
     // The server that just enrolled us (over TLS, with a single-use token) is the one
     // whose session tickets we will believe: pin its keys, replacing any earlier ones.
@@ -150,6 +103,67 @@ pub async fn enroll(request: &EnrollRequest) -> Result<EnrollOutcome, EnrollErro
         arp_token_file,
         server_keys: pinned.into_iter().map(|k| k.kid).collect(),
     })
+}
+
+/// POSTs the enrollment; the server's answer when it enrolled us (201).
+async fn post_enrollment(request: &EnrollRequest, body: &Value) -> Result<Value, EnrollError> {
+    let url = format!("{}/v1/enroll", config::http_base_url(&request.server));
+    let mut client = reqwest::Client::builder().timeout(std::time::Duration::from_secs(30));
+    if let Some(ca) = &request.ca_file {
+        for cert in read_ca(ca)? {
+            client = client.add_root_certificate(cert);
+        }
+    }
+    let client = client.build().map_err(|source| EnrollError::Http {
+        url: url.clone(),
+        source,
+    })?;
+    let response = client
+        .post(&url)
+        .json(body)
+        .send()
+        .await
+        .map_err(|source| EnrollError::Http {
+            url: url.clone(),
+            source,
+        })?;
+    let status = response.status().as_u16();
+    let answer: Value = response.json().await.unwrap_or(Value::Null);
+    if status != 201 {
+        let message = answer
+            .get("message")
+            .and_then(Value::as_str)
+            .or_else(|| answer.get("error").and_then(Value::as_str))
+            .unwrap_or("no details")
+            .to_owned();
+        return Err(EnrollError::Rejected { status, message });
+    }
+    Ok(answer)
+}
+
+/// The certificate the server issued for our CSR, written; without a CSR,
+/// a leftover certificate is moved aside.
+fn keep_certificate(
+    request: &EnrollRequest,
+    answer: &Value,
+) -> Result<Option<PathBuf>, EnrollError> {
+    let cert_path = request.config_dir.join(CERT_FILE);
+    if request.csr {
+        let chain = answer
+            .get("certificate")
+            .and_then(Value::as_str)
+            .ok_or(EnrollError::NoCertificate)?;
+        write(&cert_path, chain.as_bytes())?;
+        return Ok(Some(cert_path));
+    }
+    // The server now knows the bare key; a leftover certificate would be
+    // presented at login and could be refused, so move it out of the way.
+    if cert_path.exists() {
+        let old = cert_path.with_extension("crt.old");
+        std::fs::rename(&cert_path, &old)
+            .map_err(|source| EnrollError::Write { path: old, source })?;
+    }
+    Ok(None)
 }
 
 fn write(path: &Path, bytes: &[u8]) -> Result<(), EnrollError> {

@@ -36,5 +36,5 @@ pub mod signalling;
 pub mod tickets;
 pub mod video;
 
-#[cfg(test)]
-mod testutil;
+#[cfg(any(test, feature = "test-support"))]
+pub mod testutil;

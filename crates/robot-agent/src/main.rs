@@ -154,44 +154,13 @@ async fn main() -> anyhow::Result<()> {
             })
             .await
             .context("enrollment failed")?;
-            println!(
-                "Enrolled {robot_id}. Key: {}{}",
-                outcome.key_file.display(),
-                if outcome.key_created {
-                    " (new)"
-                } else {
-                    " (existing)"
-                }
-            );
-            if let Some(cert) = outcome.certificate_file {
-                println!("Certificate: {}", cert.display());
-            }
-            if let Some(file) = outcome.config_file {
-                println!("Config written: {}", file.display());
-            }
-            if let Some(file) = outcome.arp_token_file {
-                println!("ARP token written (for --arp-listen): {}", file.display());
-            }
-            if outcome.server_keys.is_empty() {
-                println!("The server signs no session tickets: none will be checked.");
-            }
-            for kid in outcome.server_keys {
-                println!("Server signing key pinned: {kid}");
-            }
+            report_enrollment(&robot_id, outcome);
             Ok(())
         }
-        Command::TrustKey { key } => {
-            let config_dir = cli.config_dir.unwrap_or_else(config::default_config_dir);
-            let key = PinnedKey::parse(&key).context("the key")?;
-            let path = config_dir.join(server_keys::SERVER_KEYS_FILE);
-            let kid = key.kid.clone();
-            if server_keys::add(&path, key)? {
-                println!("Server signing key trusted: {kid} ({})", path.display());
-            } else {
-                println!("Server signing key already trusted: {kid}");
-            }
-            Ok(())
-        }
+        Command::TrustKey { key } => trust_key(
+            cli.config_dir.unwrap_or_else(config::default_config_dir),
+            &key,
+        ),
         Command::Run {
             config,
             server,
@@ -223,6 +192,47 @@ async fn main() -> anyhow::Result<()> {
                 .context("robot agent")?;
             Ok(())
         }
+    }
+}
+
+/// `trust-key`: pins one more server signing key.
+fn trust_key(config_dir: PathBuf, key: &str) -> anyhow::Result<()> {
+    let key = PinnedKey::parse(key).context("the key")?;
+    let path = config_dir.join(server_keys::SERVER_KEYS_FILE);
+    let kid = key.kid.clone();
+    if server_keys::add(&path, key)? {
+        println!("Server signing key trusted: {kid} ({})", path.display());
+    } else {
+        println!("Server signing key already trusted: {kid}");
+    }
+    Ok(())
+}
+
+/// What `enroll` did, for the person who ran it.
+fn report_enrollment(robot_id: &str, outcome: enroll::EnrollOutcome) {
+    println!(
+        "Enrolled {robot_id}. Key: {}{}",
+        outcome.key_file.display(),
+        if outcome.key_created {
+            " (new)"
+        } else {
+            " (existing)"
+        }
+    );
+    if let Some(cert) = outcome.certificate_file {
+        println!("Certificate: {}", cert.display());
+    }
+    if let Some(file) = outcome.config_file {
+        println!("Config written: {}", file.display());
+    }
+    if let Some(file) = outcome.arp_token_file {
+        println!("ARP token written (for --arp-listen): {}", file.display());
+    }
+    if outcome.server_keys.is_empty() {
+        println!("The server signs no session tickets: none will be checked.");
+    }
+    for kid in outcome.server_keys {
+        println!("Server signing key pinned: {kid}");
     }
 }
 

@@ -130,6 +130,43 @@ enum PeerEvent {
     },
 }
 
+impl PeerEvent {
+    /// The session and the peer's generation the event is about.
+    fn target(&self) -> (&str, u64) {
+        match self {
+            PeerEvent::LocalCandidate {
+                session,
+                generation,
+                ..
+            }
+            | PeerEvent::IceState {
+                session,
+                generation,
+                ..
+            }
+            | PeerEvent::PcState {
+                session,
+                generation,
+                ..
+            }
+            | PeerEvent::ChannelOpen {
+                session,
+                generation,
+            }
+            | PeerEvent::ChannelClosed {
+                session,
+                generation,
+                ..
+            }
+            | PeerEvent::ArpChannel {
+                session,
+                generation,
+                ..
+            } => (session, *generation),
+        }
+    }
+}
+
 /// What a session's data channels deliver to its one session task, so
 /// that every channel shares the session's state (freshness, budget).
 enum Incoming {
@@ -294,49 +331,11 @@ impl PeerManager {
                 subject,
                 ticket_expires,
             } => {
-                tracing::info!(%session, role = role.as_str(), subject = subject.as_deref().unwrap_or("-"), "offer");
-                let offered = self.offer(&session, sdp, role, subject).await;
-                if let (Ok(()), Some(peer)) = (&offered, self.sessions.get_mut(&session)) {
-                    peer.ticket_expires = peer.ticket_expires.max(ticket_expires);
-                }
-                if let Err(e) = offered {
-                    tracing::warn!(%session, error = %e, "cannot answer the offer");
-                    let existed = self.sessions.contains_key(&session);
-                    if existed {
-                        self.teardown(
-                            &session,
-                            StopReason::SessionEnded,
-                            Some(DisconnectReason::Failed),
-                        )
-                        .await;
-                    } else {
-                        self.send_disconnected(
-                            &session,
-                            DisconnectReason::Failed,
-                            Some((e.reason(), e.to_string())),
-                        );
-                    }
-                }
+                self.offered(session, sdp, role, subject, ticket_expires)
+                    .await
             }
             Inbound::TicketRenewed { session, vouched } => self.renewed(&session, vouched).await,
-            Inbound::RemoteCandidate(c) => {
-                let Some(peer) = self.sessions.get(&c.connection_id) else {
-                    tracing::debug!(session = %c.connection_id, "candidate for no session");
-                    return;
-                };
-                if c.candidate.trim().is_empty() {
-                    return; // end-of-candidates marker
-                }
-                let init = RTCIceCandidateInit {
-                    candidate: c.candidate,
-                    sdp_mid: Some(c.sdp_mid),
-                    sdp_mline_index: u16::try_from(c.sdp_m_line_index).ok(),
-                    username_fragment: c.username_fragment,
-                };
-                if let Err(e) = peer.pc.add_ice_candidate(init).await {
-                    tracing::debug!(session = %c.connection_id, error = %e, "remote candidate refused");
-                }
-            }
+            Inbound::RemoteCandidate(c) => self.remote_candidate(c).await,
             Inbound::Disconnected { session } => {
                 if let Some(gateway) = &mut self.gateway {
                     if gateway.disconnected(&session) {
@@ -378,6 +377,60 @@ impl PeerManager {
                     .stop_all(StopReason::SignallingLost)
                     .await;
             }
+        }
+    }
+
+    /// An offer: answered, or refused with a `disconnected` (the session,
+    /// if it was one already, torn down).
+    async fn offered(
+        &mut self,
+        session: String,
+        sdp: String,
+        role: Role,
+        subject: Option<String>,
+        ticket_expires: Option<u64>,
+    ) {
+        tracing::info!(%session, role = role.as_str(), subject = subject.as_deref().unwrap_or("-"), "offer");
+        let offered = self.offer(&session, sdp, role, subject).await;
+        if let (Ok(()), Some(peer)) = (&offered, self.sessions.get_mut(&session)) {
+            peer.ticket_expires = peer.ticket_expires.max(ticket_expires);
+        }
+        if let Err(e) = offered {
+            tracing::warn!(%session, error = %e, "cannot answer the offer");
+            let existed = self.sessions.contains_key(&session);
+            if existed {
+                self.teardown(
+                    &session,
+                    StopReason::SessionEnded,
+                    Some(DisconnectReason::Failed),
+                )
+                .await;
+            } else {
+                self.send_disconnected(
+                    &session,
+                    DisconnectReason::Failed,
+                    Some((e.reason(), e.to_string())),
+                );
+            }
+        }
+    }
+
+    async fn remote_candidate(&mut self, c: IceCandidatePayload) {
+        let Some(peer) = self.sessions.get(&c.connection_id) else {
+            tracing::debug!(session = %c.connection_id, "candidate for no session");
+            return;
+        };
+        if c.candidate.trim().is_empty() {
+            return; // end-of-candidates marker
+        }
+        let init = RTCIceCandidateInit {
+            candidate: c.candidate,
+            sdp_mid: Some(c.sdp_mid),
+            sdp_mline_index: u16::try_from(c.sdp_m_line_index).ok(),
+            username_fragment: c.username_fragment,
+        };
+        if let Err(e) = peer.pc.add_ice_candidate(init).await {
+            tracing::debug!(session = %c.connection_id, error = %e, "remote candidate refused");
         }
     }
 
@@ -654,215 +707,160 @@ impl PeerManager {
                     arp_channel(channel, session, generation, events).await;
                     return;
                 }
-                // The await in the handler is backpressure onto SCTP, not a
-                // drop.
-                let message_channel = channel.clone();
-                let message_incoming = incoming.clone();
-                channel.on_message(Box::new(move |message: DataChannelMessage| {
-                    let incoming = message_incoming.clone();
-                    let channel = message_channel.clone();
-                    Box::pin(async move {
-                        let text = if message.is_string {
-                            String::from_utf8_lossy(&message.data).into_owned()
-                        } else {
-                            // Binary frames are not part of the protocol; let
-                            // the parser answer INVALID_MESSAGE.
-                            String::from("binary frame")
-                        };
-                        let _ = incoming.send(Incoming::Text { text, channel }).await;
-                    })
-                }));
-                let open_events = events.clone();
-                let open_session = session.clone();
-                let open_channel = channel.clone();
-                channel.on_open(Box::new(move || {
-                    Box::pin(async move {
-                        let _ = incoming.send(Incoming::Open(open_channel)).await;
-                        let _ = open_events
-                            .send(PeerEvent::ChannelOpen {
-                                session: open_session,
-                                generation,
-                            })
-                            .await;
-                    })
-                }));
-                let close_events = events.clone();
-                let label = channel.label().to_owned();
-                channel.on_close(Box::new(move || {
-                    let events = close_events.clone();
-                    let session = session.clone();
-                    let label = label.clone();
-                    Box::pin(async move {
-                        let _ = events
-                            .send(PeerEvent::ChannelClosed {
-                                session,
-                                generation,
-                                label,
-                            })
-                            .await;
-                    })
-                }));
+                agent_channel(channel, session, generation, events, incoming);
             })
         }));
     }
 
     async fn event(&mut self, event: PeerEvent) {
-        let (session, generation) = match &event {
-            PeerEvent::LocalCandidate {
-                session,
-                generation,
-                ..
-            }
-            | PeerEvent::IceState {
-                session,
-                generation,
-                ..
-            }
-            | PeerEvent::PcState {
-                session,
-                generation,
-                ..
-            }
-            | PeerEvent::ChannelOpen {
-                session,
-                generation,
-            }
-            | PeerEvent::ChannelClosed {
-                session,
-                generation,
-                ..
-            }
-            | PeerEvent::ArpChannel {
-                session,
-                generation,
-                ..
-            } => (session.clone(), *generation),
-        };
-        let Some(peer) = self
-            .sessions
-            .get_mut(&session)
-            .filter(|p| p.generation == generation)
-        else {
+        let (session, generation) = event.target();
+        let session = session.to_owned();
+        let current = self.sessions.get(&session);
+        if current.is_none_or(|p| p.generation != generation) {
             return; // a late callback of a peer that is gone
-        };
+        }
         match event {
             PeerEvent::LocalCandidate { candidate, .. } => {
-                let Ok(init) = candidate.to_json() else {
-                    return;
-                };
-                let payload = IceCandidatePayload {
-                    connection_id: session.clone(),
-                    candidate: init.candidate,
-                    sdp_mid: peer.mid.clone(),
-                    sdp_m_line_index: 0,
-                    username_fragment: None,
-                };
-                self.send(Signalling::IceCandidate(payload));
+                self.local_candidate(&session, &candidate)
             }
-            PeerEvent::IceState { state, .. } => {
-                tracing::debug!(%session, %state, "ICE state");
-                match state {
-                    RTCIceConnectionState::Connected | RTCIceConnectionState::Completed => {
-                        peer.ice_connected = true;
-                        self.maybe_connected(&session);
-                    }
-                    RTCIceConnectionState::Disconnected => {
-                        // Transient maybe, but the robot must not keep
-                        // driving blind: stop now, keep the session.
-                        peer.ice_connected = false;
-                        self.shared
-                            .controller
-                            .interrupted(&session, StopReason::PeerDisconnected)
-                            .await;
-                    }
-                    _ => {}
-                }
-            }
-            PeerEvent::PcState { state, .. } => {
-                tracing::info!(%session, %state, "peer connection state");
-                match state {
-                    RTCPeerConnectionState::Failed => {
-                        self.teardown(
-                            &session,
-                            StopReason::PeerDisconnected,
-                            Some(DisconnectReason::Failed),
-                        )
-                        .await;
-                    }
-                    RTCPeerConnectionState::Closed => {
-                        self.teardown(
-                            &session,
-                            StopReason::PeerDisconnected,
-                            Some(DisconnectReason::Closed),
-                        )
-                        .await;
-                    }
-                    _ => {}
-                }
-            }
-            PeerEvent::ChannelOpen { .. } => {
-                peer.channel_open = true;
-                peer.channels_open += 1;
-                // The first channel to open starts the session's one task.
-                if let Some(incoming) = peer.incoming.take() {
-                    let (outbox_tx, outbox_rx) = mpsc::channel(CHANNEL_CAPACITY);
-                    self.shared.controller.attach(&session, outbox_tx).await;
-                    let worker = Session::new(session.clone(), peer.role, self.shared.clone());
-                    peer.task = Some(tokio::spawn(channel_task(
-                        worker,
-                        incoming,
-                        outbox_rx,
-                        self.cameras.clone(),
-                    )));
-                }
-                self.maybe_connected(&session);
-            }
+            PeerEvent::IceState { state, .. } => self.ice_state(&session, state).await,
+            PeerEvent::PcState { state, .. } => self.pc_state(&session, state).await,
+            PeerEvent::ChannelOpen { .. } => self.channel_open(&session).await,
             PeerEvent::ArpChannel {
                 channel, frames, ..
-            } => {
-                let Some(arp) = &self.arp else {
-                    tracing::warn!(%session, "arp data channel, but ARP is not enabled");
-                    return;
-                };
-                let (out_tx, mut out_rx) = mpsc::channel::<String>(crate::arp::FRAME_CHANNEL);
-                let handler = arp.connect(
-                    crate::arp::Peer {
-                        key: format!("{session}/arp"),
-                        session: Some(session.clone()),
-                        role: peer.role,
-                        subject: peer.subject.clone().unwrap_or_else(|| session.clone()),
-                    },
-                    frames,
-                    out_tx,
-                );
-                let writer = tokio::spawn(async move {
-                    while let Some(text) = out_rx.recv().await {
-                        if let Err(e) = channel.send_text(text).await {
-                            tracing::debug!(error = %e, "arp data channel send failed");
-                            break;
-                        }
-                    }
-                });
-                peer.arp_tasks.extend([handler, writer]);
+            } => self.arp_channel(&session, channel, frames),
+            PeerEvent::ChannelClosed { label, .. } => self.channel_closed(&session, &label).await,
+        }
+    }
+
+    fn local_candidate(&mut self, session: &str, candidate: &RTCIceCandidate) {
+        let Some(peer) = self.sessions.get(session) else {
+            return;
+        };
+        let Ok(init) = candidate.to_json() else {
+            return;
+        };
+        let payload = IceCandidatePayload {
+            connection_id: session.to_owned(),
+            candidate: init.candidate,
+            sdp_mid: peer.mid.clone(),
+            sdp_m_line_index: 0,
+            username_fragment: None,
+        };
+        self.send(Signalling::IceCandidate(payload));
+    }
+
+    async fn ice_state(&mut self, session: &str, state: RTCIceConnectionState) {
+        tracing::debug!(%session, %state, "ICE state");
+        let Some(peer) = self.sessions.get_mut(session) else {
+            return;
+        };
+        match state {
+            RTCIceConnectionState::Connected | RTCIceConnectionState::Completed => {
+                peer.ice_connected = true;
+                self.maybe_connected(session);
             }
-            PeerEvent::ChannelClosed { label, .. } => {
-                peer.channels_open = peer.channels_open.saturating_sub(1);
-                if label == ARP_LABEL {
-                    // The ARP connection ends with its channel (its calls
-                    // are cancelled, control released).
-                    for task in peer.arp_tasks.drain(..) {
-                        task.abort();
-                    }
-                }
-                if label == CONTROL_LABEL || peer.channels_open == 0 {
-                    self.teardown(
-                        &session,
-                        StopReason::SessionEnded,
-                        Some(DisconnectReason::Closed),
-                    )
+            RTCIceConnectionState::Disconnected => {
+                // Transient maybe, but the robot must not keep
+                // driving blind: stop now, keep the session.
+                peer.ice_connected = false;
+                self.shared
+                    .controller
+                    .interrupted(session, StopReason::PeerDisconnected)
                     .await;
+            }
+            _ => {}
+        }
+    }
+
+    async fn pc_state(&mut self, session: &str, state: RTCPeerConnectionState) {
+        tracing::info!(%session, %state, "peer connection state");
+        let reason = match state {
+            RTCPeerConnectionState::Failed => DisconnectReason::Failed,
+            RTCPeerConnectionState::Closed => DisconnectReason::Closed,
+            _ => return,
+        };
+        self.teardown(session, StopReason::PeerDisconnected, Some(reason))
+            .await;
+    }
+
+    async fn channel_open(&mut self, session: &str) {
+        let Some(peer) = self.sessions.get_mut(session) else {
+            return;
+        };
+        peer.channel_open = true;
+        peer.channels_open += 1;
+        // The first channel to open starts the session's one task.
+        if let Some(incoming) = peer.incoming.take() {
+            let (outbox_tx, outbox_rx) = mpsc::channel(CHANNEL_CAPACITY);
+            self.shared.controller.attach(session, outbox_tx).await;
+            let worker = Session::new(session.to_owned(), peer.role, self.shared.clone());
+            peer.task = Some(tokio::spawn(channel_task(
+                worker,
+                incoming,
+                outbox_rx,
+                self.cameras.clone(),
+            )));
+        }
+        self.maybe_connected(session);
+    }
+
+    /// Serves a data channel labelled `arp` with the ARP server, in the
+    /// session's role.
+    fn arp_channel(
+        &mut self,
+        session: &str,
+        channel: Arc<RTCDataChannel>,
+        frames: mpsc::Receiver<String>,
+    ) {
+        let Some(peer) = self.sessions.get_mut(session) else {
+            return;
+        };
+        let Some(arp) = &self.arp else {
+            tracing::warn!(%session, "arp data channel, but ARP is not enabled");
+            return;
+        };
+        let (out_tx, mut out_rx) = mpsc::channel::<String>(crate::arp::FRAME_CHANNEL);
+        let handler = arp.connect(
+            crate::arp::Peer {
+                key: format!("{session}/arp"),
+                session: Some(session.to_owned()),
+                role: peer.role,
+                subject: peer.subject.clone().unwrap_or_else(|| session.to_owned()),
+            },
+            frames,
+            out_tx,
+        );
+        let writer = tokio::spawn(async move {
+            while let Some(text) = out_rx.recv().await {
+                if let Err(e) = channel.send_text(text).await {
+                    tracing::debug!(error = %e, "arp data channel send failed");
+                    break;
                 }
             }
+        });
+        peer.arp_tasks.extend([handler, writer]);
+    }
+
+    async fn channel_closed(&mut self, session: &str, label: &str) {
+        let Some(peer) = self.sessions.get_mut(session) else {
+            return;
+        };
+        peer.channels_open = peer.channels_open.saturating_sub(1);
+        if label == ARP_LABEL {
+            // The ARP connection ends with its channel (its calls
+            // are cancelled, control released).
+            for task in peer.arp_tasks.drain(..) {
+                task.abort();
+            }
+        }
+        if label == CONTROL_LABEL || peer.channels_open == 0 {
+            self.teardown(
+                session,
+                StopReason::SessionEnded,
+                Some(DisconnectReason::Closed),
+            )
+            .await;
         }
     }
 
@@ -1080,6 +1078,80 @@ fn first_mid(sdp: &str) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// A data channel message as text; a binary one as text that parses as
+/// nothing.
+fn text_of(message: &DataChannelMessage) -> String {
+    if message.is_string {
+        String::from_utf8_lossy(&message.data).into_owned()
+    } else {
+        String::from("binary frame")
+    }
+}
+
+/// Tells the manager when `channel` closes.
+fn report_close(
+    channel: &RTCDataChannel,
+    session: String,
+    generation: u64,
+    events: mpsc::Sender<PeerEvent>,
+) {
+    let label = channel.label().to_owned();
+    channel.on_close(Box::new(move || {
+        let events = events.clone();
+        let session = session.clone();
+        let label = label.clone();
+        Box::pin(async move {
+            let _ = events
+                .send(PeerEvent::ChannelClosed {
+                    session,
+                    generation,
+                    label,
+                })
+                .await;
+        })
+    }));
+}
+
+/// Wires a data channel of the `agent.*` protocol to the session's task
+/// (`incoming`) and its opening and closing to the manager (`events`).
+fn agent_channel(
+    channel: Arc<RTCDataChannel>,
+    session: String,
+    generation: u64,
+    events: mpsc::Sender<PeerEvent>,
+    incoming: mpsc::Sender<Incoming>,
+) {
+    // The await in the handler is backpressure onto SCTP, not a
+    // drop.
+    let message_channel = channel.clone();
+    let message_incoming = incoming.clone();
+    channel.on_message(Box::new(move |message: DataChannelMessage| {
+        let incoming = message_incoming.clone();
+        let channel = message_channel.clone();
+        Box::pin(async move {
+            // Binary frames are not part of the protocol: the parser
+            // answers INVALID_MESSAGE.
+            let text = text_of(&message);
+            let _ = incoming.send(Incoming::Text { text, channel }).await;
+        })
+    }));
+    let open_events = events.clone();
+    let open_session = session.clone();
+    let open_channel = channel.clone();
+    channel.on_open(Box::new(move || {
+        Box::pin(async move {
+            let _ = incoming.send(Incoming::Open(open_channel)).await;
+            let _ = open_events
+                .send(PeerEvent::ChannelOpen {
+                    session: open_session,
+                    generation,
+                })
+                .await;
+        })
+    }));
+    report_close(&channel, session, generation, events);
+}
+
 /// Wires an `arp` data channel: its frames go to a queue the manager
 /// hands to the ARP handler; opening and closing count like any channel.
 async fn arp_channel(
@@ -1092,12 +1164,8 @@ async fn arp_channel(
     channel.on_message(Box::new(move |message: DataChannelMessage| {
         let frames = frames_tx.clone();
         Box::pin(async move {
-            let text = if message.is_string {
-                String::from_utf8_lossy(&message.data).into_owned()
-            } else {
-                // Not JSON: the handler answers a parse error.
-                String::from("binary frame")
-            };
+            // A binary frame is not JSON: the handler answers a parse error.
+            let text = text_of(&message);
             // Backpressure onto SCTP, not a drop.
             let _ = frames.send(text).await;
         })
@@ -1114,21 +1182,7 @@ async fn arp_channel(
                 .await;
         })
     }));
-    let close_events = events.clone();
-    let close_session = session.clone();
-    channel.on_close(Box::new(move || {
-        let events = close_events.clone();
-        let session = close_session.clone();
-        Box::pin(async move {
-            let _ = events
-                .send(PeerEvent::ChannelClosed {
-                    session,
-                    generation,
-                    label: ARP_LABEL.to_owned(),
-                })
-                .await;
-        })
-    }));
+    report_close(&channel, session.clone(), generation, events.clone());
     let _ = events
         .send(PeerEvent::ArpChannel {
             session,
@@ -1151,20 +1205,13 @@ impl Drop for Watchers {
     }
 }
 
-/// Pumps one session's data channels: requests in (from any channel, each
-/// answered on its own), controller messages out on the primary channel
-/// (`control`, else the first to open), and the freshness gate's timer.
-async fn channel_task(
-    mut session: Session,
-    mut incoming: mpsc::Receiver<Incoming>,
-    mut outbox: mpsc::Receiver<Envelope>,
-    cameras: Vec<Arc<Camera>>,
-) {
-    let mut primary: Option<Arc<RTCDataChannel>> = None;
-    // Cameras that fail or come back while the session runs are announced
-    // on it: an `agent.error` for a failure, fresh capabilities either way.
-    let (change_tx, mut changes) = mpsc::channel::<(usize, Option<CameraStatus>)>(8);
-    let _watchers = Watchers(
+/// Tasks that report each camera's changes as (index, status; `None` after
+/// a lag: read the state now); they end when dropped.
+fn watch_cameras(
+    cameras: &[Arc<Camera>],
+) -> (Watchers, mpsc::Receiver<(usize, Option<CameraStatus>)>) {
+    let (change_tx, changes) = mpsc::channel::<(usize, Option<CameraStatus>)>(8);
+    let watchers = Watchers(
         cameras
             .iter()
             .enumerate()
@@ -1188,6 +1235,22 @@ async fn channel_task(
             })
             .collect(),
     );
+    (watchers, changes)
+}
+
+/// Pumps one session's data channels: requests in (from any channel, each
+/// answered on its own), controller messages out on the primary channel
+/// (`control`, else the first to open), and the freshness gate's timer.
+async fn channel_task(
+    mut session: Session,
+    mut incoming: mpsc::Receiver<Incoming>,
+    mut outbox: mpsc::Receiver<Envelope>,
+    cameras: Vec<Arc<Camera>>,
+) {
+    let mut primary: Option<Arc<RTCDataChannel>> = None;
+    // Cameras that fail or come back while the session runs are announced
+    // on it: an `agent.error` for a failure, fresh capabilities either way.
+    let (_watchers, mut changes) = watch_cameras(&cameras);
     let mut current: Vec<CameraStatus> = cameras.iter().map(|c| c.status()).collect();
     loop {
         // A far deadline stands for "none": the branch is disabled then.

@@ -7,151 +7,136 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 use signalling_protocol::schema::SchemaValidator;
 use tokio::sync::mpsc;
-use webrtc::api::media_engine::MediaEngine;
-use webrtc::api::setting_engine::SettingEngine;
-use webrtc::api::APIBuilder;
 use webrtc::data_channel::data_channel_init::RTCDataChannelInit;
-use webrtc::data_channel::data_channel_message::DataChannelMessage;
-use webrtc::ice::mdns::MulticastDnsMode;
-use webrtc::ice_transport::ice_candidate::{RTCIceCandidate, RTCIceCandidateInit};
-use webrtc::peer_connection::configuration::RTCConfiguration;
 use webrtc::peer_connection::sdp::session_description::RTCSessionDescription;
-use webrtc::rtp_transceiver::rtp_codec::RTPCodecType;
-use webrtc::rtp_transceiver::rtp_transceiver_direction::RTCRtpTransceiverDirection;
-use webrtc::rtp_transceiver::RTCRtpTransceiverInit;
 
 use super::*;
 use crate::controller;
 use crate::driver::{DriverEvent, DriverHandle};
-use crate::locations::LocationStore;
 use crate::safety::SafetyLimits;
-use crate::settings::Settings;
-use crate::testutil::WAIT;
+use crate::testutil::browser::{
+    browser, candidate_init, complete_offer, connect, connect_until_open, local_candidates,
+    local_offer, loopback, messages, next_signal, offer_sdp, online, opened, ready_controller,
+    send_offer, spawn_manager, teleop_browser,
+};
+use crate::testutil::{self, validated, WAIT};
 use crate::video::{Camera, CameraStats, VideoSpec};
 
-fn checked(envelope: &Envelope) -> Value {
-    let v: Value = serde_json::from_str(&envelope.to_json()).expect("json");
-    if let Err(e) = SchemaValidator::shared().validate(&v) {
-        panic!("agent sent a message that breaks the spec: {e}\n{v}");
+/// Opens an unordered, no-retransmit `motion` channel, sends a movement on
+/// it and checks that it reached the driver; returns the channel.
+async fn move_on_a_motion_channel(
+    browser: &RTCPeerConnection,
+    end: &mut crate::driver::DriverEnd,
+) -> Arc<RTCDataChannel> {
+    let motion = browser
+        .create_data_channel(
+            "motion",
+            Some(RTCDataChannelInit {
+                ordered: Some(false),
+                max_retransmits: Some(0),
+                ..Default::default()
+            }),
+        )
+        .await
+        .expect("motion channel");
+    let mut open_rx = opened(&motion);
+    tokio::time::timeout(WAIT, open_rx.recv())
+        .await
+        .expect("motion channel opens");
+    let movement = json!({"type": "agent.movement", "version": "0.5", "id": "m-1",
+        "timestamp": crate::testutil::rfc3339_ms(crate::testutil::client_now_ms()),
+        "payload": {"forward": 1.0, "turn": 0.0}});
+    motion
+        .send_text(movement.to_string())
+        .await
+        .expect("send movement");
+    match tokio::time::timeout(WAIT, end.commands.recv())
+        .await
+        .expect("driver command in time")
+        .expect("command")
+    {
+        crate::driver::DriverCommand::Move { linear, .. } => assert_eq!(linear, 0.5),
+        other => panic!("unexpected {other:?}"),
     }
+    motion
+}
+
+/// Trickles candidates both ways (the browser's from `cand_rx`) until the
+/// agent reports `session` connected; returns that message.
+async fn trickle(
+    browser: &RTCPeerConnection,
+    in_tx: &mpsc::Sender<Inbound>,
+    sig_rx: &mut mpsc::Receiver<Envelope>,
+    cand_rx: &mut mpsc::Receiver<String>,
+    session: &str,
+) -> Value {
+    loop {
+        tokio::select! {
+            c = cand_rx.recv() => {
+                let c = c.expect("browser candidate");
+                let payload = IceCandidatePayload {
+                    connection_id: session.into(),
+                    candidate: c,
+                    sdp_mid: "0".into(),
+                    sdp_m_line_index: 0,
+                    username_fragment: None,
+                };
+                in_tx.send(Inbound::RemoteCandidate(payload)).await.expect("candidate");
+            }
+            e = tokio::time::timeout(WAIT, sig_rx.recv()) => {
+                let v = validated(&e.expect("agent signal in time").expect("open"));
+                match v["type"].as_str() {
+                    Some("signalling.ice_candidate") => {
+                        assert_eq!(v["payload"]["sdpMid"], "0");
+                        browser.add_ice_candidate(candidate_init(&v)).await.expect("agent candidate");
+                    }
+                    Some("signalling.connected") => return v,
+                    other => panic!("unexpected {other:?}: {v}"),
+                }
+            }
+        }
+    }
+}
+
+/// The next message on a data channel, checked against the spec.
+async fn next_text(messages: &mut mpsc::Receiver<String>) -> Value {
+    let text = tokio::time::timeout(WAIT, messages.recv())
+        .await
+        .expect("a message in time")
+        .expect("channel open");
+    let v: Value = serde_json::from_str(&text).expect("json");
+    SchemaValidator::shared()
+        .validate(&v)
+        .unwrap_or_else(|e| panic!("agent sent a message that breaks the spec: {e}\n{v}"));
     v
 }
 
-async fn next_signal(
-    rx: &mut mpsc::Receiver<Envelope>,
-    kind: &str,
-    candidates: &mut Vec<Value>,
-) -> Value {
-    loop {
-        let envelope = tokio::time::timeout(WAIT, rx.recv())
-            .await
-            .unwrap_or_else(|_| panic!("no {kind} in time"))
-            .expect("signalling open");
-        let v = checked(&envelope);
-        if v["type"] == kind {
-            return v;
-        }
-        assert_eq!(v["type"], "signalling.ice_candidate", "unexpected {v}");
-        candidates.push(v);
-    }
+/// An `agent.ping` with `id` on `channel`.
+async fn ping(channel: &RTCDataChannel, id: &str) {
+    let ping = json!({"type": "agent.ping", "version": "0.5", "id": id,
+        "timestamp": crate::testutil::rfc3339_ms(crate::testutil::client_now_ms())});
+    channel
+        .send_text(ping.to_string())
+        .await
+        .expect("send ping");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn answers_a_teleop_style_offer_and_serves_the_control_channel() {
     // The agent side.
-    let (driver, end) = DriverHandle::channel();
-    end.events.send(DriverEvent::Ready).await.expect("ready");
-    let limits = SafetyLimits::default();
-    let shared = Shared {
-        controller: controller::spawn(limits.clone(), driver),
-        locations: Arc::new(std::sync::Mutex::new(LocationStore::in_memory(10))),
-        settings: Arc::new(std::sync::Mutex::new(Settings::defaults(&limits))),
-        base_limits: limits,
-        metrics: Arc::new(crate::session::Metrics::default()),
-        reply_signer: None,
-    };
-    let (sig_tx, mut sig_rx) = mpsc::channel(64);
-    let manager = PeerManager::new(
-        &PeerOptions {
-            include_loopback_candidates: true,
-            loopback_only: true,
-        },
-        sig_tx,
-        shared,
-    )
-    .expect("manager");
-    let (in_tx, in_rx) = mpsc::channel(64);
-    tokio::spawn(manager.run(in_rx));
-    in_tx
-        .send(Inbound::Online {
-            ice_servers: vec![],
-        })
-        .await
-        .expect("online");
+    let (controller, mut end) = ready_controller().await;
+    let shared = testutil::shared(controller, None);
+    let (in_tx, mut sig_rx) = spawn_manager(64, |sig_tx| {
+        PeerManager::new(&loopback(), sig_tx, shared).expect("manager")
+    });
+    online(&in_tx).await;
 
     // The browser side.
-    let mut media = MediaEngine::default();
-    media.register_default_codecs().expect("codecs");
-    let mut settings = SettingEngine::default();
-    settings.set_ice_multicast_dns_mode(MulticastDnsMode::Disabled);
-    settings.set_include_loopback_candidate(true);
-    // Loopback only: the test's ICE traffic never leaves 127.0.0.1.
-    settings.set_ip_filter(Box::new(|ip: std::net::IpAddr| ip.is_loopback()));
-    let api = APIBuilder::new()
-        .with_media_engine(media)
-        .with_setting_engine(settings)
-        .build();
-    let browser = Arc::new(
-        api.new_peer_connection(RTCConfiguration::default())
-            .await
-            .expect("pc"),
-    );
-    let control = browser
-        .create_data_channel("control", None)
-        .await
-        .expect("channel");
-    browser
-        .add_transceiver_from_kind(
-            RTPCodecType::Video,
-            Some(RTCRtpTransceiverInit {
-                direction: RTCRtpTransceiverDirection::Recvonly,
-                send_encodings: vec![],
-            }),
-        )
-        .await
-        .expect("video transceiver");
-    let (msg_tx, mut msg_rx) = mpsc::channel::<String>(16);
-    control.on_message(Box::new(move |m: DataChannelMessage| {
-        let tx = msg_tx.clone();
-        Box::pin(async move {
-            let _ = tx.send(String::from_utf8_lossy(&m.data).into_owned()).await;
-        })
-    }));
-    let (cand_tx, mut cand_rx) = mpsc::channel::<String>(32);
-    browser.on_ice_candidate(Box::new(move |c: Option<RTCIceCandidate>| {
-        let tx = cand_tx.clone();
-        Box::pin(async move {
-            if let Some(c) = c {
-                if let Ok(init) = c.to_json() {
-                    let _ = tx.send(init.candidate).await;
-                }
-            }
-        })
-    }));
-    let offer = browser.create_offer(None).await.expect("offer");
-    browser.set_local_description(offer).await.expect("local");
-    let offer_sdp = browser.local_description().await.expect("sdp").sdp;
-
-    in_tx
-        .send(Inbound::Offer {
-            session: "s-1".into(),
-            sdp: offer_sdp,
-            role: Role::Operator,
-            subject: Some("alice".into()),
-            ticket_expires: None,
-        })
-        .await
-        .expect("offer");
+    let (browser, control) = teleop_browser().await;
+    let mut msg_rx = messages(&control, 16);
+    let mut cand_rx = local_candidates(&browser);
+    let offer_sdp = local_offer(&browser).await;
+    send_offer(&in_tx, "s-1", offer_sdp, Role::Operator, "alice").await;
     let mut agent_candidates = Vec::new();
     let answer = next_signal(&mut sig_rx, "signalling.answer", &mut agent_candidates).await;
     assert_eq!(answer["payload"]["connectionId"], "s-1");
@@ -170,46 +155,9 @@ async fn answers_a_teleop_style_offer_and_serves_the_control_channel() {
         .expect("remote");
 
     // Trickle both ways until the channel opens and the agent reports it.
-    let connected = loop {
-        tokio::select! {
-            c = cand_rx.recv() => {
-                let c = c.expect("browser candidate");
-                let payload = IceCandidatePayload {
-                    connection_id: "s-1".into(),
-                    candidate: c,
-                    sdp_mid: "0".into(),
-                    sdp_m_line_index: 0,
-                    username_fragment: None,
-                };
-                in_tx.send(Inbound::RemoteCandidate(payload)).await.expect("candidate");
-            }
-            e = tokio::time::timeout(WAIT, sig_rx.recv()) => {
-                let v = checked(&e.expect("agent signal in time").expect("open"));
-                match v["type"].as_str() {
-                    Some("signalling.ice_candidate") => {
-                        assert_eq!(v["payload"]["sdpMid"], "0");
-                        let init = RTCIceCandidateInit {
-                            candidate: v["payload"]["candidate"].as_str().expect("c").to_owned(),
-                            sdp_mid: Some("0".into()),
-                            sdp_mline_index: Some(0),
-                            username_fragment: None,
-                        };
-                        browser.add_ice_candidate(init).await.expect("agent candidate");
-                    }
-                    Some("signalling.connected") => break v,
-                    other => panic!("unexpected {other:?}: {v}"),
-                }
-            }
-        }
-    };
+    let connected = trickle(&browser, &in_tx, &mut sig_rx, &mut cand_rx, "s-1").await;
     for v in agent_candidates {
-        let init = RTCIceCandidateInit {
-            candidate: v["payload"]["candidate"].as_str().expect("c").to_owned(),
-            sdp_mid: Some("0".into()),
-            sdp_mline_index: Some(0),
-            username_fragment: None,
-        };
-        let _ = browser.add_ice_candidate(init).await;
+        let _ = browser.add_ice_candidate(candidate_init(&v)).await;
     }
     assert_eq!(
         connected["payload"],
@@ -217,87 +165,18 @@ async fn answers_a_teleop_style_offer_and_serves_the_control_channel() {
     );
 
     // The agent greets with its capabilities, then answers a ping.
-    let caps: Value = serde_json::from_str(
-        &tokio::time::timeout(WAIT, msg_rx.recv())
-            .await
-            .expect("caps")
-            .expect("msg"),
-    )
-    .expect("json");
-    SchemaValidator::shared()
-        .validate(&caps)
-        .expect("valid capabilities");
+    let caps = next_text(&mut msg_rx).await;
     assert_eq!(caps["type"], "agent.capabilities");
-    let ping = json!({"type": "agent.ping", "version": "0.5", "id": "p-1", "timestamp": crate::testutil::rfc3339_ms(crate::testutil::client_now_ms())});
-    control
-        .send_text(ping.to_string())
-        .await
-        .expect("send ping");
-    let pong: Value = serde_json::from_str(
-        &tokio::time::timeout(WAIT, msg_rx.recv())
-            .await
-            .expect("pong")
-            .expect("msg"),
-    )
-    .expect("json");
-    SchemaValidator::shared()
-        .validate(&pong)
-        .expect("valid pong");
-    assert_eq!(pong["correlationId"], "p-1");
+    ping(&control, "p-1").await;
+    assert_eq!(next_text(&mut msg_rx).await["correlationId"], "p-1");
 
     // Movement on a second, unordered, no-retransmit channel (as our SDK
     // sends it) reaches the driver through the same session.
-    let motion = browser
-        .create_data_channel(
-            "motion",
-            Some(RTCDataChannelInit {
-                ordered: Some(false),
-                max_retransmits: Some(0),
-                ..Default::default()
-            }),
-        )
-        .await
-        .expect("motion channel");
-    let (open_tx, mut open_rx) = mpsc::channel::<()>(1);
-    motion.on_open(Box::new(move || {
-        Box::pin(async move {
-            let _ = open_tx.send(()).await;
-        })
-    }));
-    tokio::time::timeout(WAIT, open_rx.recv())
-        .await
-        .expect("motion channel opens");
-    let mut end = end;
-    let movement = json!({"type": "agent.movement", "version": "0.5", "id": "m-1",
-        "timestamp": crate::testutil::rfc3339_ms(crate::testutil::client_now_ms()),
-        "payload": {"forward": 1.0, "turn": 0.0}});
-    motion
-        .send_text(movement.to_string())
-        .await
-        .expect("send movement");
-    match tokio::time::timeout(WAIT, end.commands.recv())
-        .await
-        .expect("driver command in time")
-        .expect("command")
-    {
-        crate::driver::DriverCommand::Move { linear, .. } => assert_eq!(linear, 0.5),
-        other => panic!("unexpected {other:?}"),
-    }
+    let motion = move_on_a_motion_channel(&browser, &mut end).await;
     // Closing that extra channel does not end the session.
     motion.close().await.expect("close motion");
-    let ping = json!({"type": "agent.ping", "version": "0.5", "id": "p-2", "timestamp": crate::testutil::rfc3339_ms(crate::testutil::client_now_ms())});
-    control
-        .send_text(ping.to_string())
-        .await
-        .expect("send ping");
-    let pong: Value = serde_json::from_str(
-        &tokio::time::timeout(WAIT, msg_rx.recv())
-            .await
-            .expect("pong")
-            .expect("msg"),
-    )
-    .expect("json");
-    assert_eq!(pong["correlationId"], "p-2");
+    ping(&control, "p-2").await;
+    assert_eq!(next_text(&mut msg_rx).await["correlationId"], "p-2");
 
     // The browser leaves: the agent reports the session closed.
     browser.close().await.expect("close");
@@ -309,27 +188,10 @@ async fn answers_a_teleop_style_offer_and_serves_the_control_channel() {
 #[tokio::test]
 async fn a_broken_offer_is_reported_as_failed() {
     let (driver, _end) = DriverHandle::channel();
-    let limits = SafetyLimits::default();
-    let shared = Shared {
-        controller: controller::spawn(limits.clone(), driver),
-        locations: Arc::new(std::sync::Mutex::new(LocationStore::in_memory(10))),
-        settings: Arc::new(std::sync::Mutex::new(Settings::defaults(&limits))),
-        base_limits: limits,
-        metrics: Arc::new(crate::session::Metrics::default()),
-        reply_signer: None,
-    };
-    let (sig_tx, mut sig_rx) = mpsc::channel(8);
-    let manager = PeerManager::new(
-        &PeerOptions {
-            include_loopback_candidates: true,
-            loopback_only: true,
-        },
-        sig_tx,
-        shared,
-    )
-    .expect("manager");
-    let (in_tx, in_rx) = mpsc::channel(8);
-    tokio::spawn(manager.run(in_rx));
+    let shared = testutil::shared(controller::spawn(SafetyLimits::default(), driver), None);
+    let (in_tx, mut sig_rx) = spawn_manager(8, |sig_tx| {
+        PeerManager::new(&loopback(), sig_tx, shared).expect("manager")
+    });
     in_tx
         .send(Inbound::Offer {
             session: "bad".into(),
@@ -353,34 +215,13 @@ async fn agent_with_cameras(
     end.events.send(DriverEvent::Ready).await.expect("ready");
     // The driver's end lives as long as the test.
     std::mem::forget(end);
-    let limits = SafetyLimits::default();
-    let shared = Shared {
-        controller: controller::spawn(limits.clone(), driver),
-        locations: Arc::new(std::sync::Mutex::new(LocationStore::in_memory(10))),
-        settings: Arc::new(std::sync::Mutex::new(Settings::defaults(&limits))),
-        base_limits: limits,
-        metrics: Arc::new(crate::session::Metrics::default()),
-        reply_signer: None,
-    };
-    let (sig_tx, sig_rx) = mpsc::channel(256);
-    let manager = PeerManager::new(
-        &PeerOptions {
-            include_loopback_candidates: true,
-            loopback_only: true,
-        },
-        sig_tx,
-        shared,
-    )
-    .expect("manager")
-    .with_cameras(cameras);
-    let (in_tx, in_rx) = mpsc::channel(256);
-    tokio::spawn(manager.run(in_rx));
-    in_tx
-        .send(Inbound::Online {
-            ice_servers: vec![],
-        })
-        .await
-        .expect("online");
+    let shared = testutil::shared(controller::spawn(SafetyLimits::default(), driver), None);
+    let (in_tx, sig_rx) = spawn_manager(256, |sig_tx| {
+        PeerManager::new(&loopback(), sig_tx, shared)
+            .expect("manager")
+            .with_cameras(cameras)
+    });
+    online(&in_tx).await;
     (in_tx, sig_rx)
 }
 
@@ -399,38 +240,8 @@ async fn viewer_session(
     sig_rx: &mut mpsc::Receiver<Envelope>,
     session: &str,
 ) -> (Viewer, String) {
-    let mut media = MediaEngine::default();
-    media.register_default_codecs().expect("codecs");
-    let mut settings = SettingEngine::default();
-    settings.set_ice_multicast_dns_mode(MulticastDnsMode::Disabled);
-    settings.set_include_loopback_candidate(true);
-    settings.set_ip_filter(Box::new(|ip: std::net::IpAddr| ip.is_loopback()));
-    let api = APIBuilder::new()
-        .with_media_engine(media)
-        .with_setting_engine(settings)
-        .build();
-    let pc = Arc::new(
-        api.new_peer_connection(RTCConfiguration::default())
-            .await
-            .expect("pc"),
-    );
-    let control = pc.create_data_channel("control", None).await.expect("dc");
-    pc.add_transceiver_from_kind(
-        RTPCodecType::Video,
-        Some(RTCRtpTransceiverInit {
-            direction: RTCRtpTransceiverDirection::Recvonly,
-            send_encodings: vec![],
-        }),
-    )
-    .await
-    .expect("video transceiver");
-    let (msg_tx, messages) = mpsc::channel::<String>(64);
-    control.on_message(Box::new(move |m: DataChannelMessage| {
-        let tx = msg_tx.clone();
-        Box::pin(async move {
-            let _ = tx.send(String::from_utf8_lossy(&m.data).into_owned()).await;
-        })
-    }));
+    let (pc, control) = teleop_browser().await;
+    let messages = messages(&control, 64);
     let packets = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let codec = Arc::new(std::sync::Mutex::new(None));
     let (count, seen) = (packets.clone(), codec.clone());
@@ -445,50 +256,10 @@ async fn viewer_session(
             });
         })
     }));
-    let offer = pc.create_offer(None).await.expect("offer");
-    let mut gathered = pc.gathering_complete_promise().await;
-    pc.set_local_description(offer).await.expect("local");
-    let _ = gathered.recv().await;
-    let offer_sdp = pc.local_description().await.expect("sdp").sdp;
-    in_tx
-        .send(Inbound::Offer {
-            session: session.into(),
-            sdp: offer_sdp,
-            role: Role::Viewer,
-            subject: Some("viewer".into()),
-            ticket_expires: None,
-        })
-        .await
-        .expect("offer");
-    let mut candidates = Vec::new();
-    let answer = next_signal(sig_rx, "signalling.answer", &mut candidates).await;
-    let sdp = answer["payload"]["sdp"].as_str().expect("sdp").to_owned();
-    pc.set_remote_description(RTCSessionDescription::answer(sdp.clone()).expect("answer"))
-        .await
-        .expect("remote");
+    let offer = complete_offer(&pc).await;
+    send_offer(in_tx, session, offer, Role::Viewer, "viewer").await;
     // The offer carried all of the browser's candidates; the agent trickles.
-    let connected = loop {
-        let v = checked(
-            &tokio::time::timeout(WAIT, sig_rx.recv())
-                .await
-                .expect("agent signal in time")
-                .expect("open"),
-        );
-        match v["type"].as_str() {
-            Some("signalling.ice_candidate") => candidates.push(v),
-            Some("signalling.connected") => break v,
-            other => panic!("unexpected {other:?}: {v}"),
-        }
-        for c in candidates.drain(..) {
-            let init = RTCIceCandidateInit {
-                candidate: c["payload"]["candidate"].as_str().expect("c").to_owned(),
-                sdp_mid: c["payload"]["sdpMid"].as_str().map(str::to_owned),
-                sdp_mline_index: Some(0),
-                username_fragment: None,
-            };
-            let _ = pc.add_ice_candidate(init).await;
-        }
-    };
+    let (sdp, connected) = connect(&pc, sig_rx).await;
     assert_eq!(connected["payload"]["connectionId"], session);
     (
         Viewer {
@@ -503,15 +274,7 @@ async fn viewer_session(
 }
 
 async fn next_message(viewer: &mut Viewer) -> Value {
-    let text = tokio::time::timeout(WAIT, viewer.messages.recv())
-        .await
-        .expect("a message in time")
-        .expect("channel open");
-    let v: Value = serde_json::from_str(&text).expect("json");
-    SchemaValidator::shared()
-        .validate(&v)
-        .unwrap_or_else(|e| panic!("agent message breaks the spec: {e}\n{v}"));
-    v
+    next_text(&mut viewer.messages).await
 }
 
 fn video_section(sdp: &str) -> String {
@@ -553,6 +316,99 @@ async fn wait_for(what: &str, mut condition: impl FnMut() -> bool) {
         assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
+}
+
+/// Sends H.264 RTP to the camera's `port` until both viewers got 30 packets;
+/// returns the next sequence number.
+async fn stream_until_both_got_video(
+    source: &tokio::net::UdpSocket,
+    port: u16,
+    first: &Viewer,
+    second: &Viewer,
+) -> u16 {
+    let mut seq = 0u16;
+    let (a, b) = (first.packets.clone(), second.packets.clone());
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while a.load(std::sync::atomic::Ordering::Relaxed) < 30
+        || b.load(std::sync::atomic::Ordering::Relaxed) < 30
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "video reached both sessions"
+        );
+        source
+            .send_to(&h264_rtp(seq, u32::from(seq / 3)), ("127.0.0.1", port))
+            .await
+            .expect("send");
+        seq = seq.wrapping_add(1);
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    seq
+}
+
+/// Not H.264 on the camera's port: unavailable, counted, not forwarded;
+/// good packets again (from `seq` on): available again.
+async fn bad_input_then_recovery(
+    source: &tokio::net::UdpSocket,
+    port: u16,
+    front: &Camera,
+    seq: u16,
+) {
+    for _ in 0..120 {
+        source
+            .send_to(
+                &[0x80, 96, 0, 1, 0, 0, 0, 1, 0, 0, 0, 42, 0x90, 0x80, 0x12],
+                ("127.0.0.1", port),
+            )
+            .await
+            .expect("send");
+    }
+    wait_for("bad input marks the camera unavailable", || {
+        !front.available()
+    })
+    .await;
+    assert!(CameraStats::get(&front.stats.invalid_input) >= 100);
+    // Good packets again: available again.
+    for i in 0..6u16 {
+        source
+            .send_to(&h264_rtp(seq.wrapping_add(i), 1000), ("127.0.0.1", port))
+            .await
+            .expect("send");
+    }
+    wait_for("the camera recovers", || front.available()).await;
+}
+
+/// A dead command: the first session starts it, it fails, and the next
+/// session hears that the camera is unavailable (and opens without it).
+async fn a_dead_command_is_reported_to_the_next_session() {
+    let rear_only = Camera::start(
+        "rear=exec:exit 3".parse().expect("spec"),
+        std::time::Duration::from_millis(200),
+    );
+    let (in_tx2, mut sig_rx2) = agent_with_cameras(vec![rear_only.clone()]).await;
+    let (mut fourth, _) = viewer_session(&in_tx2, &mut sig_rx2, "v-4").await;
+    let _ = next_message(&mut fourth).await;
+    wait_for("the dead command marks the camera unavailable", || {
+        !rear_only.available()
+    })
+    .await;
+    assert!(CameraStats::get(&rear_only.stats.failures) >= 1);
+    fourth.pc.close().await.expect("close");
+    let mut ignored = Vec::new();
+    let gone = next_signal(&mut sig_rx2, "signalling.disconnected", &mut ignored).await;
+    assert_eq!(gone["payload"]["connectionId"], "v-4");
+    let (mut fifth, sdp) = viewer_session(&in_tx2, &mut sig_rx2, "v-5").await;
+    assert!(
+        video_section(&sdp).contains("a=inactive"),
+        "no video from an unavailable camera; the session still opens"
+    );
+    let caps = next_message(&mut fifth).await;
+    assert_eq!(caps["meta"]["cameras"][0]["available"], false);
+    let error = next_message(&mut fifth).await;
+    assert_eq!(error["type"], "agent.error");
+    assert_eq!(error["payload"]["code"], "AGENT_UNAVAILABLE");
+    assert_eq!(error["payload"]["details"]["camera"], "rear");
+    fifth.pc.close().await.expect("close");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -607,23 +463,7 @@ async fn one_rtp_camera_feeds_every_session_and_a_dead_one_is_reported() {
     let source = tokio::net::UdpSocket::bind("127.0.0.1:0")
         .await
         .expect("src");
-    let mut seq = 0u16;
-    let (a, b) = (first.packets.clone(), second.packets.clone());
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while a.load(std::sync::atomic::Ordering::Relaxed) < 30
-        || b.load(std::sync::atomic::Ordering::Relaxed) < 30
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "video reached both sessions"
-        );
-        source
-            .send_to(&h264_rtp(seq, u32::from(seq / 3)), ("127.0.0.1", port))
-            .await
-            .expect("send");
-        seq = seq.wrapping_add(1);
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
+    let seq = stream_until_both_got_video(&source, port, &first, &second).await;
     for viewer in [&first, &second] {
         assert_eq!(
             viewer.codec.lock().expect("lock").as_deref(),
@@ -632,66 +472,15 @@ async fn one_rtp_camera_feeds_every_session_and_a_dead_one_is_reported() {
     }
     assert!(front.status().available);
 
-    // Not H.264 on the camera's port: unavailable, counted, not forwarded.
-    for _ in 0..120 {
-        source
-            .send_to(
-                &[0x80, 96, 0, 1, 0, 0, 0, 1, 0, 0, 0, 42, 0x90, 0x80, 0x12],
-                ("127.0.0.1", port),
-            )
-            .await
-            .expect("send");
-    }
-    wait_for("bad input marks the camera unavailable", || {
-        !front.available()
-    })
-    .await;
-    assert!(CameraStats::get(&front.stats.invalid_input) >= 100);
-    // Good packets again: available again.
-    for i in 0..6u16 {
-        source
-            .send_to(&h264_rtp(seq.wrapping_add(i), 1000), ("127.0.0.1", port))
-            .await
-            .expect("send");
-    }
-    wait_for("the camera recovers", || front.available()).await;
+    bad_input_then_recovery(&source, port, &front, seq).await;
 
     // Sessions end: nobody watches.
     first.pc.close().await.expect("close");
     second.pc.close().await.expect("close");
     wait_for("sessions released the camera", || front.users() == 0).await;
 
-    // A dead command: the first session starts it, it fails, and the next
-    // session hears that the camera is unavailable (and opens without it).
     drop(rear);
-    let rear_only = Camera::start(
-        "rear=exec:exit 3".parse().expect("spec"),
-        std::time::Duration::from_millis(200),
-    );
-    let (in_tx2, mut sig_rx2) = agent_with_cameras(vec![rear_only.clone()]).await;
-    let (mut fourth, _) = viewer_session(&in_tx2, &mut sig_rx2, "v-4").await;
-    let _ = next_message(&mut fourth).await;
-    wait_for("the dead command marks the camera unavailable", || {
-        !rear_only.available()
-    })
-    .await;
-    assert!(CameraStats::get(&rear_only.stats.failures) >= 1);
-    fourth.pc.close().await.expect("close");
-    let mut ignored = Vec::new();
-    let gone = next_signal(&mut sig_rx2, "signalling.disconnected", &mut ignored).await;
-    assert_eq!(gone["payload"]["connectionId"], "v-4");
-    let (mut fifth, sdp) = viewer_session(&in_tx2, &mut sig_rx2, "v-5").await;
-    assert!(
-        video_section(&sdp).contains("a=inactive"),
-        "no video from an unavailable camera; the session still opens"
-    );
-    let caps = next_message(&mut fifth).await;
-    assert_eq!(caps["meta"]["cameras"][0]["available"], false);
-    let error = next_message(&mut fifth).await;
-    assert_eq!(error["type"], "agent.error");
-    assert_eq!(error["payload"]["code"], "AGENT_UNAVAILABLE");
-    assert_eq!(error["payload"]["details"]["camera"], "rear");
-    fifth.pc.close().await.expect("close");
+    a_dead_command_is_reported_to_the_next_session().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -760,16 +549,7 @@ async fn an_ice_restart_offer_is_answered_in_the_same_session() {
     viewer.pc.set_local_description(offer).await.expect("local");
     let _ = gathered.recv().await;
     let sdp = viewer.pc.local_description().await.expect("sdp").sdp;
-    in_tx
-        .send(Inbound::Offer {
-            session: "r-1".into(),
-            sdp,
-            role: Role::Viewer,
-            subject: Some("viewer".into()),
-            ticket_expires: None,
-        })
-        .await
-        .expect("offer");
+    send_offer(&in_tx, "r-1", sdp, Role::Viewer, "viewer").await;
     let mut candidates = Vec::new();
     let answer = next_signal(&mut sig_rx, "signalling.answer", &mut candidates).await;
     assert_eq!(answer["payload"]["connectionId"], "r-1");
@@ -786,23 +566,11 @@ async fn an_ice_restart_offer_is_answered_in_the_same_session() {
         .expect("remote");
     // Same session, same channel: a ping is answered over the restarted
     // ICE (the agent's new candidates trickle in), nothing was torn down.
-    let ping = json!({"type": "agent.ping", "version": "0.5", "id": "after-restart",
-        "timestamp": crate::testutil::rfc3339_ms(crate::testutil::client_now_ms())});
-    viewer
-        .control
-        .send_text(ping.to_string())
-        .await
-        .expect("send ping");
+    ping(&viewer.control, "after-restart").await;
     let add = |v: Value| {
         let pc = viewer.pc.clone();
         async move {
-            let init = RTCIceCandidateInit {
-                candidate: v["payload"]["candidate"].as_str().expect("c").to_owned(),
-                sdp_mid: v["payload"]["sdpMid"].as_str().map(str::to_owned),
-                sdp_mline_index: Some(0),
-                username_fragment: None,
-            };
-            let _ = pc.add_ice_candidate(init).await;
+            let _ = pc.add_ice_candidate(candidate_init(&v)).await;
         }
     };
     for c in candidates.drain(..) {
@@ -812,7 +580,7 @@ async fn an_ice_restart_offer_is_answered_in_the_same_session() {
     loop {
         tokio::select! {
             e = sig_rx.recv() => {
-                let v = checked(&e.expect("signalling open"));
+                let v = validated(&e.expect("signalling open"));
                 assert_eq!(v["type"], "signalling.ice_candidate", "session kept: {v}");
                 add(v).await;
             }
@@ -862,82 +630,21 @@ async fn a_camera_that_dies_mid_session_is_announced_and_its_return_too() {
     viewer.pc.close().await.expect("close");
 }
 
-/// A browser-like offer (a `control` data channel), for tests that only
-/// need the agent to answer.
-async fn offer_sdp(labels: &[&str]) -> (Arc<webrtc::peer_connection::RTCPeerConnection>, String) {
-    let mut settings = SettingEngine::default();
-    settings.set_ice_multicast_dns_mode(MulticastDnsMode::Disabled);
-    settings.set_include_loopback_candidate(true);
-    settings.set_ip_filter(Box::new(|ip: std::net::IpAddr| ip.is_loopback()));
-    let mut media = MediaEngine::default();
-    media.register_default_codecs().expect("codecs");
-    let api = APIBuilder::new()
-        .with_media_engine(media)
-        .with_setting_engine(settings)
-        .build();
-    let pc = Arc::new(
-        api.new_peer_connection(RTCConfiguration::default())
-            .await
-            .expect("pc"),
-    );
-    for label in labels {
-        pc.create_data_channel(label, None).await.expect("channel");
-    }
-    let offer = pc.create_offer(None).await.expect("offer");
-    pc.set_local_description(offer).await.expect("local");
-    let sdp = pc.local_description().await.expect("sdp").sdp;
-    (pc, sdp)
-}
-
 /// Issue 29: one viewer socket sending 16 offers must not lock the
 /// operator out; the agent keeps a slot for the controller.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn viewers_filling_every_slot_leave_one_for_the_operator() {
     let (driver, _end) = DriverHandle::channel();
-    let limits = SafetyLimits::default();
-    let shared = Shared {
-        controller: controller::spawn(limits.clone(), driver),
-        locations: Arc::new(std::sync::Mutex::new(LocationStore::in_memory(10))),
-        settings: Arc::new(std::sync::Mutex::new(Settings::defaults(&limits))),
-        base_limits: limits,
-        metrics: Arc::new(crate::session::Metrics::default()),
-        reply_signer: None,
-    };
-    let (sig_tx, mut sig_rx) = mpsc::channel(4096);
-    let manager = PeerManager::new(
-        &PeerOptions {
-            include_loopback_candidates: true,
-            loopback_only: true,
-        },
-        sig_tx,
-        shared,
-    )
-    .expect("manager");
-    let (in_tx, in_rx) = mpsc::channel(64);
-    tokio::spawn(manager.run(in_rx));
+    let shared = testutil::shared(controller::spawn(SafetyLimits::default(), driver), None);
+    let (in_tx, mut sig_rx) = spawn_manager(4096, |sig_tx| {
+        PeerManager::new(&loopback(), sig_tx, shared).expect("manager")
+    });
     let (_browser, sdp) = offer_sdp(&["control"]).await;
     for i in 0..MAX_SESSIONS {
-        in_tx
-            .send(Inbound::Offer {
-                session: format!("viewer-{i}"),
-                sdp: sdp.clone(),
-                role: Role::Viewer,
-                subject: Some("mallory".into()),
-                ticket_expires: None,
-            })
-            .await
-            .expect("offer");
+        let viewer = format!("viewer-{i}");
+        send_offer(&in_tx, &viewer, sdp.clone(), Role::Viewer, "mallory").await;
     }
-    in_tx
-        .send(Inbound::Offer {
-            session: "operator".into(),
-            sdp,
-            role: Role::Operator,
-            subject: Some("alice".into()),
-            ticket_expires: None,
-        })
-        .await
-        .expect("offer");
+    send_offer(&in_tx, "operator", sdp, Role::Operator, "alice").await;
     // Every offer is answered or refused, in order; the operator's last.
     let mut answered = std::collections::HashSet::new();
     let (mut refused, mut evicted) = (0, 0);
@@ -946,7 +653,7 @@ async fn viewers_filling_every_slot_leave_one_for_the_operator() {
             .await
             .expect("signal in time")
             .expect("open");
-        let v = checked(&envelope);
+        let v = validated(&envelope);
         let session = v["payload"]["connectionId"]
             .as_str()
             .unwrap_or("")
@@ -975,23 +682,15 @@ async fn viewers_filling_every_slot_leave_one_for_the_operator() {
 
     // Full now (15 viewers and the operator): another controller's offer
     // evicts the oldest viewer.
-    in_tx
-        .send(Inbound::Offer {
-            session: "owner".into(),
-            sdp: offer_sdp(&["control"]).await.1,
-            role: Role::Owner,
-            subject: Some("olga".into()),
-            ticket_expires: None,
-        })
-        .await
-        .expect("offer");
+    let sdp = offer_sdp(&["control"]).await.1;
+    send_offer(&in_tx, "owner", sdp, Role::Owner, "olga").await;
     let mut evicted_viewer = None;
     let owner = loop {
         let envelope = tokio::time::timeout(WAIT, sig_rx.recv())
             .await
             .expect("signal in time")
             .expect("open");
-        let v = checked(&envelope);
+        let v = validated(&envelope);
         match (v["type"].as_str(), v["payload"]["connectionId"].as_str()) {
             (Some("signalling.disconnected"), Some(id)) if id.starts_with("viewer-") => {
                 evicted_viewer = Some(id.to_owned());
@@ -1017,112 +716,24 @@ async fn an_arp_data_channel_is_served_with_the_sessions_role() {
     let (driver, mut end) = DriverHandle::channel();
     let pose = driver.pose.clone();
     end.events.send(DriverEvent::Ready).await.expect("ready");
-    let limits = SafetyLimits::default();
-    let shared = Shared {
-        controller: controller::spawn(limits.clone(), driver),
-        locations: Arc::new(std::sync::Mutex::new(LocationStore::in_memory(10))),
-        settings: Arc::new(std::sync::Mutex::new(Settings::defaults(&limits))),
-        base_limits: limits,
-        metrics: Arc::new(crate::session::Metrics::default()),
-        reply_signer: None,
-    };
+    let shared = testutil::shared(controller::spawn(SafetyLimits::default(), driver), None);
     let arp = crate::arp::ArpServer::new(shared.clone(), pose, crate::arp::ArpOptions::default());
-    let (sig_tx, mut sig_rx) = mpsc::channel(256);
-    let manager = PeerManager::new(
-        &PeerOptions {
-            include_loopback_candidates: true,
-            loopback_only: true,
-        },
-        sig_tx,
-        shared,
-    )
-    .expect("manager")
-    .with_arp(arp);
-    let (in_tx, in_rx) = mpsc::channel(64);
-    tokio::spawn(manager.run(in_rx));
+    let (in_tx, mut sig_rx) = spawn_manager(256, |sig_tx| {
+        PeerManager::new(&loopback(), sig_tx, shared)
+            .expect("manager")
+            .with_arp(arp)
+    });
 
-    let (browser, sdp) = offer_sdp(&[]).await;
-    // The channel must exist before the offer: make a fresh offer with it.
+    let browser = browser().await;
     let channel = browser
         .create_data_channel("arp", None)
         .await
         .expect("arp channel");
-    let offer = browser.create_offer(None).await.expect("offer");
-    browser.set_local_description(offer).await.expect("local");
-    let sdp = browser.local_description().await.map_or(sdp, |d| d.sdp);
-    let (msg_tx, mut msg_rx) = mpsc::channel::<String>(64);
-    channel.on_message(Box::new(move |m: DataChannelMessage| {
-        let tx = msg_tx.clone();
-        Box::pin(async move {
-            let _ = tx.send(String::from_utf8_lossy(&m.data).into_owned()).await;
-        })
-    }));
-    let (open_tx, mut open_rx) = mpsc::channel::<()>(1);
-    channel.on_open(Box::new(move || {
-        Box::pin(async move {
-            let _ = open_tx.send(()).await;
-        })
-    }));
-    let (cand_tx, mut cand_rx) = mpsc::channel::<String>(32);
-    browser.on_ice_candidate(Box::new(move |c: Option<RTCIceCandidate>| {
-        let tx = cand_tx.clone();
-        Box::pin(async move {
-            if let Some(Ok(init)) = c.map(|c| c.to_json()) {
-                let _ = tx.send(init.candidate).await;
-            }
-        })
-    }));
-    in_tx
-        .send(Inbound::Offer {
-            session: "s-arp".into(),
-            sdp,
-            role: Role::Viewer,
-            subject: Some("vera".into()),
-            ticket_expires: None,
-        })
-        .await
-        .expect("offer");
-    let mut early = Vec::new();
-    let answer = next_signal(&mut sig_rx, "signalling.answer", &mut early).await;
-    let sdp = answer["payload"]["sdp"].as_str().expect("sdp").to_owned();
-    browser
-        .set_remote_description(RTCSessionDescription::answer(sdp).expect("answer"))
-        .await
-        .expect("remote");
-    let add = |v: &Value| RTCIceCandidateInit {
-        candidate: v["payload"]["candidate"].as_str().expect("c").to_owned(),
-        sdp_mid: Some("0".into()),
-        sdp_mline_index: Some(0),
-        username_fragment: None,
-    };
-    for v in &early {
-        browser.add_ice_candidate(add(v)).await.expect("candidate");
-    }
-    // Trickle until the arp channel is open.
-    loop {
-        tokio::select! {
-            c = cand_rx.recv() => {
-                let payload = IceCandidatePayload {
-                    connection_id: "s-arp".into(),
-                    candidate: c.expect("browser candidate"),
-                    sdp_mid: "0".into(),
-                    sdp_m_line_index: 0,
-                    username_fragment: None,
-                };
-                in_tx.send(Inbound::RemoteCandidate(payload)).await.expect("candidate");
-            }
-            e = tokio::time::timeout(WAIT, sig_rx.recv()) => {
-                let v = checked(&e.expect("agent signal in time").expect("open"));
-                if v["type"] == "signalling.ice_candidate" {
-                    browser.add_ice_candidate(add(&v)).await.expect("agent candidate");
-                }
-            }
-            o = tokio::time::timeout(WAIT, open_rx.recv()) => {
-                o.expect("arp channel open in time");
-                break;
-            }
-        }
-    }
+    let mut msg_rx = messages(&channel, 64);
+    let mut open_rx = opened(&channel);
+    let sdp = complete_offer(&browser).await;
+    send_offer(&in_tx, "s-arp", sdp, Role::Viewer, "vera").await;
+    connect_until_open(&browser, &mut sig_rx, &mut open_rx).await;
     let mut methods = std::collections::HashMap::new();
     let mut n = 0;
     let mut call = async |method: &str, params: Value| -> Value {
@@ -1181,7 +792,7 @@ async fn an_arp_data_channel_is_served_with_the_sessions_role() {
 /// One controller across teleop and ARP: the sim driver, the local ARP
 /// WebSocket and the peer manager on one controller.
 struct OneController {
-    arp: crate::arp::tests::Fixture,
+    arp: crate::testutil::arp::Fixture,
     in_tx: mpsc::Sender<Inbound>,
     sig_rx: mpsc::Receiver<Envelope>,
     /// The browsers' peer connections, kept open while the test runs.
@@ -1189,29 +800,13 @@ struct OneController {
 }
 
 async fn one_controller() -> OneController {
-    let arp = crate::arp::tests::fixture(crate::arp::ArpOptions::default()).await;
-    let limits = SafetyLimits::default();
-    let shared = Shared {
-        controller: arp.controller.clone(),
-        locations: Arc::new(std::sync::Mutex::new(LocationStore::in_memory(10))),
-        settings: Arc::new(std::sync::Mutex::new(Settings::defaults(&limits))),
-        base_limits: limits,
-        metrics: Arc::new(crate::session::Metrics::default()),
-        reply_signer: None,
-    };
-    let (sig_tx, sig_rx) = mpsc::channel(256);
-    let manager = PeerManager::new(
-        &PeerOptions {
-            include_loopback_candidates: true,
-            loopback_only: true,
-        },
-        sig_tx,
-        shared,
-    )
-    .expect("manager")
-    .with_arp(arp.server.clone());
-    let (in_tx, in_rx) = mpsc::channel(64);
-    tokio::spawn(manager.run(in_rx));
+    let arp = crate::testutil::arp::fixture(crate::arp::ArpOptions::default()).await;
+    let shared = testutil::shared(arp.controller.clone(), None);
+    let (in_tx, sig_rx) = spawn_manager(256, |sig_tx| {
+        PeerManager::new(&loopback(), sig_tx, shared)
+            .expect("manager")
+            .with_arp(arp.server.clone())
+    });
     OneController {
         arp,
         in_tx,
@@ -1241,7 +836,7 @@ impl OneController {
                 .await
                 .expect("a verdict in time")
                 .expect("signalling open");
-            let v = checked(&envelope);
+            let v = validated(&envelope);
             let verdict = matches!(
                 v["type"].as_str(),
                 Some("signalling.answer" | "signalling.disconnected")
@@ -1262,7 +857,7 @@ fn arp_init() -> Value {
 /// not busy; when the session ends, control is free again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_arp_operator_is_busy_while_a_teleop_operator_holds_control() {
-    use crate::arp::tests::{Client, OPERATOR, VIEWER};
+    use crate::testutil::arp::{Client, OPERATOR, VIEWER};
     let mut agent = one_controller().await;
     let answer = agent.offer("teleop-op", Role::Operator).await;
     assert_eq!(answer["type"], "signalling.answer", "{answer}");
@@ -1311,7 +906,7 @@ async fn an_arp_operator_is_busy_while_a_teleop_operator_holds_control() {
 /// are unaffected; when the ARP connection closes, control is free again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_teleop_offer_is_refused_while_an_arp_operator_holds_control() {
-    use crate::arp::tests::{Client, OPERATOR};
+    use crate::testutil::arp::{Client, OPERATOR};
     let mut agent = one_controller().await;
     let mut arp = Client::connect(&agent.arp.url, OPERATOR).await;
     arp.initialize().await;

@@ -29,7 +29,6 @@ use signalling_protocol::arp::FRAME_SIGNATURE_KEY;
 use signalling_protocol::ticket::canonical_json;
 use signalling_protocol::Envelope;
 
-use crate::config::RunConfig;
 use crate::identity::{IdentityError, JwsSigner, RobotKey};
 
 /// Key of the signature in the envelope's `meta`.
@@ -81,15 +80,17 @@ impl std::fmt::Debug for ReplySigner {
 }
 
 impl ReplySigner {
-    /// The signer `run` shares with every session: `None` unless `sign_replies = true`.
+    /// The signer `run` shares with every session: `None` unless `sign_replies` (the
+    /// config's `sign_replies = true`).
     pub fn configured(
-        config: &RunConfig,
+        sign_replies: bool,
+        robot_id: &str,
         key: &RobotKey,
     ) -> Result<Option<Arc<ReplySigner>>, IdentityError> {
-        if !config.sign_replies {
+        if !sign_replies {
             return Ok(None);
         }
-        let signer = ReplySigner::new(key, &config.robot_id)?;
+        let signer = ReplySigner::new(key, robot_id)?;
         tracing::info!(
             alg = signer.alg(),
             "data-channel replies are signed (sign_replies)"

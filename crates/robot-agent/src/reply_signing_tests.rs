@@ -363,6 +363,10 @@ fn public_key_jwk(key: &RobotKey) -> Value {
 #[test]
 fn sign_replies_is_off_unless_the_config_file_says_so() {
     let key = RobotKey::generate(KeyType::P256).expect("key");
+    // As `agent::run` wires it.
+    let configured = |config: &crate::config::RunConfig, key: &RobotKey| {
+        ReplySigner::configured(config.sign_replies, &config.robot_id, key)
+    };
     let resolve = |toml: &str| {
         let dir = crate::testutil::temp_dir("sign-replies");
         std::fs::write(
@@ -378,15 +382,11 @@ fn sign_replies_is_off_unless_the_config_file_says_so() {
         })
         .expect("config")
     };
-    assert!(ReplySigner::configured(&resolve(""), &key)
-        .expect("ok")
-        .is_none());
+    assert!(configured(&resolve(""), &key).expect("ok").is_none());
     let off = resolve("sign_replies = false\n");
-    assert!(ReplySigner::configured(&off, &key).expect("ok").is_none());
+    assert!(configured(&off, &key).expect("ok").is_none());
     let on = resolve("sign_replies = true\n");
-    let signer = ReplySigner::configured(&on, &key)
-        .expect("ok")
-        .expect("a signer");
+    let signer = configured(&on, &key).expect("ok").expect("a signer");
     assert_eq!(signer.alg(), "ES256");
     let mut pong = messages::pong("req-1");
     signer.sign(&mut pong).expect("sign");

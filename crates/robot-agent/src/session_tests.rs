@@ -121,6 +121,14 @@ async fn none(s: &mut Session, text: &str) {
     assert!(replies.is_empty(), "expected no reply, got {replies:?}");
 }
 
+/// Sends `kind` with `payload` and expects the error `code` in answer to it.
+async fn refused(s: &mut Session, kind: &str, payload: Value, code: &str) -> Value {
+    let (text, id) = msg(kind, Some(payload), None);
+    let reply = one(s, &text).await;
+    assert_error(&reply, code, Some(&id));
+    reply
+}
+
 fn assert_error(reply: &Value, code: &str, correlation: Option<&str>) {
     assert_eq!(reply["type"], "agent.error", "{reply}");
     assert_eq!(reply["payload"]["code"], code, "{reply}");
@@ -393,6 +401,24 @@ async fn emergency_stop_refuses_movement_until_reset() {
     none(&mut op, &text).await;
 }
 
+async fn viewers_list_locations_but_change_none(r: &Rig) {
+    let mut viewer = session(r, "v", Role::Viewer).await;
+    let (text, _) = msg("agent.location.list", Some(json!({})), None);
+    assert_eq!(
+        one(&mut viewer, &text).await["payload"]["locations"]
+            .as_array()
+            .map(Vec::len),
+        Some(2)
+    );
+    refused(
+        &mut viewer,
+        "agent.location.delete",
+        json!({"name": "a"}),
+        "VALIDATION_FAILED",
+    )
+    .await;
+}
+
 #[tokio::test]
 async fn locations_crud() {
     let r = rig().await;
@@ -405,23 +431,10 @@ async fn locations_crud() {
     assert_eq!(created["correlationId"], id);
     assert_eq!(created["payload"], json!({"operation": "create"}));
 
-    let (text, id) = msg("agent.location.create", Some(dock.clone()), None);
-    assert_error(
-        &one(&mut op, &text).await,
-        "LOCATION_ALREADY_EXISTS",
-        Some(&id),
-    );
-
-    let (text, id) = msg(
-        "agent.location.create",
-        Some(json!({"name": " bad", "position": {"x": 0, "y": 0}})),
-        None,
-    );
-    assert_error(
-        &one(&mut op, &text).await,
-        "LOCATION_NAME_INVALID",
-        Some(&id),
-    );
+    let create = "agent.location.create";
+    refused(&mut op, create, dock.clone(), "LOCATION_ALREADY_EXISTS").await;
+    let bad = json!({"name": " bad", "position": {"x": 0, "y": 0}});
+    refused(&mut op, create, bad, "LOCATION_NAME_INVALID").await;
 
     let (text, id) = msg("agent.location.list", Some(json!({})), None);
     let list = one(&mut op, &text).await;
@@ -456,40 +469,55 @@ async fn locations_crud() {
         );
         one(&mut op, &text).await;
     }
-    let (text, id) = msg(
+    refused(
+        &mut op,
         "agent.location.create",
-        Some(json!({"name": "c", "position": {"x": 0, "y": 0}})),
-        None,
-    );
-    assert_error(
-        &one(&mut op, &text).await,
+        json!({"name": "c", "position": {"x": 0, "y": 0}}),
         "LOCATION_STORAGE_FULL",
-        Some(&id),
-    );
+    )
+    .await;
 
     let (text, _) = msg("agent.location.delete", Some(json!({"name": "Dock"})), None);
     assert_eq!(
         one(&mut op, &text).await["payload"],
         json!({"operation": "delete"})
     );
-    let (text, id) = msg("agent.location.delete", Some(json!({"name": "Dock"})), None);
-    assert_error(&one(&mut op, &text).await, "LOCATION_NOT_FOUND", Some(&id));
+    refused(
+        &mut op,
+        "agent.location.delete",
+        json!({"name": "Dock"}),
+        "LOCATION_NOT_FOUND",
+    )
+    .await;
 
     // Viewers may list but not change.
-    let mut viewer = session(&r, "v", Role::Viewer).await;
-    let (text, _) = msg("agent.location.list", Some(json!({})), None);
+    viewers_list_locations_but_change_none(&r).await;
+}
+
+async fn start_and_cancel(r: &mut Rig, op: &mut Session) {
+    let (text, _) = msg(
+        "agent.location.update",
+        Some(json!({"name": "desk", "position": {"x": 5.0, "y": 5.0}})),
+        None,
+    );
+    one(op, &text).await;
+    let (text2, start_id2) = msg(
+        "agent.navigation.start",
+        Some(json!({"name": "desk"})),
+        None,
+    );
+    none(op, &text2).await;
+    assert_eq!(async_message(r).await["payload"]["status"], "started");
+    let (text, cancel_id) = msg("agent.navigation.cancel", Some(json!({})), None);
+    let cancelled = one(op, &text).await;
+    assert_eq!(cancelled["correlationId"], cancel_id);
     assert_eq!(
-        one(&mut viewer, &text).await["payload"]["locations"]
-            .as_array()
-            .map(Vec::len),
-        Some(2)
+        cancelled["payload"],
+        json!({"status": "cancelled", "name": "desk"})
     );
-    let (text, id) = msg("agent.location.delete", Some(json!({"name": "a"})), None);
-    assert_error(
-        &one(&mut viewer, &text).await,
-        "VALIDATION_FAILED",
-        Some(&id),
-    );
+    let for_start = async_message(r).await;
+    assert_eq!(for_start["correlationId"], start_id2);
+    assert_eq!(for_start["payload"]["status"], "cancelled");
 }
 
 #[tokio::test(start_paused = true)]
@@ -506,27 +534,30 @@ async fn navigation_through_the_sim_driver() {
     );
     one(&mut op, &text).await;
 
-    let (text, id) = msg(
+    refused(
+        &mut op,
         "agent.navigation.start",
-        Some(json!({"name": "nowhere"})),
-        None,
-    );
-    assert_error(&one(&mut op, &text).await, "LOCATION_NOT_FOUND", Some(&id));
+        json!({"name": "nowhere"}),
+        "LOCATION_NOT_FOUND",
+    )
+    .await;
 
     let mut viewer = session(&r, "v", Role::Viewer).await;
-    let (text, id) = msg(
+    refused(
+        &mut viewer,
         "agent.navigation.start",
-        Some(json!({"name": "desk"})),
-        None,
-    );
-    assert_error(&one(&mut viewer, &text).await, "MOVEMENT_FAILED", Some(&id));
+        json!({"name": "desk"}),
+        "MOVEMENT_FAILED",
+    )
+    .await;
 
-    let (text, id) = msg("agent.navigation.cancel", Some(json!({})), None);
-    assert_error(
-        &one(&mut op, &text).await,
+    refused(
+        &mut op,
+        "agent.navigation.cancel",
+        json!({}),
         "NAVIGATION_NOT_ACTIVE",
-        Some(&id),
-    );
+    )
+    .await;
 
     let (text, start_id) = msg(
         "agent.navigation.start",
@@ -542,16 +573,13 @@ async fn navigation_through_the_sim_driver() {
         json!({"status": "started", "name": "desk"})
     );
 
-    let (text, id) = msg(
+    refused(
+        &mut op,
         "agent.navigation.start",
-        Some(json!({"name": "desk"})),
-        None,
-    );
-    assert_error(
-        &one(&mut op, &text).await,
+        json!({"name": "desk"}),
         "NAVIGATION_ALREADY_ACTIVE",
-        Some(&id),
-    );
+    )
+    .await;
 
     let completed = async_message(&mut r).await;
     assert_eq!(completed["correlationId"], start_id);
@@ -567,29 +595,7 @@ async fn navigation_through_the_sim_driver() {
 
     // Start again (to a far target) and cancel: the cancel is answered, and
     // so is the start.
-    let (text, _) = msg(
-        "agent.location.update",
-        Some(json!({"name": "desk", "position": {"x": 5.0, "y": 5.0}})),
-        None,
-    );
-    one(&mut op, &text).await;
-    let (text2, start_id2) = msg(
-        "agent.navigation.start",
-        Some(json!({"name": "desk"})),
-        None,
-    );
-    none(&mut op, &text2).await;
-    assert_eq!(async_message(&mut r).await["payload"]["status"], "started");
-    let (text, cancel_id) = msg("agent.navigation.cancel", Some(json!({})), None);
-    let cancelled = one(&mut op, &text).await;
-    assert_eq!(cancelled["correlationId"], cancel_id);
-    assert_eq!(
-        cancelled["payload"],
-        json!({"status": "cancelled", "name": "desk"})
-    );
-    let for_start = async_message(&mut r).await;
-    assert_eq!(for_start["correlationId"], start_id2);
-    assert_eq!(for_start["payload"]["status"], "cancelled");
+    start_and_cancel(&mut r, &mut op).await;
 }
 
 #[tokio::test]

@@ -26,8 +26,8 @@ use signalling_protocol::arp::{
 };
 use signalling_protocol::ticket::{KEYS_TYPE, KEY_EXCHANGE_META_KEY, RENEW_TYPE};
 use signalling_protocol::{
-    Body, Envelope, IceCandidatePayload, IceServer, PkiResponsePayload, RegisterPayload,
-    SessionMeta, Signalling, PROTOCOL_VERSION,
+    Body, Envelope, IceCandidatePayload, IceServer, OfferPayload, PkiResponsePayload,
+    RegisterPayload, SessionMeta, Signalling, PROTOCOL_VERSION,
 };
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Message;
@@ -321,29 +321,38 @@ async fn connection(
     .map_err(|_| SignallingError::Timeout("the connection"))?
     .map_err(|e| SignallingError::Connect(e.to_string()))?;
 
+    let ice_servers = login(&mut ws, options, tickets.is_some()).await?;
+    tracing::info!(robot = %options.robot_id, %url, "registered and verified");
+    *online = true;
+    if inbound.send(Inbound::Online { ice_servers }).await.is_err() {
+        return Ok(());
+    }
+    serve(&mut ws, tickets, inbound, out_rx).await
+}
+
+/// register → the PKI challenge → our signature → verified. Returns the
+/// ICE servers of a welcome met on the way.
+async fn login(
+    ws: &mut Socket,
+    options: &SignallingOptions,
+    checks_tickets: bool,
+) -> Result<Vec<IceServer>, SignallingError> {
     // Register at once: a server may greet a token-less socket with a
     // welcome (older servers) or not until it is asked to (issue 15), so
     // the login never waits for one. A welcome is taken whenever it comes.
     let mut ice_servers = Vec::new();
-    let register = register_message(options, tickets.is_some());
-    send(&mut ws, &register).await?;
+    send(ws, &register_message(options, checks_tickets)).await?;
     // The challenge: sign the decoded bytes, answer with its id.
-    let (challenge_id, challenge) = loop {
-        let envelope = next_envelope(&mut ws, "the PKI challenge").await?;
-        match envelope.body() {
-            Ok(Body::Signalling(Signalling::PkiChallenge(c))) => break (envelope.id, c.challenge),
-            Ok(Body::Signalling(Signalling::Error(e))) => {
-                return Err(SignallingError::Refused {
-                    code: e.code.to_string(),
-                    message: e.message,
-                })
-            }
-            Ok(Body::Signalling(Signalling::Welcome(w))) => {
-                ice_servers = w.ice_servers.unwrap_or_default()
-            }
-            _ => tracing::debug!(kind = %envelope.kind, "ignored before the challenge"),
-        }
-    };
+    let (challenge_id, challenge) = login_step(
+        ws,
+        "the PKI challenge",
+        &mut ice_servers,
+        |envelope, s| match s {
+            Signalling::PkiChallenge(c) => Some((envelope.id.clone(), c.challenge)),
+            _ => None,
+        },
+    )
+    .await?;
     let bytes = STANDARD
         .decode(challenge.trim())
         .map_err(|e| SignallingError::Challenge(e.to_string()))?;
@@ -355,11 +364,25 @@ async fn connection(
         PROTOCOL_VERSION,
     )
     .with_correlation(challenge_id);
-    send(&mut ws, &response).await?;
+    send(ws, &response).await?;
+    login_step(ws, "verification", &mut ice_servers, |_, s| {
+        matches!(s, Signalling::PkiVerified(_)).then_some(())
+    })
+    .await?;
+    Ok(ice_servers)
+}
+
+/// Reads until `pick` takes a message: an error from the server refuses the
+/// login, a welcome's ICE servers are kept, anything else is passed over.
+async fn login_step<T>(
+    ws: &mut Socket,
+    what: &'static str,
+    ice_servers: &mut Vec<IceServer>,
+    pick: impl Fn(&Envelope, Signalling) -> Option<T>,
+) -> Result<T, SignallingError> {
     loop {
-        let envelope = next_envelope(&mut ws, "verification").await?;
+        let envelope = next_envelope(ws, what).await?;
         match envelope.body() {
-            Ok(Body::Signalling(Signalling::PkiVerified(_))) => break,
             Ok(Body::Signalling(Signalling::Error(e))) => {
                 return Err(SignallingError::Refused {
                     code: e.code.to_string(),
@@ -367,17 +390,27 @@ async fn connection(
                 })
             }
             Ok(Body::Signalling(Signalling::Welcome(w))) => {
-                ice_servers = w.ice_servers.unwrap_or_default()
+                *ice_servers = w.ice_servers.unwrap_or_default()
             }
-            _ => tracing::debug!(kind = %envelope.kind, "ignored before verification"),
+            Ok(Body::Signalling(s)) => {
+                if let Some(picked) = pick(&envelope, s) {
+                    return Ok(picked);
+                }
+                tracing::debug!(kind = %envelope.kind, "ignored before {what}");
+            }
+            _ => tracing::debug!(kind = %envelope.kind, "ignored before {what}"),
         }
     }
-    tracing::info!(robot = %options.robot_id, %url, "registered and verified");
-    *online = true;
-    if inbound.send(Inbound::Online { ice_servers }).await.is_err() {
-        return Ok(());
-    }
+}
 
+/// The logged-in socket: the server's messages to the peer manager, ours
+/// to the server, pings, until either side ends.
+async fn serve(
+    ws: &mut Socket,
+    tickets: Option<&TicketCheck>,
+    inbound: &mpsc::Sender<Inbound>,
+    out_rx: &mut mpsc::Receiver<Envelope>,
+) -> Result<(), SignallingError> {
     let mut ping = tokio::time::interval(PING_INTERVAL);
     ping.reset();
     let mut last_heard = tokio::time::Instant::now();
@@ -395,7 +428,7 @@ async fn connection(
                     Message::Close(_) => return Err(SignallingError::Closed),
                     _ => continue,
                 };
-                let Some(event) = dispatch(&text, &mut ws, tickets).await? else { continue };
+                let Some(event) = dispatch(&text, ws, tickets).await? else { continue };
                 if inbound.send(event).await.is_err() {
                     return Ok(());
                 }
@@ -405,13 +438,13 @@ async fn connection(
                 if let Some(check) = tickets {
                     key_exchange_out(&mut message, check);
                 }
-                send(&mut ws, &message).await?;
+                send(ws, &message).await?;
             }
             _ = ping.tick() => {
                 if last_heard.elapsed() >= DEAD_AFTER {
                     return Err(SignallingError::Dead(DEAD_AFTER));
                 }
-                send(&mut ws, &Envelope::from_body(Signalling::Ping, PROTOCOL_VERSION)).await?;
+                send(ws, &Envelope::from_body(Signalling::Ping, PROTOCOL_VERSION)).await?;
             }
         }
     }
@@ -495,33 +528,7 @@ async fn dispatch(
         }
     };
     Ok(match body {
-        Signalling::Offer(offer) => {
-            // Least privilege unless the server vouched for more.
-            let mut session = SessionMeta::from_meta(envelope.meta.as_ref());
-            let mut ticket_expires = None;
-            if let Some(check) = tickets {
-                match check.offer(session.as_ref(), &offer.connection_id) {
-                    Ok(vouched) => {
-                        ticket_expires = Some(vouched.expires);
-                        session = Some(vouched.session);
-                    }
-                    Err(e) => {
-                        check.refuse("offer", &offer.connection_id, &e);
-                        send(ws, &tickets::offer_refusal(&offer.connection_id, &e)).await?;
-                        return Ok(None);
-                    }
-                }
-            }
-            let role = session.as_ref().map_or(Role::Viewer, |s| s.role);
-            let subject = session.map(|s| s.subject);
-            Some(Inbound::Offer {
-                session: offer.connection_id,
-                sdp: offer.sdp,
-                role,
-                subject,
-                ticket_expires,
-            })
-        }
+        Signalling::Offer(offer) => offer_event(offer, envelope.meta.as_ref(), ws, tickets).await?,
         Signalling::IceCandidate(candidate) => Some(Inbound::RemoteCandidate(candidate)),
         Signalling::Disconnected(d) => {
             if let Some(check) = tickets {
@@ -544,6 +551,42 @@ async fn dispatch(
         }
         _ => None,
     })
+}
+
+/// An offer as the peer manager takes it: the session the server vouched
+/// for (its ticket checked when we check tickets), else a viewer's. A bad
+/// ticket is refused here.
+async fn offer_event(
+    offer: OfferPayload,
+    meta: Option<&Map<String, Value>>,
+    ws: &mut Socket,
+    tickets: Option<&TicketCheck>,
+) -> Result<Option<Inbound>, SignallingError> {
+    // Least privilege unless the server vouched for more.
+    let mut session = SessionMeta::from_meta(meta);
+    let mut ticket_expires = None;
+    if let Some(check) = tickets {
+        match check.offer(session.as_ref(), &offer.connection_id) {
+            Ok(vouched) => {
+                ticket_expires = Some(vouched.expires);
+                session = Some(vouched.session);
+            }
+            Err(e) => {
+                check.refuse("offer", &offer.connection_id, &e);
+                send(ws, &tickets::offer_refusal(&offer.connection_id, &e)).await?;
+                return Ok(None);
+            }
+        }
+    }
+    let role = session.as_ref().map_or(Role::Viewer, |s| s.role);
+    let subject = session.map(|s| s.subject);
+    Ok(Some(Inbound::Offer {
+        session: offer.connection_id,
+        sdp: offer.sdp,
+        role,
+        subject,
+        ticket_expires,
+    }))
 }
 
 /// What an outgoing message means for the ARP sessions' ticket keys: our half of a

@@ -1,59 +1,22 @@
 //! The signalling client against a scripted server on 127.0.0.1:0. Every
 //! message the agent sends is validated against the spec.
 
-use ring::signature::{UnparsedPublicKey, ED25519};
 use serde_json::json;
-use signalling_protocol::schema::SchemaValidator;
-use tokio::net::{TcpListener, TcpStream};
-use tokio_tungstenite::WebSocketStream;
+use tokio::net::TcpListener;
 
 use super::*;
-use crate::identity::KeyType;
+use crate::testutil::scripted::{self, accept, next_text as recv, Socket as Server};
 use crate::testutil::WAIT;
 
-type Server = WebSocketStream<TcpStream>;
-
 fn server_message(kind: &str, payload: Option<Value>, correlation: Option<&str>) -> Message {
-    let mut m = json!({
-        "type": kind, "version": "0.5", "id": uuid::Uuid::new_v4().to_string(),
-        "timestamp": "2026-01-06T12:00:00Z",
-    });
-    if let Some(p) = payload {
-        m["payload"] = p;
-    }
+    let mut m = scripted::envelope(kind, payload.unwrap_or(Value::Null));
     if let Some(c) = correlation {
         m["correlationId"] = json!(c);
     }
     Message::Text(m.to_string().into())
 }
 
-/// The next message from the agent, schema-checked.
-async fn recv(ws: &mut Server) -> Value {
-    loop {
-        let frame = tokio::time::timeout(WAIT, ws.next())
-            .await
-            .expect("message in time")
-            .expect("open")
-            .expect("frame");
-        if let Message::Text(text) = frame {
-            let value: Value = serde_json::from_str(&text).expect("JSON");
-            if let Err(e) = SchemaValidator::shared().validate(&value) {
-                panic!("agent sent a message that breaks the spec: {e}\n{value}");
-            }
-            return value;
-        }
-    }
-}
-
-async fn accept(listener: &TcpListener) -> Server {
-    let (tcp, _) = tokio::time::timeout(WAIT, listener.accept())
-        .await
-        .expect("agent connects in time")
-        .expect("accept");
-    tokio_tungstenite::accept_async(tcp).await.expect("upgrade")
-}
-
-/// welcome → register → challenge → response (verified here) → verified → welcome.
+/// welcome → register → challenge → response (verified here) → verified.
 async fn login(ws: &mut Server, key: &RobotKey) {
     ws.send(server_message(
         "signalling.welcome",
@@ -62,42 +25,49 @@ async fn login(ws: &mut Server, key: &RobotKey) {
     ))
     .await
     .expect("send");
-    let register = recv(ws).await;
-    assert_eq!(register["type"], "signalling.register");
-    assert_eq!(register["payload"]["agentId"], "robot-1");
-    let challenge_bytes = [7u8; 32];
-    let challenge = server_message(
-        "signalling.pki_challenge",
-        Some(json!({"challenge": STANDARD.encode(challenge_bytes)})),
-        None,
+    scripted::login(ws, "robot-1", Some(key)).await;
+}
+
+/// Accepts the client's socket and logs it in; it is online, without ICE servers.
+async fn logged_in(
+    listener: &TcpListener,
+    key: &RobotKey,
+    in_rx: &mut mpsc::Receiver<Inbound>,
+) -> Server {
+    let mut ws = accept(listener).await;
+    login(&mut ws, key).await;
+    assert_eq!(
+        next_inbound(in_rx).await,
+        Inbound::Online {
+            ice_servers: vec![]
+        }
     );
-    let challenge_id = match &challenge {
-        Message::Text(t) => serde_json::from_str::<Value>(t).expect("json")["id"].clone(),
-        _ => unreachable!(),
-    };
-    ws.send(challenge).await.expect("send");
-    let response = recv(ws).await;
-    assert_eq!(response["type"], "signalling.pki_response");
-    assert_eq!(response["correlationId"], challenge_id);
-    let signature = STANDARD
-        .decode(
-            response["payload"]["signature"]
-                .as_str()
-                .expect("signature"),
-        )
-        .expect("base64");
-    let public = STANDARD.decode(key.enrollment_public_key()).expect("key");
-    UnparsedPublicKey::new(&ED25519, &public)
-        .verify(&challenge_bytes, &signature)
-        .expect("signature over the decoded challenge bytes");
-    let response_id = response["id"].as_str().expect("id").to_owned();
+    ws
+}
+
+/// A welcome carrying a TURN server with credentials.
+async fn send_turn_welcome(ws: &mut Server) {
     ws.send(server_message(
-        "signalling.pki_verified",
-        Some(json!({"agentId": "robot-1"})),
-        Some(&response_id),
+        "signalling.welcome",
+        Some(json!({"connectionId": "c1", "iceServers": [{"urls": ["turn:127.0.0.1:3478"], "username": "u", "credential": "p"}]})),
+        None,
     ))
     .await
     .expect("send");
+}
+
+/// Starts the client with `options`: its key, the sender of what it sends
+/// the server, the receiver of what it tells the peer manager.
+fn start(
+    options: SignallingOptions,
+) -> (
+    Arc<RobotKey>,
+    mpsc::Sender<Envelope>,
+    mpsc::Receiver<Inbound>,
+) {
+    let key = options.key.clone();
+    let (in_tx, in_rx) = mpsc::channel(16);
+    (key, spawn(options, in_tx), in_rx)
 }
 
 async fn next_inbound(rx: &mut mpsc::Receiver<Inbound>) -> Inbound {
@@ -187,85 +157,18 @@ async fn an_unreachable_server_is_skipped_for_the_next_one() {
     let dead_url = format!("ws://{}/ws", dead.local_addr().expect("addr"));
     drop(dead);
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let key = Arc::new(RobotKey::generate(KeyType::Ed25519).expect("key"));
-    let options = SignallingOptions {
-        urls: vec![
-            dead_url,
-            format!("ws://{}/ws", listener.local_addr().expect("addr")),
-        ],
-        robot_id: "robot-1".into(),
-        key,
-        certificate: None,
-        reconnect: ReconnectConfig {
-            initial_delay_ms: 10,
-            max_delay_ms: 50,
-        },
-        ca_file: None,
-        arp: false,
-    };
+    let mut options = scripted::options(&listener, "robot-1");
+    options.urls.insert(0, dead_url);
+    options.arp = false;
     let (in_tx, _in_rx) = mpsc::channel(16);
     let _out = spawn(options, in_tx);
-    let (stream, _) = tokio::time::timeout(WAIT, listener.accept())
-        .await
-        .expect("the second server is tried")
-        .expect("accept");
-    let mut ws = tokio_tungstenite::accept_async(stream)
-        .await
-        .expect("upgrade");
-    let register = loop {
-        let frame = tokio::time::timeout(WAIT, ws.next())
-            .await
-            .expect("frame in time")
-            .expect("frame")
-            .expect("ok");
-        if let Message::Text(text) = frame {
-            break Envelope::parse(&text).expect("envelope");
-        }
-    };
-    assert_eq!(register.kind, "signalling.register");
+    let mut ws = accept(&listener).await;
+    let register = recv(&mut ws).await;
+    assert_eq!(register["type"], "signalling.register");
 }
 
-#[tokio::test]
-async fn registers_relays_and_reregisters_after_reconnect() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let key = Arc::new(RobotKey::generate(KeyType::Ed25519).expect("key"));
-    let options = SignallingOptions {
-        urls: vec![format!("ws://{}/ws", listener.local_addr().expect("addr"))],
-        robot_id: "robot-1".into(),
-        key: key.clone(),
-        certificate: Some("-----BEGIN CERTIFICATE-----\nAA==\n-----END CERTIFICATE-----\n".into()),
-        reconnect: ReconnectConfig {
-            initial_delay_ms: 10,
-            max_delay_ms: 50,
-        },
-        ca_file: None,
-        arp: false,
-    };
-    let (in_tx, mut in_rx) = mpsc::channel(16);
-    let out = spawn(options, in_tx);
-
-    let mut ws = accept(&listener).await;
-    login(&mut ws, &key).await;
-    assert_eq!(
-        next_inbound(&mut in_rx).await,
-        Inbound::Online {
-            ice_servers: vec![]
-        }
-    );
-    // The TURN-bearing second welcome updates the ICE servers.
-    ws.send(server_message(
-        "signalling.welcome",
-        Some(json!({"connectionId": "c1", "iceServers": [{"urls": ["turn:127.0.0.1:3478"], "username": "u", "credential": "p"}]})),
-        None,
-    ))
-    .await
-    .expect("send");
-    match next_inbound(&mut in_rx).await {
-        Inbound::IceServers(servers) => assert_eq!(servers[0].username.as_deref(), Some("u")),
-        other => panic!("unexpected {other:?}"),
-    }
-
-    // An offer carries the session's role from meta.session.
+/// An offer carries the session's role from meta.session; none means viewer.
+async fn offers_carry_the_sessions_role(ws: &mut Server, in_rx: &mut mpsc::Receiver<Inbound>) {
     let mut offer = json!({
         "type": "signalling.offer", "version": "0.5", "id": "o1", "timestamp": "2026-01-06T12:00:00Z",
         "payload": {"robotId": "robot-1", "connectionId": "sess-1", "sdpType": "offer", "sdp": "v=0\r\n"},
@@ -275,7 +178,7 @@ async fn registers_relays_and_reregisters_after_reconnect() {
         .await
         .expect("send");
     assert_eq!(
-        next_inbound(&mut in_rx).await,
+        next_inbound(in_rx).await,
         Inbound::Offer {
             session: "sess-1".into(),
             sdp: "v=0\r\n".into(),
@@ -288,11 +191,14 @@ async fn registers_relays_and_reregisters_after_reconnect() {
     ws.send(Message::Text(offer.to_string().into()))
         .await
         .expect("send");
-    match next_inbound(&mut in_rx).await {
+    match next_inbound(in_rx).await {
         Inbound::Offer { role, .. } => assert_eq!(role, Role::Viewer, "no role means viewer"),
         other => panic!("unexpected {other:?}"),
     }
+}
 
+/// Candidates and a session's end reach the peer manager.
+async fn candidates_and_ends_are_relayed(ws: &mut Server, in_rx: &mut mpsc::Receiver<Inbound>) {
     ws.send(server_message(
         "signalling.ice_candidate",
         Some(json!({"connectionId": "sess-1", "candidate": "candidate:1 1 udp 1 127.0.0.1 9 typ host", "sdpMid": "0", "sdpMLineIndex": 0})),
@@ -301,7 +207,7 @@ async fn registers_relays_and_reregisters_after_reconnect() {
     .await
     .expect("send");
     assert!(
-        matches!(next_inbound(&mut in_rx).await, Inbound::RemoteCandidate(c) if c.connection_id == "sess-1")
+        matches!(next_inbound(in_rx).await, Inbound::RemoteCandidate(c) if c.connection_id == "sess-1")
     );
     ws.send(server_message(
         "signalling.disconnected",
@@ -311,11 +217,33 @@ async fn registers_relays_and_reregisters_after_reconnect() {
     .await
     .expect("send");
     assert_eq!(
-        next_inbound(&mut in_rx).await,
+        next_inbound(in_rx).await,
         Inbound::Disconnected {
             session: "sess-1".into()
         }
     );
+}
+
+#[tokio::test]
+async fn registers_relays_and_reregisters_after_reconnect() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let options = SignallingOptions {
+        certificate: Some("-----BEGIN CERTIFICATE-----\nAA==\n-----END CERTIFICATE-----\n".into()),
+        arp: false,
+        ..scripted::options(&listener, "robot-1")
+    };
+    let (key, out, mut in_rx) = start(options);
+
+    let mut ws = logged_in(&listener, &key, &mut in_rx).await;
+    // The TURN-bearing second welcome updates the ICE servers.
+    send_turn_welcome(&mut ws).await;
+    match next_inbound(&mut in_rx).await {
+        Inbound::IceServers(servers) => assert_eq!(servers[0].username.as_deref(), Some("u")),
+        other => panic!("unexpected {other:?}"),
+    }
+
+    offers_carry_the_sessions_role(&mut ws, &mut in_rx).await;
+    candidates_and_ends_are_relayed(&mut ws, &mut in_rx).await;
 
     // Server pings are answered; outbound messages are relayed.
     ws.send(server_message("signalling.ping", None, None))
@@ -337,34 +265,21 @@ async fn registers_relays_and_reregisters_after_reconnect() {
     // The server goes away: offline, then a fresh login on the new socket.
     drop(ws);
     assert_eq!(next_inbound(&mut in_rx).await, Inbound::Offline);
-    let mut ws = accept(&listener).await;
-    login(&mut ws, &key).await;
-    assert_eq!(
-        next_inbound(&mut in_rx).await,
-        Inbound::Online {
-            ice_servers: vec![]
-        }
-    );
+    logged_in(&listener, &key, &mut in_rx).await;
 }
 
 #[tokio::test]
 async fn refused_logins_are_retried() {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let key = Arc::new(RobotKey::generate(KeyType::Ed25519).expect("key"));
     let options = SignallingOptions {
-        urls: vec![format!("ws://{}/ws", listener.local_addr().expect("addr"))],
-        robot_id: "robot-1".into(),
-        key: key.clone(),
-        certificate: None,
         reconnect: ReconnectConfig {
             initial_delay_ms: 10,
             max_delay_ms: 20,
         },
-        ca_file: None,
         arp: false,
+        ..scripted::options(&listener, "robot-1")
     };
-    let (in_tx, mut in_rx) = mpsc::channel(16);
-    let _out = spawn(options, in_tx);
+    let (key, _out, mut in_rx) = start(options);
     let mut ws = accept(&listener).await;
     ws.send(server_message(
         "signalling.welcome",
@@ -403,21 +318,16 @@ async fn refused_logins_are_retried() {
 #[tokio::test]
 async fn registers_without_a_welcome_and_asks_for_one() {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let key = Arc::new(RobotKey::generate(KeyType::Ed25519).expect("key"));
     let options = SignallingOptions {
-        urls: vec![format!("ws://{}/ws", listener.local_addr().expect("addr"))],
-        robot_id: "robot-1".into(),
-        key: key.clone(),
         certificate: Some("-----BEGIN CERTIFICATE-----\nMA==\n-----END CERTIFICATE-----\n".into()),
         reconnect: ReconnectConfig {
             initial_delay_ms: 10,
             max_delay_ms: 20,
         },
-        ca_file: None,
         arp: false,
+        ..scripted::options(&listener, "robot-1")
     };
-    let (in_tx, mut in_rx) = mpsc::channel(16);
-    let _out = spawn(options, in_tx);
+    let (_key, _out, mut in_rx) = start(options);
     let mut ws = accept(&listener).await;
     // No welcome is sent: the register comes anyway.
     let register = recv(&mut ws).await;
@@ -442,13 +352,7 @@ async fn registers_without_a_welcome_and_asks_for_one() {
     ))
     .await
     .expect("send");
-    ws.send(server_message(
-        "signalling.welcome",
-        Some(json!({"connectionId": "c1", "iceServers": [{"urls": ["turn:127.0.0.1:3478"], "username": "u", "credential": "p"}]})),
-        None,
-    ))
-    .await
-    .expect("send");
+    send_turn_welcome(&mut ws).await;
     assert_eq!(
         next_inbound(&mut in_rx).await,
         Inbound::Online {
@@ -469,18 +373,12 @@ async fn registers_without_a_welcome_and_asks_for_one() {
 #[tokio::test]
 async fn a_welcome_at_open_is_still_used() {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let key = Arc::new(RobotKey::generate(KeyType::Ed25519).expect("key"));
     let options = SignallingOptions {
-        urls: vec![format!("ws://{}/ws", listener.local_addr().expect("addr"))],
-        robot_id: "robot-1".into(),
-        key: key.clone(),
-        certificate: None,
         reconnect: ReconnectConfig::default(),
-        ca_file: None,
         arp: false,
+        ..scripted::options(&listener, "robot-1")
     };
-    let (in_tx, mut in_rx) = mpsc::channel(16);
-    let _out = spawn(options, in_tx);
+    let (_key, _out, mut in_rx) = start(options);
     let mut ws = accept(&listener).await;
     let register = recv(&mut ws).await;
     assert_eq!(register["type"], "signalling.register");

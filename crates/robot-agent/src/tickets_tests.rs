@@ -6,29 +6,24 @@
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
-use futures_util::{SinkExt, StreamExt};
+use futures_util::SinkExt;
 use jsonwebtoken::{EncodingKey, Header};
 use ring::signature::{Ed25519KeyPair, KeyPair};
 use serde_json::{json, Value};
 use signalling_protocol::arp::FRAME_TYPE;
 use signalling_protocol::ticket::{KEY_EXCHANGE_META_KEY, SESSION_KEY_ID};
 use signalling_protocol::Role;
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::WebSocketStream;
 
 use super::*;
-use crate::arp::tests::{fixture, until, Fixture};
 use crate::arp::ArpOptions;
-use crate::config::ReconnectConfig;
-use crate::identity::{KeyType, RobotKey};
-use crate::peer::{PeerManager, PeerOptions};
 use crate::server_keys::PinnedKey;
-use crate::signalling::{self, SignallingOptions, INBOUND_CAPACITY};
-use crate::testutil::WAIT;
+use crate::testutil;
+use crate::testutil::arp::{fixture, until, Fixture};
+use crate::testutil::browser::offer_sdp;
+use crate::testutil::scripted::{self, envelope, next_text};
 
 const ROBOT: &str = "robot-1";
 
@@ -244,28 +239,11 @@ fn no_pinned_key_means_no_check() {
 
 // --- end to end ---------------------------------------------------------------
 
-type Socket = WebSocketStream<TcpStream>;
-
 struct Rig {
     f: Fixture,
-    ws: Socket,
+    agent: scripted::Agent,
     signer: Signer,
     check: Arc<TicketCheck>,
-    _listener: TcpListener,
-    peers: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Rig {
-    fn drop(&mut self) {
-        self.peers.abort();
-    }
-}
-
-fn envelope(kind: &str, payload: Value) -> Value {
-    json!({
-        "type": kind, "version": "0.5", "id": uuid::Uuid::new_v4().to_string(),
-        "timestamp": "2026-01-06T12:00:00Z", "payload": payload,
-    })
 }
 
 fn drive(linear: f64, secs: f64) -> Value {
@@ -278,95 +256,13 @@ async fn rig() -> Rig {
     let signer = Signer::new();
     let check =
         Arc::new(TicketCheck::new(ROBOT, std::slice::from_ref(&signer.pinned)).expect("check"));
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let options = SignallingOptions {
-        urls: vec![format!("ws://{}/ws", listener.local_addr().expect("addr"))],
-        robot_id: ROBOT.into(),
-        key: Arc::new(RobotKey::generate(KeyType::Ed25519).expect("key")),
-        certificate: None,
-        reconnect: ReconnectConfig {
-            initial_delay_ms: 10,
-            max_delay_ms: 50,
-        },
-        ca_file: None,
-        arp: true,
-    };
-    let (in_tx, in_rx) = mpsc::channel(INBOUND_CAPACITY);
-    let out = signalling::spawn_checked(options, Some(check.clone()), in_tx);
-    let manager = PeerManager::new(
-        &PeerOptions {
-            include_loopback_candidates: true,
-            loopback_only: true,
-        },
-        out,
-        shared_with(&f),
-    )
-    .expect("manager")
-    .with_arp(f.server.clone());
-    let peers = tokio::spawn(manager.run(in_rx));
-    let ws = login(&listener).await;
+    let shared = testutil::shared(f.controller.clone(), None);
+    let agent = scripted::agent(ROBOT, shared, f.server.clone(), Some(check.clone())).await;
     Rig {
         f,
-        ws,
+        agent,
         signer,
         check,
-        _listener: listener,
-        peers,
-    }
-}
-
-/// What the peer manager shares, around the fixture's controller (the one the ARP
-/// server drives).
-fn shared_with(f: &Fixture) -> crate::session::Shared {
-    let limits = crate::safety::SafetyLimits::default();
-    crate::session::Shared {
-        controller: f.controller.clone(),
-        locations: Arc::new(std::sync::Mutex::new(
-            crate::locations::LocationStore::in_memory(10),
-        )),
-        settings: Arc::new(std::sync::Mutex::new(crate::settings::Settings::defaults(
-            &limits,
-        ))),
-        base_limits: limits,
-        metrics: Arc::new(crate::session::Metrics::default()),
-        reply_signer: None,
-    }
-}
-
-async fn login(listener: &TcpListener) -> Socket {
-    let (tcp, _) = tokio::time::timeout(WAIT, listener.accept())
-        .await
-        .expect("agent connects in time")
-        .expect("accept");
-    let mut ws = tokio_tungstenite::accept_async(tcp).await.expect("upgrade");
-    assert_eq!(next_text(&mut ws).await["type"], "signalling.register");
-    let challenge = envelope(
-        "signalling.pki_challenge",
-        json!({"challenge": STANDARD.encode([3u8; 32])}),
-    );
-    ws.send(Message::text(challenge.to_string()))
-        .await
-        .expect("send");
-    let response = next_text(&mut ws).await;
-    assert_eq!(response["type"], "signalling.pki_response");
-    let mut verified = envelope("signalling.pki_verified", json!({"agentId": ROBOT}));
-    verified["correlationId"] = response["id"].clone();
-    ws.send(Message::text(verified.to_string()))
-        .await
-        .expect("send");
-    ws
-}
-
-async fn next_text(ws: &mut Socket) -> Value {
-    loop {
-        let frame = tokio::time::timeout(WAIT, ws.next())
-            .await
-            .expect("message in time")
-            .expect("open")
-            .expect("frame");
-        if let Message::Text(text) = frame {
-            return serde_json::from_str(&text).expect("JSON");
-        }
     }
 }
 
@@ -390,12 +286,13 @@ impl Rig {
             json!({"connectionId": connection, "frame": frame}),
         );
         message["meta"] = json!({ "session": session });
-        self.ws
+        self.agent
+            .ws
             .send(Message::text(message.to_string()))
             .await
             .expect("send");
         loop {
-            let v = next_text(&mut self.ws).await;
+            let v = next_text(&mut self.agent.ws).await;
             let answer = &v["payload"]["frame"];
             if v["type"] == FRAME_TYPE && answer["id"] == id && answer.get("method").is_none() {
                 return v;
@@ -535,7 +432,9 @@ async fn an_emergency_stop_needs_no_ticket() {
         json!({"connectionId": "estop-1", "frame": stop}),
     );
     message["meta"] = json!({"session": {"subject": "api", "role": "owner"}});
-    r.ws.send(Message::text(message.to_string()))
+    r.agent
+        .ws
+        .send(Message::text(message.to_string()))
         .await
         .expect("send");
     until(&r.f.probe, "the e-stop reached the sim", |s| {
@@ -545,41 +444,10 @@ async fn an_emergency_stop_needs_no_ticket() {
     assert_eq!(r.check.refused(), 0);
 }
 
-/// A browser-like offer with a `control` data channel.
-async fn offer_sdp() -> (Arc<webrtc::peer_connection::RTCPeerConnection>, String) {
-    use webrtc::api::media_engine::MediaEngine;
-    use webrtc::api::setting_engine::SettingEngine;
-    use webrtc::api::APIBuilder;
-    use webrtc::ice::mdns::MulticastDnsMode;
-    use webrtc::peer_connection::configuration::RTCConfiguration;
-    let mut settings = SettingEngine::default();
-    settings.set_ice_multicast_dns_mode(MulticastDnsMode::Disabled);
-    settings.set_include_loopback_candidate(true);
-    settings.set_ip_filter(Box::new(|ip: std::net::IpAddr| ip.is_loopback()));
-    let mut media = MediaEngine::default();
-    media.register_default_codecs().expect("codecs");
-    let api = APIBuilder::new()
-        .with_media_engine(media)
-        .with_setting_engine(settings)
-        .build();
-    let pc = Arc::new(
-        api.new_peer_connection(RTCConfiguration::default())
-            .await
-            .expect("pc"),
-    );
-    pc.create_data_channel("control", None)
-        .await
-        .expect("channel");
-    let offer = pc.create_offer(None).await.expect("offer");
-    pc.set_local_description(offer).await.expect("local");
-    let sdp = pc.local_description().await.expect("sdp").sdp;
-    (pc, sdp)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_offer_without_a_good_ticket_is_refused_and_one_with_it_is_answered() {
     let mut r = rig().await;
-    let (pc, sdp) = offer_sdp().await;
+    let (pc, sdp) = offer_sdp(&["control"]).await;
     let offer = |connection: &str, session: Value| {
         let mut m = envelope(
             "signalling.offer",
@@ -601,21 +469,25 @@ async fn an_offer_without_a_good_ticket_is_refused_and_one_with_it_is_answered()
             json!({"subject": "alice", "role": "owner", "ticket": other_session}),
         ),
     ] {
-        r.ws.send(Message::text(offer(connection, session)))
+        r.agent
+            .ws
+            .send(Message::text(offer(connection, session)))
             .await
             .expect("send");
-        let refused = next_text(&mut r.ws).await;
+        let refused = next_text(&mut r.agent.ws).await;
         assert_eq!(refused["type"], "signalling.disconnected", "{refused}");
         assert_eq!(refused["payload"]["details"]["reason"], "bad_ticket");
     }
     assert_eq!(r.check.refused(), 3);
     let ticket = r.signer.sign(&claims("s2", Role::Operator));
     let session = json!({"subject": "alice", "role": "operator", "ticket": ticket});
-    r.ws.send(Message::text(offer("s2", session)))
+    r.agent
+        .ws
+        .send(Message::text(offer("s2", session)))
         .await
         .expect("send");
     loop {
-        let v = next_text(&mut r.ws).await;
+        let v = next_text(&mut r.agent.ws).await;
         assert_ne!(v["type"], "signalling.disconnected", "{v}");
         if v["type"] == "signalling.answer" {
             assert_eq!(v["payload"]["connectionId"], "s2");
@@ -642,12 +514,13 @@ impl Rig {
         );
         m["meta"] =
             json!({"session": {"subject": "alice", "role": role.as_str(), "ticket": ticket}});
-        self.ws
+        self.agent
+            .ws
             .send(Message::text(m.to_string()))
             .await
             .expect("send");
         loop {
-            let v = next_text(&mut self.ws).await;
+            let v = next_text(&mut self.agent.ws).await;
             assert_ne!(v["type"], "signalling.disconnected", "{v}");
             if v["type"] == "signalling.answer" && v["payload"]["connectionId"] == connection {
                 return;
@@ -660,7 +533,8 @@ impl Rig {
         let mut m = envelope("session.ticket", json!({"connectionId": connection}));
         m["meta"] =
             json!({"session": {"subject": "alice", "role": role.as_str(), "ticket": ticket}});
-        self.ws
+        self.agent
+            .ws
             .send(Message::text(m.to_string()))
             .await
             .expect("send");
@@ -669,7 +543,7 @@ impl Rig {
     /// The next `disconnected` the robot sends (other messages skipped).
     async fn next_disconnected(&mut self) -> Value {
         loop {
-            let v = next_text(&mut self.ws).await;
+            let v = next_text(&mut self.agent.ws).await;
             if v["type"] == "signalling.disconnected" {
                 return v;
             }
@@ -680,7 +554,7 @@ impl Rig {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_whose_ticket_runs_out_unrenewed_ends_and_gives_control_back() {
     let mut r = rig().await;
-    let (pc, sdp) = offer_sdp().await;
+    let (pc, sdp) = offer_sdp(&["control"]).await;
     let ticket = r.signer.sign(&lapsing("s-lapse", Role::Operator, 2));
     r.open(&sdp, "s-lapse", Role::Operator, ticket).await;
     // The teleop session holds control: a program cannot take the robot.
@@ -706,8 +580,8 @@ async fn a_session_whose_ticket_runs_out_unrenewed_ends_and_gives_control_back()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_renewed_session_outlives_its_first_ticket() {
     let mut r = rig().await;
-    let (pc, sdp) = offer_sdp().await;
-    let (pc2, sdp2) = offer_sdp().await;
+    let (pc, sdp) = offer_sdp(&["control"]).await;
+    let (pc2, sdp2) = offer_sdp(&["control"]).await;
     let ticket = r.signer.sign(&lapsing("s-kept", Role::Viewer, 2));
     r.open(&sdp, "s-kept", Role::Viewer, ticket).await;
     let fresh = r.signer.sign(&claims("s-kept", Role::Viewer));
@@ -806,13 +680,17 @@ fn a_key_endorsed_by_a_pinned_one_is_pinned_and_nothing_else_is() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_the_servers_endorsement_offers_signed_by_the_new_key_are_answered() {
     let mut r = rig().await;
-    let (pc, sdp) = offer_sdp().await;
+    let (pc, sdp) = offer_sdp(&["control"]).await;
     let new = Signer::new();
     let m = envelope(
         "session.signing_keys",
         json!({"endorsement": endorsement(&r.signer, &new)}),
     );
-    r.ws.send(Message::text(m.to_string())).await.expect("send");
+    r.agent
+        .ws
+        .send(Message::text(m.to_string()))
+        .await
+        .expect("send");
     // Messages are handled in order: the offer after it sees the new key.
     let ticket = new.sign(&claims("s-new", Role::Viewer));
     r.open(&sdp, "s-new", Role::Viewer, ticket).await;
@@ -856,10 +734,9 @@ fn mac_ticket(key: &EncodingKey, claims: &TicketClaims) -> String {
     jsonwebtoken::encode(&header, claims, key).expect("MAC")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn after_the_first_tickets_key_exchange_macd_tickets_drive_and_forged_ones_never() {
-    let mut r = rig().await;
-    let c = "arp-keyed";
+/// The key exchange on `c`'s first ticket: the server's half in the
+/// ticket, the robot's on its answer. Returns the session's MAC key.
+async fn agree_a_session_key(r: &mut Rig, c: &str) -> EncodingKey {
     let server = ServerHalf::new();
     let mut offer = frame_claims(c, Role::Operator, &initialize("i1"));
     offer.kx = Some(server.public.clone());
@@ -875,7 +752,14 @@ async fn after_the_first_tickets_key_exchange_macd_tickets_drive_and_forged_ones
         .as_str()
         .unwrap_or_else(|| panic!("no ticketKey: {answered}"))
         .to_owned();
-    let key = server.agree(&half, &offered_in, c);
+    server.agree(&half, &offered_in, c)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_the_first_tickets_key_exchange_macd_tickets_drive_and_forged_ones_never() {
+    let mut r = rig().await;
+    let c = "arp-keyed";
+    let key = agree_a_session_key(&mut r, c).await;
     let mac = |role: Role, frame: &Value| {
         json!({"subject": "alice", "role": role.as_str(),
                "ticket": mac_ticket(&key, &frame_claims(c, role, frame))})
@@ -935,9 +819,7 @@ async fn after_the_first_tickets_key_exchange_macd_tickets_drive_and_forged_ones
         "signalling.disconnected",
         json!({"connectionId": c, "reason": "closed"}),
     );
-    r.ws.send(Message::text(end.to_string()))
-        .await
-        .expect("send");
+    scripted::send(&mut r.agent.ws, &end).await;
     let again = mac(Role::Operator, &initialize("i2"));
     assert_bad_ticket(&r.inject(c, again, initialize("i2")).await);
 }

@@ -169,6 +169,58 @@ fn secret_of(token_file: &Path) -> String {
     secret.to_owned()
 }
 
+/// An ARP socket without a token, without one on a network address, with
+/// contradicting flags, or with a bad origin: the agent refuses to start.
+async fn bad_arp_settings_are_refused(dir: &Path) {
+    let bare = temp_dir("no-token");
+    let server = [
+        "--server",
+        "ws://127.0.0.1:9/ws",
+        "--robot-id",
+        "r",
+        "--driver",
+        "sim",
+    ];
+    let listen = |addr: &'static str| [&server[..], &["--arp-listen", addr]].concat();
+    let error = refused(&bare, &listen("127.0.0.1:0")).await;
+    assert!(
+        error.contains("needs a token") && error.contains("robot-agent enroll"),
+        "{error}"
+    );
+    let error = refused(
+        &bare,
+        &[&listen("0.0.0.0:0")[..], &["--arp-no-token"]].concat(),
+    )
+    .await;
+    assert!(
+        error.contains("refused on the non-loopback address"),
+        "{error}"
+    );
+    let error = refused(
+        dir,
+        &[
+            "--arp-listen",
+            "127.0.0.1:0",
+            "--arp-no-token",
+            "--arp-token",
+            "operator:x",
+        ],
+    )
+    .await;
+    assert!(error.contains("contradict"), "{error}");
+    let error = refused(
+        dir,
+        &[
+            "--arp-listen",
+            "127.0.0.1:0",
+            "--arp-allow-origin",
+            "https://ok.example/app",
+        ],
+    )
+    .await;
+    assert!(error.contains("invalid --arp-allow-origin"), "{error}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enroll_writes_the_arp_token_and_run_requires_one() {
     let dir = temp_dir("enrolled");
@@ -211,53 +263,7 @@ async fn enroll_writes_the_arp_token_and_run_requires_one() {
     drop(agent);
 
     // No token anywhere: refused with a clear error, unless --arp-no-token on loopback.
-    let bare = temp_dir("no-token");
-    let server = [
-        "--server",
-        "ws://127.0.0.1:9/ws",
-        "--robot-id",
-        "r",
-        "--driver",
-        "sim",
-    ];
-    let listen = |addr: &'static str| [&server[..], &["--arp-listen", addr]].concat();
-    let error = refused(&bare, &listen("127.0.0.1:0")).await;
-    assert!(
-        error.contains("needs a token") && error.contains("robot-agent enroll"),
-        "{error}"
-    );
-    let error = refused(
-        &bare,
-        &[&listen("0.0.0.0:0")[..], &["--arp-no-token"]].concat(),
-    )
-    .await;
-    assert!(
-        error.contains("refused on the non-loopback address"),
-        "{error}"
-    );
-    let error = refused(
-        &dir,
-        &[
-            "--arp-listen",
-            "127.0.0.1:0",
-            "--arp-no-token",
-            "--arp-token",
-            "operator:x",
-        ],
-    )
-    .await;
-    assert!(error.contains("contradict"), "{error}");
-    let error = refused(
-        &dir,
-        &[
-            "--arp-listen",
-            "127.0.0.1:0",
-            "--arp-allow-origin",
-            "https://ok.example/app",
-        ],
-    )
-    .await;
-    assert!(error.contains("invalid --arp-allow-origin"), "{error}");
+    bad_arp_settings_are_refused(&dir).await;
 }
 
 /// Issue 41 #10: a secret on the command line is warned about; a token

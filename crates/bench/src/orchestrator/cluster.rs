@@ -64,15 +64,8 @@ fn info(name: &str, client_port: u16, robot_port: u16, token: &str, keys: &Keys)
     info
 }
 
-/// Same-node and cross-node relay on three nodes; rows named "… same node" and "…
-/// cross-node", plus their ratios; and the idle capacity of the three nodes.
-pub async fn cluster(
-    opts: &Options,
-    keys: &Keys,
-    postgres: &str,
-    rows: &mut Vec<Row>,
-) -> anyhow::Result<()> {
-    let wants = |name: &str| opts.only.iter().any(|o| o == name);
+/// A private redis-server on a free port (pub/sub buffers as the nodes need).
+async fn start_redis() -> anyhow::Result<(u16, Child)> {
     let redis_port = free_port()?;
     let mut redis = Command::new("redis-server")
         .args(["--port", &redis_port.to_string(), "--bind", "127.0.0.1"])
@@ -83,73 +76,48 @@ pub async fn cluster(
         .spawn()
         .context("redis-server")?;
     wait_listening(redis_port, &mut redis).await?;
-    let redis_url = format!("redis://127.0.0.1:{redis_port}");
-    let database = fresh_postgres_schema(postgres).await?;
-    let prefix = format!("bench-{}:", uuid::Uuid::new_v4().simple());
-    let mut nodes = Vec::new();
-    for index in 0..NODES {
-        nodes.push(start_node(opts, &database, &redis_url, &prefix, index).await?);
-    }
-    let capacity_robots = if wants("capacity") {
-        opts.profile.capacity_robots * NODES
-    } else {
-        0
-    };
-    let http = reqwest::Client::new();
-    let base = format!("http://127.0.0.1:{}", nodes[0].0);
-    let robots = capacity_robots.max(opts.profile.relay_sessions);
-    eprintln!("[bench] cluster: preparing {robots} robots");
-    let token = prepare(&http, &base, keys, robots, 0).await?;
-    if wants("capacity") {
-        let targets: Vec<TargetInfo> = nodes
-            .iter()
-            .map(|(port, _)| info("cluster, 3 nodes", *port, *port, &token, keys))
-            .map(|mut i| {
-                i.robot_ws_url = None;
-                i
-            })
-            .collect();
-        let pids: Vec<u32> = nodes
-            .iter()
-            .map(|(_, child)| child.id().context("node pid"))
-            .collect::<anyhow::Result<_>>()?;
-        eprintln!("[bench] cluster: capacity of {NODES} nodes ({capacity_robots} robots)");
-        capacity_over(
-            opts,
-            "cluster, 3 nodes",
-            &targets,
-            &pids,
-            capacity_robots,
-            rows,
-        )
-        .await?;
-    }
-    let (a, b) = (nodes[0].0, nodes[1].0);
-    let mut children = nodes.into_iter().map(|(_, child)| child);
-    let (node_a, node_b) = (
-        children.next().context("node A")?,
-        children.next().context("node B")?,
-    );
-    let same = Running::adopt(info("cluster, same node", a, a, &token, keys), node_a);
-    let cross = Running::adopt(info("cluster, cross-node", b, a, &token, keys), node_b);
-    if !wants("relay") {
-        same.stop().await;
-        cross.stop().await;
-        for mut child in children {
-            let _ = child.kill().await;
-        }
-        let _ = redis.kill().await;
-        return Ok(());
-    }
-    let first = rows.len();
-    relay(opts, &same, rows).await?;
-    relay(opts, &cross, rows).await?;
-    let measured: Vec<Row> = rows[first..].to_vec();
-    for same_row in measured.iter().filter(|r| r.target == same.info.name) {
+    Ok((redis_port, redis))
+}
+
+/// The idle capacity of every node together, robots spread over them.
+async fn capacity_of_nodes(
+    opts: &Options,
+    keys: &Keys,
+    nodes: &[(u16, Child)],
+    token: &str,
+    capacity_robots: usize,
+    rows: &mut Vec<Row>,
+) -> anyhow::Result<()> {
+    let targets: Vec<TargetInfo> = nodes
+        .iter()
+        .map(|(port, _)| info("cluster, 3 nodes", *port, *port, token, keys))
+        .map(|mut i| {
+            i.robot_ws_url = None;
+            i
+        })
+        .collect();
+    let pids: Vec<u32> = nodes
+        .iter()
+        .map(|(_, child)| child.id().context("node pid"))
+        .collect::<anyhow::Result<_>>()?;
+    eprintln!("[bench] cluster: capacity of {NODES} nodes ({capacity_robots} robots)");
+    capacity_over(
+        opts,
+        "cluster, 3 nodes",
+        &targets,
+        &pids,
+        capacity_robots,
+        rows,
+    )
+    .await
+}
+
+/// Cross-node over same-node rows of the same benchmark and metric.
+fn ratios(measured: &[Row], same: &str, cross: &str) -> Vec<Row> {
+    let mut rows = Vec::new();
+    for same_row in measured.iter().filter(|r| r.target == same) {
         let Some(cross_row) = measured.iter().find(|r| {
-            r.target == cross.info.name
-                && r.benchmark == same_row.benchmark
-                && r.metric == same_row.metric
+            r.target == cross && r.benchmark == same_row.benchmark && r.metric == same_row.metric
         }) else {
             continue;
         };
@@ -174,6 +142,61 @@ pub async fn cluster(
             }
         }
     }
+    rows
+}
+
+/// Same-node and cross-node relay on three nodes; rows named "… same node" and "…
+/// cross-node", plus their ratios; and the idle capacity of the three nodes.
+pub async fn cluster(
+    opts: &Options,
+    keys: &Keys,
+    postgres: &str,
+    rows: &mut Vec<Row>,
+) -> anyhow::Result<()> {
+    let wants = |name: &str| opts.only.iter().any(|o| o == name);
+    let (redis_port, mut redis) = start_redis().await?;
+    let redis_url = format!("redis://127.0.0.1:{redis_port}");
+    let database = fresh_postgres_schema(postgres).await?;
+    let prefix = format!("bench-{}:", uuid::Uuid::new_v4().simple());
+    let mut nodes = Vec::new();
+    for index in 0..NODES {
+        nodes.push(start_node(opts, &database, &redis_url, &prefix, index).await?);
+    }
+    let capacity_robots = if wants("capacity") {
+        opts.profile.capacity_robots * NODES
+    } else {
+        0
+    };
+    let http = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{}", nodes[0].0);
+    let robots = capacity_robots.max(opts.profile.relay_sessions);
+    eprintln!("[bench] cluster: preparing {robots} robots");
+    let token = prepare(&http, &base, keys, robots, 0).await?;
+    if wants("capacity") {
+        capacity_of_nodes(opts, keys, &nodes, &token, capacity_robots, rows).await?;
+    }
+    let (a, b) = (nodes[0].0, nodes[1].0);
+    let mut children = nodes.into_iter().map(|(_, child)| child);
+    let (node_a, node_b) = (
+        children.next().context("node A")?,
+        children.next().context("node B")?,
+    );
+    let same = Running::adopt(info("cluster, same node", a, a, &token, keys), node_a);
+    let cross = Running::adopt(info("cluster, cross-node", b, a, &token, keys), node_b);
+    if !wants("relay") {
+        same.stop().await;
+        cross.stop().await;
+        for mut child in children {
+            let _ = child.kill().await;
+        }
+        let _ = redis.kill().await;
+        return Ok(());
+    }
+    let first = rows.len();
+    relay(opts, &same, rows).await?;
+    relay(opts, &cross, rows).await?;
+    let measured: Vec<Row> = rows[first..].to_vec();
+    rows.extend(ratios(&measured, &same.info.name, &cross.info.name));
     same.stop().await;
     cross.stop().await;
     for mut child in children {

@@ -43,14 +43,7 @@ pub async fn capacity_over(
     rows: &mut Vec<Row>,
 ) -> anyhow::Result<()> {
     let p = &opts.profile;
-    let stats = || -> anyhow::Result<(u64, u64)> {
-        let mut sum = (0, 0);
-        for pid in pids {
-            let (rss, ticks) = proc_stats(*pid)?;
-            sum = (sum.0 + rss, sum.1 + ticks);
-        }
-        Ok(sum)
-    };
+    let stats = || summed_stats(pids);
     let (rss_before, _) = stats()?;
     let clients = robots / 2;
     let total = robots + clients;
@@ -85,36 +78,27 @@ pub async fn capacity_over(
     }
     let per_conn_kib = rss_per_connection_kib(rss_before, rss_after, sockets);
     let cpu = cpu_percent(ticks_before, ticks_after, clock_ticks(), p.idle_secs);
-    rows.push(row(
-        "capacity",
-        name,
-        "idle sockets",
-        sockets as f64,
-        "sockets",
-    ));
-    rows.push(row(
-        "capacity",
-        name,
-        "RSS per idle connection",
-        per_conn_kib,
-        "KiB",
-    ));
-    rows.push(row(
-        "capacity",
-        name,
-        "RSS total",
-        rss_after as f64 / 1024.0,
-        "MiB",
-    ));
-    rows.push(row("capacity", name, "CPU while idle", cpu, "% of a core"));
-    rows.push(row(
-        "capacity",
-        name,
-        "time to connect all",
-        connect_secs,
-        "s",
-    ));
+    let figures = [
+        ("idle sockets", sockets as f64, "sockets"),
+        ("RSS per idle connection", per_conn_kib, "KiB"),
+        ("RSS total", rss_after as f64 / 1024.0, "MiB"),
+        ("CPU while idle", cpu, "% of a core"),
+        ("time to connect all", connect_secs, "s"),
+    ];
+    for (metric, value, unit) in figures {
+        rows.push(row("capacity", name, metric, value, unit));
+    }
     Ok(())
+}
+
+/// RSS and CPU ticks summed over `pids`.
+fn summed_stats(pids: &[u32]) -> anyhow::Result<(u64, u64)> {
+    let mut sum = (0, 0);
+    for pid in pids {
+        let (rss, ticks) = proc_stats(*pid)?;
+        sum = (sum.0 + rss, sum.1 + ticks);
+    }
+    Ok(sum)
 }
 
 /// Each worker's part of the idle sockets: consecutive robot numbers, clients alongside.

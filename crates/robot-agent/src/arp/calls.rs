@@ -52,22 +52,7 @@ impl Conn {
 /// Admits a call; its response is sent by the call's task (`Ok(None)`).
 fn start(conn: &Conn, id: &Value, params: &Value) -> Result<Option<Value>, ArpError> {
     let p: CallParams = parse(params)?;
-    let arguments = p.arguments.unwrap_or_else(|| json!({}));
-    if !arguments.is_object() {
-        return Err(ArpError::InvalidParams {
-            field: Some("arguments".into()),
-            message: "arguments: must be an object".into(),
-        });
-    }
-    if p.idempotency_key
-        .as_ref()
-        .is_some_and(|k| k.is_empty() || k.len() > 128)
-    {
-        return Err(ArpError::InvalidParams {
-            field: Some("idempotencyKey".into()),
-            message: "idempotencyKey: 1 to 128 characters".into(),
-        });
-    }
+    let arguments = checked_arguments(&p)?;
     let server = &conn.server;
     let tool = server
         .tool(&p.name)
@@ -126,39 +111,68 @@ fn start(conn: &Conn, id: &Value, params: &Value) -> Result<Option<Value>, ArpEr
         cancel: cancel_rx,
         client_confirms: conn.client_confirms,
     };
-    let request_id = id.clone();
-    tokio::spawn(async move {
-        let call_id = call.id.clone();
-        let server = call.server.clone();
-        let link = call.link.clone();
-        let tool = call.tool.name.clone();
-        let outcome: Outcome = match run(call, args).await {
-            Ok((state, result)) => {
-                let mut body = json!({ "callId": call_id, "state": state });
-                if let Some(result) = result {
-                    body["result"] = result;
-                }
-                Ok(body)
-            }
-            Err(e) => Err((call_id.clone(), e)),
-        };
-        match &outcome {
-            Ok(body) => {
-                tracing::info!(call = %call_id, tool, state = %body["state"], "ARP tool call ended")
-            }
-            Err((_, e)) => {
-                tracing::info!(call = %call_id, tool, error = %e, "ARP tool call failed")
-            }
-        }
-        link.send(render(&request_id, &outcome)).await;
-        outcome_tx.send_replace(Some(outcome));
-        let mut state = server.state();
-        state.calls.remove(&call_id);
-        if state.motion.as_deref() == Some(call_id.as_str()) {
-            state.motion = None;
-        }
-    });
+    tokio::spawn(run_and_answer(call, args, id.clone(), outcome_tx));
     Ok(None)
+}
+
+/// The call's arguments (an object; none: `{}`), its idempotency key checked.
+fn checked_arguments(p: &CallParams) -> Result<Value, ArpError> {
+    let arguments = p.arguments.clone().unwrap_or_else(|| json!({}));
+    if !arguments.is_object() {
+        return Err(ArpError::InvalidParams {
+            field: Some("arguments".into()),
+            message: "arguments: must be an object".into(),
+        });
+    }
+    if p.idempotency_key
+        .as_ref()
+        .is_some_and(|k| k.is_empty() || k.len() > 128)
+    {
+        return Err(ArpError::InvalidParams {
+            field: Some("idempotencyKey".into()),
+            message: "idempotencyKey: 1 to 128 characters".into(),
+        });
+    }
+    Ok(arguments)
+}
+
+/// The call's task: runs it, answers the request, publishes the outcome
+/// (for retries) and frees the call's place.
+async fn run_and_answer(
+    call: Call,
+    args: Args,
+    request_id: Value,
+    outcome_tx: watch::Sender<Option<Outcome>>,
+) {
+    let call_id = call.id.clone();
+    let server = call.server.clone();
+    let link = call.link.clone();
+    let tool = call.tool.name.clone();
+    let outcome: Outcome = match run(call, args).await {
+        Ok((state, result)) => {
+            let mut body = json!({ "callId": call_id, "state": state });
+            if let Some(result) = result {
+                body["result"] = result;
+            }
+            Ok(body)
+        }
+        Err(e) => Err((call_id.clone(), e)),
+    };
+    match &outcome {
+        Ok(body) => {
+            tracing::info!(call = %call_id, tool, state = %body["state"], "ARP tool call ended")
+        }
+        Err((_, e)) => {
+            tracing::info!(call = %call_id, tool, error = %e, "ARP tool call failed")
+        }
+    }
+    link.send(render(&request_id, &outcome)).await;
+    outcome_tx.send_replace(Some(outcome));
+    let mut state = server.state();
+    state.calls.remove(&call_id);
+    if state.motion.as_deref() == Some(call_id.as_str()) {
+        state.motion = None;
+    }
 }
 
 fn render(id: &Value, outcome: &Outcome) -> Value {
@@ -223,36 +237,7 @@ async fn run(mut call: Call, args: Args) -> Result<Ended, ArpError> {
                 Some(json!({ "stopped": true, "cancelled": cancelled })),
             ))
         }
-        (ToolKind::CancelNavigation, _) => {
-            let navigating = {
-                let state = call.server.state();
-                state
-                    .motion
-                    .as_ref()
-                    .filter(|id| {
-                        state
-                            .calls
-                            .get(*id)
-                            .is_some_and(|c| c.tool == "navigate_to")
-                    })
-                    .cloned()
-            };
-            match navigating {
-                // The navigate_to call cancels its own goal and answers
-                // `cancelled`.
-                Some(_) => {
-                    let cancelled = call.server.cancel_motion();
-                    Ok(("completed", Some(json!({ "cancelled": cancelled }))))
-                }
-                None => {
-                    let name = controller.cancel_navigation(call.peer.role).await?;
-                    Ok((
-                        "completed",
-                        Some(json!({ "cancelled": [], "location": name })),
-                    ))
-                }
-            }
-        }
+        (ToolKind::CancelNavigation, _) => cancel_navigation(&call, &controller).await,
         (ToolKind::SaveLocation, Prepared::Save(name)) => call.save_location(name),
         (ToolKind::Driver, _) => call.driver_tool(&mut estop).await,
         (ToolKind::ListLocations, _) => {
@@ -265,6 +250,40 @@ async fn run(mut call: Call, args: Args) -> Result<Ended, ArpError> {
             Ok(("completed", Some(json!({ "reset": was }))))
         }
         _ => Err(ArpError::Internal),
+    }
+}
+
+/// `cancel_navigation`: a navigate_to call in progress cancels its own
+/// goal (and answers `cancelled`); else the controller's navigation ends.
+async fn cancel_navigation(
+    call: &Call,
+    controller: &crate::controller::ControllerHandle,
+) -> Result<Ended, ArpError> {
+    let navigating = {
+        let state = call.server.state();
+        state
+            .motion
+            .as_ref()
+            .filter(|id| {
+                state
+                    .calls
+                    .get(*id)
+                    .is_some_and(|c| c.tool == "navigate_to")
+            })
+            .cloned()
+    };
+    match navigating {
+        Some(_) => {
+            let cancelled = call.server.cancel_motion();
+            Ok(("completed", Some(json!({ "cancelled": cancelled }))))
+        }
+        None => {
+            let name = controller.cancel_navigation(call.peer.role).await?;
+            Ok((
+                "completed",
+                Some(json!({ "cancelled": [], "location": name })),
+            ))
+        }
     }
 }
 

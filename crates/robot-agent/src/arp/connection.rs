@@ -240,6 +240,92 @@ struct Bounds {
     frame: Option<String>,
 }
 
+/// A frame's text as a JSON object (no batches).
+fn json_object(text: &str) -> Result<Map<String, Value>, ArpError> {
+    match serde_json::from_str(text) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(Value::Array(_)) => Err(ArpError::InvalidRequest("batches are not supported".into())),
+        Ok(_) => Err(ArpError::InvalidRequest(
+            "a message is a JSON object".into(),
+        )),
+        Err(e) => Err(ArpError::Parse(e.to_string())),
+    }
+}
+
+/// A JSON-RPC message, sorted.
+enum Frame {
+    Request {
+        id: Value,
+        method: String,
+        params: Value,
+    },
+    Notification {
+        method: String,
+        params: Value,
+    },
+    /// The answer to one of our requests (a confirmation).
+    Answer {
+        id: Value,
+        message: Map<String, Value>,
+    },
+    /// A notification with bad params: no answer (JSON-RPC).
+    Ignored,
+}
+
+impl Frame {
+    /// Sorts a message; what breaks JSON-RPC is the error to answer, with
+    /// the id to answer it under.
+    fn sort(mut message: Map<String, Value>) -> Result<Frame, Box<(Value, ArpError)>> {
+        let id = message.remove("id");
+        let id_ok = matches!(&id, None | Some(Value::String(_)))
+            || id.as_ref().is_some_and(|v| v.is_i64() || v.is_u64());
+        let reply_id = if id_ok {
+            id.clone().unwrap_or(Value::Null)
+        } else {
+            Value::Null
+        };
+        let invalid = |why: &str| {
+            Err(Box::new((
+                reply_id.clone(),
+                ArpError::InvalidRequest(why.to_owned()),
+            )))
+        };
+        if !id_ok {
+            return invalid("id must be a string or an integer");
+        }
+        if message.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+            return invalid("jsonrpc must be \"2.0\"");
+        }
+        let method = match message.remove("method") {
+            Some(Value::String(m)) => m,
+            Some(_) => return invalid("method must be a string"),
+            None => {
+                let answer = message.contains_key("result") || message.contains_key("error");
+                return match (id, answer) {
+                    (Some(id), true) => Ok(Frame::Answer { id, message }),
+                    _ => invalid("a request needs a method"),
+                };
+            }
+        };
+        let params = match message.remove("params") {
+            None => Value::Object(Map::new()),
+            Some(Value::Object(p)) => Value::Object(p),
+            Some(_) if id.is_none() => return Ok(Frame::Ignored),
+            Some(_) => {
+                let e = ArpError::InvalidParams {
+                    field: Some("params".into()),
+                    message: "params must be an object".into(),
+                };
+                return Err(Box::new((reply_id, e)));
+            }
+        };
+        Ok(match id {
+            Some(id) => Frame::Request { id, method, params },
+            None => Frame::Notification { method, params },
+        })
+    }
+}
+
 impl Conn {
     /// One incoming frame: framing checks, then a request, a notification
     /// or the answer to one of our requests.
@@ -256,82 +342,15 @@ impl Conn {
             }
             return;
         }
-        let value: Value = match serde_json::from_str(text) {
-            Ok(v) => v,
-            Err(e) => {
-                let e = ArpError::Parse(e.to_string());
-                self.link.send(error_response(&Value::Null, &e, None)).await;
-                return;
+        let sorted = json_object(text)
+            .map_err(|e| Box::new((Value::Null, e)))
+            .and_then(Frame::sort);
+        match sorted {
+            Err(refused) => {
+                let (reply_id, e) = *refused;
+                self.link.send(error_response(&reply_id, &e, None)).await
             }
-        };
-        let mut message = match value {
-            Value::Object(m) => m,
-            Value::Array(_) => {
-                let e = ArpError::InvalidRequest("batches are not supported".into());
-                self.link.send(error_response(&Value::Null, &e, None)).await;
-                return;
-            }
-            _ => {
-                let e = ArpError::InvalidRequest("a message is a JSON object".into());
-                self.link.send(error_response(&Value::Null, &e, None)).await;
-                return;
-            }
-        };
-        let id = message.remove("id");
-        let id_ok = matches!(&id, None | Some(Value::String(_)))
-            || id.as_ref().is_some_and(|v| v.is_i64() || v.is_u64());
-        let reply_id = if id_ok {
-            id.clone().unwrap_or(Value::Null)
-        } else {
-            Value::Null
-        };
-        let invalid = |why: &str| ArpError::InvalidRequest(why.to_owned());
-        if !id_ok {
-            let e = invalid("id must be a string or an integer");
-            self.link.send(error_response(&reply_id, &e, None)).await;
-            return;
-        }
-        if message.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
-            let e = invalid("jsonrpc must be \"2.0\"");
-            self.link.send(error_response(&reply_id, &e, None)).await;
-            return;
-        }
-        let method = match message.remove("method") {
-            Some(Value::String(m)) => m,
-            Some(_) => {
-                let e = invalid("method must be a string");
-                self.link.send(error_response(&reply_id, &e, None)).await;
-                return;
-            }
-            None => {
-                // An answer to one of our requests (confirmation).
-                let answer = message.contains_key("result") || message.contains_key("error");
-                match (id, answer) {
-                    (Some(id), true) => self.answer(&id, message),
-                    _ => {
-                        let e = invalid("a request needs a method");
-                        self.link.send(error_response(&reply_id, &e, None)).await;
-                    }
-                }
-                return;
-            }
-        };
-        let params = match message.remove("params") {
-            None => Value::Object(Map::new()),
-            Some(Value::Object(p)) => Value::Object(p),
-            Some(_) => {
-                if id.is_some() {
-                    let e = ArpError::InvalidParams {
-                        field: Some("params".into()),
-                        message: "params must be an object".into(),
-                    };
-                    self.link.send(error_response(&reply_id, &e, None)).await;
-                }
-                return;
-            }
-        };
-        match id {
-            Some(id) => {
+            Ok(Frame::Request { id, method, params }) => {
                 match self.request(&id, &method, &params).await {
                     Ok(Some(result)) => self.link.send(response(&id, result)).await,
                     // Answered later by the call's task.
@@ -342,7 +361,9 @@ impl Conn {
                     }
                 }
             }
-            None => self.notification(&method, &params).await,
+            Ok(Frame::Notification { method, params }) => self.notification(&method, &params).await,
+            Ok(Frame::Answer { id, message }) => self.answer(&id, message),
+            Ok(Frame::Ignored) => {}
         }
     }
 

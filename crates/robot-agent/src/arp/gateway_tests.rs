@@ -5,29 +5,19 @@
 //! message against the spec.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Arc;
 
-use base64::engine::general_purpose::STANDARD;
-use base64::Engine as _;
-use futures_util::{SinkExt, StreamExt};
+use futures_util::SinkExt;
 use serde_json::{json, Value};
 use signalling_protocol::arp::{ArpFramePayload, FRAME_TYPE};
 use signalling_protocol::arp_schema::ArpValidator;
 use signalling_protocol::schema::SchemaValidator;
-use tokio::net::{TcpListener, TcpStream};
 use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::WebSocketStream;
 
 use super::*;
-use crate::arp::tests::{fixture, until, Fixture};
 use crate::arp::ArpOptions;
-use crate::config::ReconnectConfig;
-use crate::identity::{KeyType, RobotKey};
-use crate::peer::{PeerManager, PeerOptions};
-use crate::signalling::{self, SignallingOptions, INBOUND_CAPACITY};
+use crate::testutil::arp::{fixture, until, Fixture};
+use crate::testutil::scripted::{self, envelope, next_text};
 use crate::testutil::WAIT;
-
-type Socket = WebSocketStream<TcpStream>;
 
 /// Who a frame comes from, as the server stamps it (`None`: no `meta`).
 type Who<'a> = Option<(&'a str, &'a str)>;
@@ -37,9 +27,7 @@ const VIEWER: Who = Some(("watcher-1", "viewer"));
 /// The agent behind a scripted server, and the server's side of the socket.
 struct Rig {
     f: Fixture,
-    listener: TcpListener,
-    ws: Socket,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
+    agent: scripted::Agent,
     /// Method of each request sent, by (connectionId, id).
     methods: HashMap<(String, String), String>,
     /// Frames and messages read while waiting for another one.
@@ -47,26 +35,11 @@ struct Rig {
     next: u64,
 }
 
-impl Drop for Rig {
-    fn drop(&mut self) {
-        for task in &self.tasks {
-            task.abort();
-        }
-    }
-}
-
 fn id_key(id: &Value) -> String {
     match id {
         Value::String(s) => s.clone(),
         other => other.to_string(),
     }
-}
-
-fn envelope(kind: &str, payload: Value) -> Value {
-    json!({
-        "type": kind, "version": "0.5", "id": uuid::Uuid::new_v4().to_string(),
-        "timestamp": "2026-01-06T12:00:00Z", "payload": payload,
-    })
 }
 
 fn code(v: &Value) -> i64 {
@@ -81,95 +54,20 @@ async fn rig() -> Rig {
 
 async fn rig_with(options: ArpOptions) -> Rig {
     let f = fixture(options).await;
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let options = SignallingOptions {
-        urls: vec![format!("ws://{}/ws", listener.local_addr().expect("addr"))],
-        robot_id: "robot-1".into(),
-        key: Arc::new(RobotKey::generate(KeyType::Ed25519).expect("key")),
-        certificate: None,
-        reconnect: ReconnectConfig {
-            initial_delay_ms: 10,
-            max_delay_ms: 50,
-        },
-        ca_file: None,
-        arp: true,
-    };
-    let (in_tx, in_rx) = mpsc::channel(INBOUND_CAPACITY);
-    let out = signalling::spawn(options, in_tx);
-    let manager = PeerManager::new(
-        &PeerOptions {
-            include_loopback_candidates: true,
-            loopback_only: true,
-        },
-        out,
-        f.server.shared().clone(),
-    )
-    .expect("manager")
-    .with_arp(f.server.clone());
-    let peers = tokio::spawn(manager.run(in_rx));
-    let ws = login(&listener).await;
+    let agent = scripted::agent("robot-1", f.server.shared().clone(), f.server.clone(), None).await;
+    assert_eq!(agent.register["payload"]["metadata"]["arp"], "0.1.0");
     Rig {
         f,
-        listener,
-        ws,
-        tasks: vec![peers],
+        agent,
         methods: HashMap::new(),
         backlog: VecDeque::new(),
         next: 1,
     }
 }
 
-/// Accepts the agent's next socket and logs it in; the register must
-/// declare ARP 0.1.0.
-async fn login(listener: &TcpListener) -> Socket {
-    let (tcp, _) = tokio::time::timeout(WAIT, listener.accept())
-        .await
-        .expect("agent connects in time")
-        .expect("accept");
-    let mut ws = tokio_tungstenite::accept_async(tcp).await.expect("upgrade");
-    let register = next_text(&mut ws).await;
-    assert_eq!(register["type"], "signalling.register");
-    assert_eq!(register["payload"]["metadata"]["arp"], "0.1.0");
-    let challenge = envelope(
-        "signalling.pki_challenge",
-        json!({"challenge": STANDARD.encode([3u8; 32])}),
-    );
-    ws.send(Message::text(challenge.to_string()))
-        .await
-        .expect("send");
-    let response = next_text(&mut ws).await;
-    assert_eq!(response["type"], "signalling.pki_response");
-    let mut verified = envelope("signalling.pki_verified", json!({"agentId": "robot-1"}));
-    verified["correlationId"] = response["id"].clone();
-    ws.send(Message::text(verified.to_string()))
-        .await
-        .expect("send");
-    ws
-}
-
-/// The agent's next message (spec messages schema-checked here).
-async fn next_text(ws: &mut Socket) -> Value {
-    loop {
-        let frame = tokio::time::timeout(WAIT, ws.next())
-            .await
-            .expect("message in time")
-            .expect("open")
-            .expect("frame");
-        if let Message::Text(text) = frame {
-            let value: Value = serde_json::from_str(&text).expect("JSON");
-            if value["type"] != FRAME_TYPE {
-                if let Err(e) = SchemaValidator::shared().validate(&value) {
-                    panic!("agent sent a message that breaks the spec: {e}\n{value}");
-                }
-            }
-            return value;
-        }
-    }
-}
-
 impl Rig {
     async fn send_raw(&mut self, text: String) {
-        self.ws.send(Message::text(text)).await.expect("send");
+        self.agent.ws.send(Message::text(text)).await.expect("send");
     }
 
     /// One `arp.frame` as the server sends it.
@@ -218,7 +116,7 @@ impl Rig {
     /// The agent's next message; an `arp.frame` is checked (no `meta`, a
     /// valid ARP frame) and kept as `{connectionId, frame}`.
     async fn read(&mut self) -> Value {
-        let value = next_text(&mut self.ws).await;
+        let value = next_text(&mut self.agent.ws).await;
         if value["type"] != FRAME_TYPE {
             return value;
         }
@@ -441,13 +339,13 @@ async fn losing_the_signalling_socket_ends_every_gateway_session() {
     r.message(c, "arp.toolProgress").await;
     until(&r.f.probe, "moving", |s| s.linear > 0.0).await;
     // The socket drops; the agent notices, stops, and comes back.
-    r.ws.close(None).await.expect("close");
+    r.agent.ws.close(None).await.expect("close");
     until(&r.f.probe, "stopped", |s| s.linear == 0.0).await;
     assert!(
         WAIT < std::time::Duration::from_secs(30),
         "not the drive's end"
     );
-    r.ws = login(&r.listener).await;
+    r.agent.ws = scripted::accept_login(&r.agent.listener, "robot-1").await.0;
     r.backlog.clear();
     // Both sessions are gone: their ids open fresh connections, and
     // control is free.
@@ -613,13 +511,17 @@ async fn an_emergency_stop_right_before_its_sessions_end_still_stops_the_robot()
         "signalling.disconnected",
         json!({"connectionId": "estop-1", "reason": "closed"}),
     );
-    r.ws.feed(Message::text(stop.to_string()))
+    r.agent
+        .ws
+        .feed(Message::text(stop.to_string()))
         .await
         .expect("feed");
-    r.ws.feed(Message::text(end.to_string()))
+    r.agent
+        .ws
+        .feed(Message::text(end.to_string()))
         .await
         .expect("feed");
-    r.ws.flush().await.expect("flush");
+    r.agent.ws.flush().await.expect("flush");
     until(&r.f.probe, "e-stopped", |s| {
         s.linear == 0.0 && s.last_stop.as_deref() == Some("emergency_stop")
     })

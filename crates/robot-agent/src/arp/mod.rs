@@ -460,4 +460,4 @@ mod idempotency_tests {
 
 #[cfg(test)]
 #[path = "tests.rs"]
-pub(crate) mod tests;
+mod tests;

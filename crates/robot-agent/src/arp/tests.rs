@@ -1,232 +1,14 @@
 //! The ARP server over its local WebSocket, on 127.0.0.1:0, with the sim
 //! driver. Every frame either way is validated against the ARP schema.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::Arc;
-
-use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
 use signalling_protocol::arp_schema::ArpValidator;
-use tokio::net::TcpStream;
-use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
-use super::config::{ListenConfig, Token};
 use super::ws::ArpListener;
 use super::*;
-use crate::controller::{self, ControllerHandle};
-use crate::driver::sim::{self, SimConfig, SimProbe};
 use crate::driver::DriverHandle;
-use crate::locations::LocationStore;
-use crate::session::Metrics;
-use crate::settings::Settings;
+use crate::testutil::arp::{fixture, secret, until, Client, Fixture, OPERATOR, OPERATOR2, VIEWER};
 use crate::testutil::WAIT;
-
-pub(crate) const OPERATOR: &str = "operator:op-secret";
-pub(crate) const OPERATOR2: &str = "operator:op2-secret";
-pub(crate) const VIEWER: &str = "viewer:view-secret";
-
-pub(crate) struct Fixture {
-    pub url: String,
-    pub probe: SimProbe,
-    pub controller: ControllerHandle,
-    pub server: ArpServer,
-    _listener: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Fixture {
-    fn drop(&mut self) {
-        self._listener.abort();
-    }
-}
-
-pub(crate) async fn fixture(options: ArpOptions) -> Fixture {
-    let (handle, end) = DriverHandle::channel();
-    let pose = handle.pose.clone();
-    let probe = sim::spawn(end, SimConfig::default());
-    let limits = SafetyLimits::default();
-    let controller = controller::spawn(limits.clone(), handle);
-    let deadline = Instant::now() + WAIT;
-    while !controller.status().await.expect("status").driver_ready {
-        assert!(Instant::now() < deadline, "sim never ready");
-        tokio::task::yield_now().await;
-    }
-    let shared = Shared {
-        controller: controller.clone(),
-        locations: Arc::new(std::sync::Mutex::new(LocationStore::in_memory(10))),
-        settings: Arc::new(std::sync::Mutex::new(Settings::defaults(&limits))),
-        base_limits: limits,
-        metrics: Arc::new(Metrics::default()),
-        reply_signer: None,
-    };
-    let server = ArpServer::new(shared, pose, options);
-    let tokens: Vec<Token> = [OPERATOR, OPERATOR2, VIEWER]
-        .iter()
-        .map(|t| t.parse().expect("token"))
-        .collect();
-    let listen = ListenConfig::new("127.0.0.1:0", tokens).expect("listen");
-    let listener = ArpListener::bind(&listen).await.expect("bind");
-    let url = format!("ws://{}/arp", listener.local_addr().expect("addr"));
-    let task = tokio::spawn(listener.run(server.clone()));
-    Fixture {
-        url,
-        probe,
-        controller,
-        server,
-        _listener: task,
-    }
-}
-
-fn secret(token: &str) -> &str {
-    token.split_once(':').expect("ROLE:SECRET").1
-}
-
-/// A test client: validates every frame, keeps notifications that arrive
-/// while it waits for a response.
-pub(crate) struct Client {
-    ws: WebSocketStream<MaybeTlsStream<TcpStream>>,
-    next: u64,
-    methods: HashMap<String, String>,
-    backlog: VecDeque<Value>,
-}
-
-fn id_key(id: &Value) -> String {
-    match id {
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
-    }
-}
-
-impl Client {
-    pub async fn connect(url: &str, token: &str) -> Client {
-        let url = format!("{url}?token={}", secret(token));
-        let (ws, _) = tokio::time::timeout(WAIT, tokio_tungstenite::connect_async(url))
-            .await
-            .expect("connect in time")
-            .expect("connect");
-        Client {
-            ws,
-            next: 1,
-            methods: HashMap::new(),
-            backlog: VecDeque::new(),
-        }
-    }
-
-    pub async fn send_raw(&mut self, text: &str) {
-        self.ws.send(Message::text(text)).await.expect("send");
-    }
-
-    pub async fn send(&mut self, message: Value) {
-        if let Err(e) = ArpValidator::shared().validate(&message, None) {
-            panic!("the test sends an invalid ARP message: {e}\n{message}");
-        }
-        self.send_raw(&message.to_string()).await;
-    }
-
-    pub async fn request(&mut self, method: &str, params: Value) -> Value {
-        let id = json!(format!("t{}", self.next));
-        self.next += 1;
-        self.methods.insert(id_key(&id), method.to_owned());
-        self.send(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
-            .await;
-        id
-    }
-
-    /// A request that breaks the schema on purpose; its answer is checked.
-    pub async fn call_invalid(&mut self, method: &str, params: Value) -> Value {
-        let id = json!(format!("t{}", self.next));
-        self.next += 1;
-        self.methods.insert(id_key(&id), method.to_owned());
-        let message = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
-        assert!(ArpValidator::shared().validate(&message, None).is_err());
-        self.send_raw(&message.to_string()).await;
-        self.response(&id).await
-    }
-
-    /// The next frame from the robot, schema-checked.
-    pub async fn read(&mut self) -> Value {
-        loop {
-            let message = tokio::time::timeout(WAIT, self.ws.next())
-                .await
-                .expect("a frame in time")
-                .expect("socket open")
-                .expect("frame");
-            let text = match message {
-                Message::Text(t) => t.to_string(),
-                Message::Close(c) => panic!("closed: {c:?}"),
-                _ => continue,
-            };
-            let value: Value = serde_json::from_str(&text).expect("robot sends JSON");
-            let answered = value
-                .get("id")
-                .filter(|_| value.get("method").is_none())
-                .and_then(|id| self.methods.get(&id_key(id)).cloned());
-            if let Err(e) = ArpValidator::shared().validate(&value, answered.as_deref()) {
-                panic!("the robot sent an invalid ARP message: {e}\n{value}");
-            }
-            return value;
-        }
-    }
-
-    /// The response to request `id`; anything else is kept.
-    pub async fn response(&mut self, id: &Value) -> Value {
-        if let Some(i) = self
-            .backlog
-            .iter()
-            .position(|v| v.get("method").is_none() && &v["id"] == id)
-        {
-            return self.backlog.remove(i).expect("present");
-        }
-        loop {
-            let v = self.read().await;
-            if v.get("method").is_none() && &v["id"] == id {
-                return v;
-            }
-            self.backlog.push_back(v);
-        }
-    }
-
-    /// The next message with `method` (request or notification).
-    pub async fn message(&mut self, method: &str) -> Value {
-        if let Some(i) = self.backlog.iter().position(|v| v["method"] == method) {
-            return self.backlog.remove(i).expect("present");
-        }
-        loop {
-            let v = self.read().await;
-            if v["method"] == method {
-                return v;
-            }
-            self.backlog.push_back(v);
-        }
-    }
-
-    pub async fn call(&mut self, method: &str, params: Value) -> Value {
-        let id = self.request(method, params).await;
-        self.response(&id).await
-    }
-
-    pub async fn result(&mut self, method: &str, params: Value) -> Value {
-        let v = self.call(method, params).await;
-        assert!(v.get("error").is_none(), "{method} failed: {v}");
-        v["result"].clone()
-    }
-
-    pub async fn initialize(&mut self) -> Value {
-        self.result(
-            "arp.initialize",
-            json!({"protocolVersion": "0.1.0", "clientInfo": {"name": "test", "version": "1"}, "capabilities": {"confirmation": true}}),
-        )
-        .await
-    }
-
-    pub async fn tool(&mut self, name: &str, arguments: Value) -> Value {
-        self.call(
-            "arp.callTool",
-            json!({"name": name, "arguments": arguments}),
-        )
-        .await
-    }
-}
 
 async fn raw(c: &mut Client, text: &str) -> Value {
     c.send_raw(text).await;
@@ -237,19 +19,6 @@ fn code(v: &Value) -> i64 {
     v["error"]["code"]
         .as_i64()
         .unwrap_or_else(|| panic!("not an error: {v}"))
-}
-
-/// Waits (bounded) until the sim's state satisfies `f`.
-pub(crate) async fn until(probe: &SimProbe, what: &str, f: impl Fn(&sim::SimState) -> bool) {
-    let deadline = Instant::now() + WAIT;
-    while !f(&probe.state()) {
-        assert!(
-            Instant::now() < deadline,
-            "never: {what} ({:?})",
-            probe.state()
-        );
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -552,6 +321,32 @@ async fn velocity_over_the_limit_is_rejected_or_clamped() {
     assert!((x - 0.25).abs() < 0.06, "0.5 m/s for 0.5 s, x = {x}");
 }
 
+/// Teleop drives on past the workspace's edge: the monitor stops it just
+/// outside.
+async fn teleop_stopped_at_the_edge(f: &Fixture) {
+    f.controller
+        .take_control(&crate::controller::control::Claimant::Teleop(
+            "teleop".into(),
+        ))
+        .expect("control is free");
+    for _ in 0..200 {
+        if f.probe.state().last_stop.as_deref() == Some("workspace_bound") {
+            break;
+        }
+        let _ = f
+            .controller
+            .movement("teleop", Role::Operator, 1.0, 0.0)
+            .await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    until(&f.probe, "stopped at the edge", |s| {
+        s.last_stop.as_deref() == Some("workspace_bound")
+    })
+    .await;
+    let x = f.probe.state().x;
+    assert!(x > 0.5 && x < 0.6, "stopped just outside, x = {x}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workspace_exits_are_refused_and_a_robot_leaving_anyway_is_stopped() {
     let f = fixture(ArpOptions {
@@ -614,27 +409,33 @@ async fn workspace_exits_are_refused_and_a_robot_leaving_anyway_is_stopped() {
     // Teleop (not ARP) drives out anyway: the monitor stops it. One
     // controller: the ARP operator hands control over first.
     c.result("arp.shutdown", json!({})).await;
-    f.controller
-        .take_control(&crate::controller::control::Claimant::Teleop(
-            "teleop".into(),
-        ))
-        .expect("control is free");
-    for _ in 0..200 {
-        if f.probe.state().last_stop.as_deref() == Some("workspace_bound") {
-            break;
-        }
-        let _ = f
-            .controller
-            .movement("teleop", Role::Operator, 1.0, 0.0)
-            .await;
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    until(&f.probe, "stopped at the edge", |s| {
-        s.last_stop.as_deref() == Some("workspace_bound")
-    })
-    .await;
-    let x = f.probe.state().x;
-    assert!(x > 0.5 && x < 0.6, "stopped just outside, x = {x}");
+    teleop_stopped_at_the_edge(&f).await;
+}
+
+/// The latched e-stop's reason, if any.
+async fn estop_reason(f: &Fixture) -> Option<String> {
+    f.controller.status().await.expect("status").estop
+}
+
+/// An e-stop with malformed params, and one as a notification: both latch.
+async fn odd_emergency_stops_still_latch(f: &Fixture, op: &mut Client, viewer: &mut Client) {
+    let op_reset = op.tool("reset_emergency_stop", json!({})).await;
+    assert_eq!(op_reset["result"]["state"], "completed");
+    let odd = viewer
+        .call_invalid("arp.emergencyStop", json!({"reason": 42}))
+        .await;
+    assert_eq!(odd["result"]["stopped"], true);
+    assert_eq!(estop_reason(f).await.as_deref(), Some("arp.emergencyStop"));
+    op.message("arp.emergencyStop").await;
+    op.tool("reset_emergency_stop", json!({})).await;
+    // The notification form: no answer, still latches.
+    viewer
+        .send(
+            json!({"jsonrpc": "2.0", "method": "arp.emergencyStop", "params": {"reason": "again"}}),
+        )
+        .await;
+    op.message("arp.emergencyStop").await;
+    assert_eq!(estop_reason(f).await.as_deref(), Some("again"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -691,39 +492,7 @@ async fn a_viewer_estop_mid_drive_stops_the_sim_and_fails_the_call() {
         .await;
     assert_eq!(again["result"]["state"], "completed");
     // Malformed params never stand in the way of an e-stop.
-    let op_reset = op.tool("reset_emergency_stop", json!({})).await;
-    assert_eq!(op_reset["result"]["state"], "completed");
-    let odd = viewer
-        .call_invalid("arp.emergencyStop", json!({"reason": 42}))
-        .await;
-    assert_eq!(odd["result"]["stopped"], true);
-    assert_eq!(
-        f.controller
-            .status()
-            .await
-            .expect("status")
-            .estop
-            .as_deref(),
-        Some("arp.emergencyStop")
-    );
-    op.message("arp.emergencyStop").await;
-    op.tool("reset_emergency_stop", json!({})).await;
-    // The notification form: no answer, still latches.
-    viewer
-        .send(
-            json!({"jsonrpc": "2.0", "method": "arp.emergencyStop", "params": {"reason": "again"}}),
-        )
-        .await;
-    op.message("arp.emergencyStop").await;
-    assert_eq!(
-        f.controller
-            .status()
-            .await
-            .expect("status")
-            .estop
-            .as_deref(),
-        Some("again")
-    );
+    odd_emergency_stops_still_latch(&f, &mut op, &mut viewer).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -983,21 +752,9 @@ async fn context_updates_honour_max_rate() {
     assert_eq!(code(&bad), -32602);
 }
 
-/// An `exec:` driver declaring a `critical` tool in its ready notification:
-/// listed, its arguments checked, confirmation always asked, then run by the
-/// driver.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_exec_driver_declares_a_tool_that_is_listed_confirmed_and_run() {
-    let ready = json!({"jsonrpc": "2.0", "method": "ready", "params": {"tools": [{
-        "name": "dock",
-        "description": "Drive onto the charger",
-        "parameters": {"type": "object", "properties": {"speed": {"type": "number"}}, "additionalProperties": false},
-        "safety": {"level": "critical", "reversible": true, "description": "Moves onto the dock"},
-    }, {"name": "bad name!", "safety": {"level": "normal"}}]}});
-    // Answers every call_tool request with {"docked": true, "name": ...}.
-    let script = format!(
-        r#"echo '{ready}'; while read -r line; do case "$line" in *'"call_tool"'*) id=$(echo "$line" | sed -E 's/.*"id":([0-9]+).*/\1/'); echo "{{\"jsonrpc\":\"2.0\",\"id\":$id,\"result\":{{\"docked\":true}}}}";; esac; done"#
-    );
+/// The ARP server over an `exec:` driver running `script` (its declared
+/// tools in, `dock` not confirmed by config); its URL and listener task.
+async fn exec_driver_server(script: String) -> (String, tokio::task::JoinHandle<()>) {
     let (handle, end) = DriverHandle::channel();
     let (pose, mut tools) = (handle.pose.clone(), handle.tools.clone());
     tokio::spawn(crate::driver::exec::run(
@@ -1005,8 +762,7 @@ async fn an_exec_driver_declares_a_tool_that_is_listed_confirmed_and_run() {
         end,
         crate::driver::DriverOptions::default(),
     ));
-    let limits = SafetyLimits::default();
-    let controller = controller::spawn(limits.clone(), handle);
+    let controller = crate::controller::spawn(SafetyLimits::default(), handle);
     tokio::time::timeout(WAIT, tools.wait_for(|t| !t.is_empty()))
         .await
         .expect("tools in time")
@@ -1016,16 +772,8 @@ async fn an_exec_driver_declares_a_tool_that_is_listed_confirmed_and_run() {
         assert!(Instant::now() < deadline, "driver never ready");
         tokio::task::yield_now().await;
     }
-    let shared = Shared {
-        controller,
-        locations: Arc::new(std::sync::Mutex::new(LocationStore::in_memory(10))),
-        settings: Arc::new(std::sync::Mutex::new(Settings::defaults(&limits))),
-        base_limits: limits,
-        metrics: Arc::new(Metrics::default()),
-        reply_signer: None,
-    };
     let server = ArpServer::new(
-        shared,
+        crate::testutil::shared(controller, None),
         pose,
         ArpOptions {
             odometry: false,
@@ -1042,7 +790,25 @@ async fn an_exec_driver_declares_a_tool_that_is_listed_confirmed_and_run() {
         .await
         .expect("bind");
     let url = format!("ws://{}/", listener.local_addr().expect("addr"));
-    let task = tokio::spawn(listener.run(server));
+    (url, tokio::spawn(listener.run(server)))
+}
+
+/// An `exec:` driver declaring a `critical` tool in its ready notification:
+/// listed, its arguments checked, confirmation always asked, then run by the
+/// driver.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exec_driver_declares_a_tool_that_is_listed_confirmed_and_run() {
+    let ready = json!({"jsonrpc": "2.0", "method": "ready", "params": {"tools": [{
+        "name": "dock",
+        "description": "Drive onto the charger",
+        "parameters": {"type": "object", "properties": {"speed": {"type": "number"}}, "additionalProperties": false},
+        "safety": {"level": "critical", "reversible": true, "description": "Moves onto the dock"},
+    }, {"name": "bad name!", "safety": {"level": "normal"}}]}});
+    // Answers every call_tool request with {"docked": true, "name": ...}.
+    let script = format!(
+        r#"echo '{ready}'; while read -r line; do case "$line" in *'"call_tool"'*) id=$(echo "$line" | sed -E 's/.*"id":([0-9]+).*/\1/'); echo "{{\"jsonrpc\":\"2.0\",\"id\":$id,\"result\":{{\"docked\":true}}}}";; esac; done"#
+    );
+    let (url, task) = exec_driver_server(script).await;
 
     let mut c = Client::connect(&url, OPERATOR).await;
     c.initialize().await;
@@ -1098,23 +864,9 @@ async fn an_exec_driver_declares_a_tool_that_is_listed_confirmed_and_run() {
     task.abort();
 }
 
-/// The transport-free handler (as the gateway will reach it) fed mangled
-/// frames: every answer is valid ARP, nothing panics, it keeps serving.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mangled_frames_get_valid_errors_and_the_handler_keeps_serving() {
-    let f = fixture(ArpOptions::default()).await;
-    let (in_tx, in_rx) = tokio::sync::mpsc::channel(FRAME_CHANNEL);
-    let (out_tx, mut out_rx) = tokio::sync::mpsc::channel(FRAME_CHANNEL);
-    let handler = f.server.connect(
-        Peer {
-            key: "gateway-1".into(),
-            session: None,
-            role: Role::Viewer,
-            subject: "fuzzer".into(),
-        },
-        in_rx,
-        out_tx,
-    );
+/// `count` mangled ARP frames (truncated, odd values, flipped bytes, or
+/// intact), the same every run.
+fn mangled_frames(count: usize) -> Vec<String> {
     let templates = [
         r#"{"jsonrpc":"2.0","id":1,"method":"arp.initialize","params":{"protocolVersion":"0.1.0","clientInfo":{"name":"f","version":"1"}}}"#,
         r#"{"jsonrpc":"2.0","id":"a","method":"arp.callTool","params":{"name":"drive","arguments":{"linear":0.1,"angular":0,"durationSecs":1},"idempotencyKey":"k"}}"#,
@@ -1142,7 +894,7 @@ async fn mangled_frames_get_valid_errors_and_the_handler_keeps_serving() {
         (seed >> 33) as usize % n.max(1)
     };
     let mut frames = Vec::new();
-    for _ in 0..150 {
+    for _ in 0..count {
         let t = templates[next(templates.len())];
         let frame = match next(4) {
             // Truncated anywhere (on a char boundary).
@@ -1175,6 +927,27 @@ async fn mangled_frames_get_valid_errors_and_the_handler_keeps_serving() {
         };
         frames.push(frame);
     }
+    frames
+}
+
+/// The transport-free handler (as the gateway will reach it) fed mangled
+/// frames: every answer is valid ARP, nothing panics, it keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mangled_frames_get_valid_errors_and_the_handler_keeps_serving() {
+    let f = fixture(ArpOptions::default()).await;
+    let (in_tx, in_rx) = tokio::sync::mpsc::channel(FRAME_CHANNEL);
+    let (out_tx, mut out_rx) = tokio::sync::mpsc::channel(FRAME_CHANNEL);
+    let handler = f.server.connect(
+        Peer {
+            key: "gateway-1".into(),
+            session: None,
+            role: Role::Viewer,
+            subject: "fuzzer".into(),
+        },
+        in_rx,
+        out_tx,
+    );
+    let frames = mangled_frames(150);
     let validator = ArpValidator::shared();
     let mut answers = 0;
     let count = frames.len();

@@ -126,7 +126,21 @@ fn no_arguments() -> Value {
 /// The catalogue; `confirm` overrides `requiresConfirmation` per tool
 /// (`[arp.confirm]` in agent.toml). Every tool defaults to off.
 pub fn catalogue(confirm: &HashMap<String, bool>) -> Vec<Tool> {
-    let tools = vec![
+    motion_tools()
+        .into_iter()
+        .chain(other_tools())
+        .map(|mut tool| {
+            if let Some(on) = confirm.get(&tool.name) {
+                tool.requires_confirmation = *on;
+            }
+            tool
+        })
+        .collect()
+}
+
+/// The tools that move the base or stop it.
+fn motion_tools() -> Vec<Tool> {
+    vec![
         Tool {
             name: "drive".into(),
             kind: ToolKind::Drive,
@@ -190,6 +204,12 @@ pub fn catalogue(confirm: &HashMap<String, bool>) -> Vec<Tool> {
             estimated_duration: Some(0.0),
             requires_confirmation: false,
         },
+    ]
+}
+
+/// Saved locations, and the e-stop's release.
+fn other_tools() -> Vec<Tool> {
+    vec![
         Tool {
             name: "save_location".into(),
             kind: ToolKind::SaveLocation,
@@ -230,16 +250,7 @@ pub fn catalogue(confirm: &HashMap<String, bool>) -> Vec<Tool> {
             estimated_duration: Some(0.0),
             requires_confirmation: false,
         },
-    ];
-    tools
-        .into_iter()
-        .map(|mut tool| {
-            if let Some(on) = confirm.get(&tool.name) {
-                tool.requires_confirmation = *on;
-            }
-            tool
-        })
-        .collect()
+    ]
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]

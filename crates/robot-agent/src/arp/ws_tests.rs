@@ -15,8 +15,8 @@ use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 use super::*;
 use crate::arp::config::ListenConfig;
-use crate::arp::tests::{fixture, Client, Fixture, OPERATOR};
 use crate::arp::ArpOptions;
+use crate::testutil::arp::{fixture, Client, Fixture, OPERATOR};
 use crate::testutil::WAIT;
 
 type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;

@@ -382,22 +382,7 @@ impl Controller {
                 session,
                 reason,
                 keep,
-            } => {
-                if !keep {
-                    self.sessions.remove(&session);
-                }
-                let owned_nav = self.nav.owned_by(&session);
-                if owned_nav {
-                    let notice = self
-                        .nav
-                        .finish(NavigationStatus::Failed, Some(reason.as_str().into()));
-                    self.deliver(notice);
-                }
-                if self.safety.session_ended(&session) || owned_nav {
-                    tracing::info!(%session, reason = reason.as_str(), "driving session ended; stopping");
-                    self.send_stop(reason);
-                }
-            }
+            } => self.detach(&session, reason, keep),
             Request::Movement {
                 session,
                 role,
@@ -450,14 +435,36 @@ impl Controller {
                 let _ = reply.send(self.driver_tool(&session, role, name, arguments));
             }
             Request::Status(reply) => {
-                let _ = reply.send(Status {
-                    moving: self.safety.is_moving(),
-                    estop: self.safety.estop().map(str::to_owned),
-                    driver_ready: self.driver_ready,
-                    navigating: self.nav.active().map(str::to_owned),
-                    sessions: self.sessions.len(),
-                });
+                let _ = reply.send(self.status());
             }
+        }
+    }
+
+    /// A session's end: its navigation fails, and the robot stops if it drove.
+    fn detach(&mut self, session: &str, reason: StopReason, keep: bool) {
+        if !keep {
+            self.sessions.remove(session);
+        }
+        let owned_nav = self.nav.owned_by(session);
+        if owned_nav {
+            let notice = self
+                .nav
+                .finish(NavigationStatus::Failed, Some(reason.as_str().into()));
+            self.deliver(notice);
+        }
+        if self.safety.session_ended(session) || owned_nav {
+            tracing::info!(%session, reason = reason.as_str(), "driving session ended; stopping");
+            self.send_stop(reason);
+        }
+    }
+
+    fn status(&self) -> Status {
+        Status {
+            moving: self.safety.is_moving(),
+            estop: self.safety.estop().map(str::to_owned),
+            driver_ready: self.driver_ready,
+            navigating: self.nav.active().map(str::to_owned),
+            sessions: self.sessions.len(),
         }
     }
 
@@ -865,6 +872,28 @@ mod tests {
         assert_eq!(started["payload"]["status"], "started");
     }
 
+    /// An idle joystick leaves a navigation be; a moving one cancels it.
+    async fn joystick_preempts_navigation(c: &ControllerHandle, end: &mut DriverEnd) {
+        c.movement("op", Role::Operator, 0.0, 0.0)
+            .await
+            .expect("idle joystick");
+        assert_eq!(
+            c.status().await.expect("status").navigating.as_deref(),
+            Some("dock")
+        );
+        c.movement("op", Role::Operator, 0.3, 0.0)
+            .await
+            .expect("takes over");
+        assert!(matches!(
+            next_command(end).await,
+            DriverCommand::CancelNavigation { .. }
+        ));
+        assert!(matches!(
+            next_command(end).await,
+            DriverCommand::Move { .. }
+        ));
+    }
+
     #[tokio::test(start_paused = true)]
     async fn navigation_lifecycle() {
         let (c, mut end) = setup().await;
@@ -941,24 +970,7 @@ mod tests {
             .await
             .expect("queued");
         accept(&mut end, &mut inbox).await;
-        c.movement("op", Role::Operator, 0.0, 0.0)
-            .await
-            .expect("idle joystick");
-        assert_eq!(
-            c.status().await.expect("status").navigating.as_deref(),
-            Some("dock")
-        );
-        c.movement("op", Role::Operator, 0.3, 0.0)
-            .await
-            .expect("takes over");
-        assert!(matches!(
-            next_command(&mut end).await,
-            DriverCommand::CancelNavigation { .. }
-        ));
-        assert!(matches!(
-            next_command(&mut end).await,
-            DriverCommand::Move { .. }
-        ));
+        joystick_preempts_navigation(&c, &mut end).await;
         let preempted = validated(&inbox.recv().await.expect("preempted"));
         assert_eq!(preempted["payload"]["status"], "cancelled");
         assert_eq!(preempted["correlationId"], "req-5");

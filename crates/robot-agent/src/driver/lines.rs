@@ -118,29 +118,8 @@ pub async fn serve(
     end: &mut DriverEnd,
     stop_reason: StopReason,
 ) -> ConnectionEnd {
-    // Phase 1: nothing is sent until the driver says it is ready.
-    loop {
-        tokio::select! {
-            line = lines_in.recv() => {
-                let Some(line) = line else { return ConnectionEnd::Lost };
-                match serde_json::from_str::<Value>(&line) {
-                    Ok(msg) if msg.get("method").and_then(Value::as_str) == Some("ready") => {
-                        let tools = declared_tools(msg.get("params"));
-                        if !tools.is_empty() {
-                            tracing::info!(tools = tools.len(), "driver declares tools");
-                        }
-                        end.tools.send_replace(tools);
-                        break;
-                    }
-                    Ok(_) => tracing::debug!(%line, "driver message before ready; ignored"),
-                    Err(e) => tracing::warn!(error = %e, "driver sent invalid JSON"),
-                }
-            }
-            command = end.commands.recv() => {
-                let Some(command) = command else { return ConnectionEnd::ControllerGone };
-                refuse(command);
-            }
-        }
+    if let Err(ended) = await_ready(lines_in, end).await {
+        return ended;
     }
     tracing::info!("driver ready");
     let stop = notification("stop", json!({ "reason": stop_reason.as_str() }));
@@ -150,7 +129,49 @@ pub async fn serve(
     if end.events.send(DriverEvent::Ready).await.is_err() {
         return ConnectionEnd::ControllerGone;
     }
+    relay(lines_in, lines_out, end).await
+}
 
+/// Phase 1: nothing is sent until the driver says it is ready (its tools
+/// are taken from that message); commands meanwhile are refused.
+async fn await_ready(
+    lines_in: &mut mpsc::Receiver<String>,
+    end: &mut DriverEnd,
+) -> Result<(), ConnectionEnd> {
+    loop {
+        tokio::select! {
+            line = lines_in.recv() => {
+                let Some(line) = line else { return Err(ConnectionEnd::Lost) };
+                match serde_json::from_str::<Value>(&line) {
+                    Ok(msg) if msg.get("method").and_then(Value::as_str) == Some("ready") => {
+                        let tools = declared_tools(msg.get("params"));
+                        if !tools.is_empty() {
+                            tracing::info!(tools = tools.len(), "driver declares tools");
+                        }
+                        end.tools.send_replace(tools);
+                        return Ok(());
+                    }
+                    Ok(_) => tracing::debug!(%line, "driver message before ready; ignored"),
+                    Err(e) => tracing::warn!(error = %e, "driver sent invalid JSON"),
+                }
+            }
+            command = end.commands.recv() => {
+                let Some(command) = command else { return Err(ConnectionEnd::ControllerGone) };
+                refuse(command);
+            }
+        }
+    }
+}
+
+/// A request to the driver awaiting its answer: id, who waits, how long.
+type Awaited = (u64, Waiter, Duration);
+
+/// Phase 2: commands out, answers and events in, late answers failed.
+async fn relay(
+    lines_in: &mut mpsc::Receiver<String>,
+    lines_out: &mpsc::Sender<String>,
+    end: &mut DriverEnd,
+) -> ConnectionEnd {
     let mut pending: HashMap<u64, Pending> = HashMap::new();
     let mut next_id: u64 = 1;
     let mut sweep = tokio::time::interval(Duration::from_millis(250));
@@ -158,39 +179,8 @@ pub async fn serve(
         tokio::select! {
             command = end.commands.recv() => {
                 let Some(command) = command else { break ConnectionEnd::ControllerGone };
-                let (line, reply) = match command {
-                    DriverCommand::Move { linear, angular } => {
-                        let line = notification("move", json!({ "linear": linear, "angular": angular }));
-                        // A full pipe means the driver lags; the next move
-                        // supersedes this one anyway, so dropping is safe.
-                        if lines_out.try_send(line).is_err() {
-                            tracing::warn!("driver input congested; move dropped");
-                        }
-                        continue;
-                    }
-                    DriverCommand::Stop { reason } => {
-                        (notification("stop", json!({ "reason": reason.as_str() })), None)
-                    }
-                    DriverCommand::Navigate { name, position, orientation, reply } => {
-                        let mut params = json!({ "name": name, "position": position });
-                        if let Some(o) = orientation {
-                            params["orientation"] = json!(o);
-                        }
-                        let id = next_id;
-                        next_id += 1;
-                        (request(id, "navigate", params), Some((id, Waiter::Done(reply), REQUEST_TIMEOUT)))
-                    }
-                    DriverCommand::CancelNavigation { reply } => {
-                        let id = next_id;
-                        next_id += 1;
-                        (request(id, "cancel_navigation", json!({})), Some((id, Waiter::Done(reply), REQUEST_TIMEOUT)))
-                    }
-                    DriverCommand::CallTool { name, arguments, reply } => {
-                        let id = next_id;
-                        next_id += 1;
-                        let params = json!({ "name": name, "arguments": arguments });
-                        (request(id, "call_tool", params), Some((id, Waiter::Value(reply), super::TOOL_TIMEOUT)))
-                    }
+                let Some((line, reply)) = command_line(command, &mut next_id, lines_out) else {
+                    continue;
                 };
                 // Stops and requests must not be dropped: wait for room.
                 if lines_out.send(line).await.is_err() {
@@ -211,25 +201,85 @@ pub async fn serve(
                     }
                 }
             }
-            _ = sweep.tick() => {
-                let now = Instant::now();
-                let expired: Vec<u64> = pending
-                    .iter()
-                    .filter(|(_, p)| p.deadline <= now)
-                    .map(|(id, _)| *id)
-                    .collect();
-                for id in expired {
-                    if let Some(p) = pending.remove(&id) {
-                        p.reply.fail(DriverError::Timeout);
-                    }
-                }
-            }
+            _ = sweep.tick() => expire(&mut pending, Instant::now()),
         }
     };
     for (_, p) in pending.drain() {
         p.reply.fail(DriverError::Unavailable);
     }
     outcome
+}
+
+/// A command as the line for the driver, and the answer it awaits; `None`
+/// for a move, sent (or dropped) here.
+fn command_line(
+    command: DriverCommand,
+    next_id: &mut u64,
+    lines_out: &mpsc::Sender<String>,
+) -> Option<(String, Option<Awaited>)> {
+    let mut take_id = || {
+        let id = *next_id;
+        *next_id += 1;
+        id
+    };
+    Some(match command {
+        DriverCommand::Move { linear, angular } => {
+            let line = notification("move", json!({ "linear": linear, "angular": angular }));
+            // A full pipe means the driver lags; the next move
+            // supersedes this one anyway, so dropping is safe.
+            if lines_out.try_send(line).is_err() {
+                tracing::warn!("driver input congested; move dropped");
+            }
+            return None;
+        }
+        DriverCommand::Stop { reason } => (
+            notification("stop", json!({ "reason": reason.as_str() })),
+            None,
+        ),
+        DriverCommand::Navigate {
+            name,
+            position,
+            orientation,
+            reply,
+        } => {
+            let mut params = json!({ "name": name, "position": position });
+            if let Some(o) = orientation {
+                params["orientation"] = json!(o);
+            }
+            let id = take_id();
+            let awaited = (id, Waiter::Done(reply), REQUEST_TIMEOUT);
+            (request(id, "navigate", params), Some(awaited))
+        }
+        DriverCommand::CancelNavigation { reply } => {
+            let id = take_id();
+            let awaited = (id, Waiter::Done(reply), REQUEST_TIMEOUT);
+            (request(id, "cancel_navigation", json!({})), Some(awaited))
+        }
+        DriverCommand::CallTool {
+            name,
+            arguments,
+            reply,
+        } => {
+            let id = take_id();
+            let params = json!({ "name": name, "arguments": arguments });
+            let awaited = (id, Waiter::Value(reply), super::TOOL_TIMEOUT);
+            (request(id, "call_tool", params), Some(awaited))
+        }
+    })
+}
+
+/// Fails the requests whose answer is overdue.
+fn expire(pending: &mut HashMap<u64, Pending>, now: Instant) {
+    let expired: Vec<u64> = pending
+        .iter()
+        .filter(|(_, p)| p.deadline <= now)
+        .map(|(id, _)| *id)
+        .collect();
+    for id in expired {
+        if let Some(p) = pending.remove(&id) {
+            p.reply.fail(DriverError::Timeout);
+        }
+    }
 }
 
 /// Reports the driver down, then waits `delay` before the next attempt while refusing
@@ -460,33 +510,8 @@ mod tests {
         serde_json::from_str(&line).expect("JSON line")
     }
 
-    #[tokio::test]
-    async fn ready_then_commands_and_responses() {
-        let mut f = fixture();
-        f.to_agent
-            .send(r#"{"jsonrpc":"2.0","method":"ready","params":{}}"#.into())
-            .await
-            .expect("send");
-        // First thing after ready: a stop, so the robot starts at rest.
-        let stop = next_line(&mut f.from_agent).await;
-        assert_eq!(stop["method"], "stop");
-        assert_eq!(stop["params"]["reason"], "driver_restarted");
-        assert_eq!(f.handle.events.recv().await, Some(DriverEvent::Ready));
-
-        f.handle
-            .commands
-            .send(DriverCommand::Move {
-                linear: 0.25,
-                angular: -0.5,
-            })
-            .await
-            .expect("send");
-        let mv = next_line(&mut f.from_agent).await;
-        assert_eq!(
-            mv,
-            json!({"jsonrpc":"2.0","method":"move","params":{"linear":0.25,"angular":-0.5}})
-        );
-
+    /// A navigate answered, its status reported, a cancel refused.
+    async fn navigation_round_trips(f: &mut Fixture) {
         let (reply, answer) = oneshot::channel();
         f.handle
             .commands
@@ -544,6 +569,36 @@ mod tests {
             answer.await.expect("reply"),
             Err(DriverError::Refused { code: 1, .. })
         ));
+    }
+
+    #[tokio::test]
+    async fn ready_then_commands_and_responses() {
+        let mut f = fixture();
+        f.to_agent
+            .send(r#"{"jsonrpc":"2.0","method":"ready","params":{}}"#.into())
+            .await
+            .expect("send");
+        // First thing after ready: a stop, so the robot starts at rest.
+        let stop = next_line(&mut f.from_agent).await;
+        assert_eq!(stop["method"], "stop");
+        assert_eq!(stop["params"]["reason"], "driver_restarted");
+        assert_eq!(f.handle.events.recv().await, Some(DriverEvent::Ready));
+
+        f.handle
+            .commands
+            .send(DriverCommand::Move {
+                linear: 0.25,
+                angular: -0.5,
+            })
+            .await
+            .expect("send");
+        let mv = next_line(&mut f.from_agent).await;
+        assert_eq!(
+            mv,
+            json!({"jsonrpc":"2.0","method":"move","params":{"linear":0.25,"angular":-0.5}})
+        );
+
+        navigation_round_trips(&mut f).await;
 
         f.to_agent
             .send(

@@ -54,16 +54,7 @@ async fn session(
     .map_err(|_| DriverError::Timeout)?
     .map_err(|e| DriverError::WebSocket(e.to_string()))?;
     let send = |value: Value| Message::Text(value.to_string().into());
-    let setup = [
-        json!({"op": "advertise", "id": "robot-agent-cmd-vel", "topic": options.cmd_vel_topic, "type": "geometry_msgs/Twist"}),
-        json!({"op": "advertise", "id": "robot-agent-nav-goal", "topic": options.nav_goal_topic, "type": "geometry_msgs/PoseStamped"}),
-        json!({"op": "advertise", "id": "robot-agent-nav-cancel", "topic": options.nav_cancel_topic, "type": "std_msgs/Empty"}),
-        json!({"op": "subscribe", "id": "robot-agent-nav-status", "topic": options.nav_status_topic, "type": "std_msgs/String"}),
-        // Start from rest whatever the base was doing before we (re)connected.
-        twist(&options.cmd_vel_topic, 0.0, 0.0),
-        // The pose for ARP's odometry context; 20 Hz is plenty for it.
-        json!({"op": "subscribe", "id": "robot-agent-odom", "topic": options.odom_topic, "type": "nav_msgs/Odometry", "throttle_rate": 50}),
-    ];
+    let setup = setup_messages(options);
     for message in setup {
         ws.send(send(message))
             .await
@@ -83,29 +74,8 @@ async fn session(
                     let _ = ws.close(None).await;
                     return Ok(Gone::Controller);
                 };
-                let (messages, reply) = match command {
-                    DriverCommand::Move { linear, angular } => {
-                        (vec![twist(&options.cmd_vel_topic, linear, angular)], None)
-                    }
-                    DriverCommand::Stop { .. } => {
-                        let mut messages = vec![twist(&options.cmd_vel_topic, 0.0, 0.0)];
-                        if goal.take().is_some() {
-                            messages.push(empty(&options.nav_cancel_topic));
-                        }
-                        (messages, None)
-                    }
-                    DriverCommand::Navigate { name, position, orientation, reply } => {
-                        goal = Some(name);
-                        (vec![pose(&options.nav_goal_topic, &position, orientation.as_ref())], Some(reply))
-                    }
-                    DriverCommand::CallTool { reply, .. } => {
-                        let _ = reply.send(Err(DriverError::Unsupported("tools")));
-                        continue;
-                    }
-                    DriverCommand::CancelNavigation { reply } => {
-                        goal = None;
-                        (vec![empty(&options.nav_cancel_topic), twist(&options.cmd_vel_topic, 0.0, 0.0)], Some(reply))
-                    }
+                let Some((messages, reply)) = command_messages(command, options, &mut goal) else {
+                    continue;
                 };
                 for message in messages {
                     if let Err(e) = ws.send(send(message)).await {
@@ -140,6 +110,63 @@ async fn session(
             }
         }
     }
+}
+
+/// What a fresh connection sends: the topics advertised and subscribed, and a stop.
+fn setup_messages(options: &DriverOptions) -> [Value; 6] {
+    [
+        json!({"op": "advertise", "id": "robot-agent-cmd-vel", "topic": options.cmd_vel_topic, "type": "geometry_msgs/Twist"}),
+        json!({"op": "advertise", "id": "robot-agent-nav-goal", "topic": options.nav_goal_topic, "type": "geometry_msgs/PoseStamped"}),
+        json!({"op": "advertise", "id": "robot-agent-nav-cancel", "topic": options.nav_cancel_topic, "type": "std_msgs/Empty"}),
+        json!({"op": "subscribe", "id": "robot-agent-nav-status", "topic": options.nav_status_topic, "type": "std_msgs/String"}),
+        // Start from rest whatever the base was doing before we (re)connected.
+        twist(&options.cmd_vel_topic, 0.0, 0.0),
+        // The pose for ARP's odometry context; 20 Hz is plenty for it.
+        json!({"op": "subscribe", "id": "robot-agent-odom", "topic": options.odom_topic, "type": "nav_msgs/Odometry", "throttle_rate": 50}),
+    ]
+}
+
+/// A command as the messages to publish, and who waits for them to be;
+/// `None` for one rosbridge cannot serve (answered here).
+fn command_messages(
+    command: DriverCommand,
+    options: &DriverOptions,
+    goal: &mut Option<String>,
+) -> Option<(Vec<Value>, Option<super::Reply>)> {
+    Some(match command {
+        DriverCommand::Move { linear, angular } => {
+            (vec![twist(&options.cmd_vel_topic, linear, angular)], None)
+        }
+        DriverCommand::Stop { .. } => {
+            let mut messages = vec![twist(&options.cmd_vel_topic, 0.0, 0.0)];
+            if goal.take().is_some() {
+                messages.push(empty(&options.nav_cancel_topic));
+            }
+            (messages, None)
+        }
+        DriverCommand::Navigate {
+            name,
+            position,
+            orientation,
+            reply,
+        } => {
+            *goal = Some(name);
+            let goal = pose(&options.nav_goal_topic, &position, orientation.as_ref());
+            (vec![goal], Some(reply))
+        }
+        DriverCommand::CallTool { reply, .. } => {
+            let _ = reply.send(Err(DriverError::Unsupported("tools")));
+            return None;
+        }
+        DriverCommand::CancelNavigation { reply } => {
+            *goal = None;
+            let messages = vec![
+                empty(&options.nav_cancel_topic),
+                twist(&options.cmd_vel_topic, 0.0, 0.0),
+            ];
+            (messages, Some(reply))
+        }
+    })
 }
 
 fn twist(topic: &str, linear: f64, angular: f64) -> Value {
@@ -268,63 +295,36 @@ mod tests {
         }
     }
 
-    /// A fake rosbridge server: asserts the advertise/subscribe handshake,
-    /// then the Twist publications, and feeds back a navigation status.
-    #[tokio::test]
-    async fn advertises_and_publishes_twist_on_cmd_vel() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let url = format!("ws://{}", listener.local_addr().expect("addr"));
-        let (mut handle, end) = DriverHandle::channel();
-        tokio::spawn(run(url, end, DriverOptions::default()));
-
-        let (tcp, _) = tokio::time::timeout(WAIT, listener.accept())
-            .await
-            .expect("agent connects")
-            .expect("accept");
-        let mut ws = tokio_tungstenite::accept_async(tcp).await.expect("upgrade");
-
-        let advertise = next_json(&mut ws).await;
+    /// The handshake: three topics advertised, the status subscribed, a stop
+    /// published, odometry subscribed.
+    async fn expect_setup(ws: &mut tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>) {
+        let advertise = next_json(ws).await;
         assert_eq!(advertise["op"], "advertise");
         assert_eq!(advertise["topic"], "/cmd_vel");
         assert_eq!(advertise["type"], "geometry_msgs/Twist");
-        let goal_adv = next_json(&mut ws).await;
+        let goal_adv = next_json(ws).await;
         assert_eq!(goal_adv["type"], "geometry_msgs/PoseStamped");
-        let cancel_adv = next_json(&mut ws).await;
+        let cancel_adv = next_json(ws).await;
         assert_eq!(cancel_adv["type"], "std_msgs/Empty");
-        let subscribe = next_json(&mut ws).await;
+        let subscribe = next_json(ws).await;
         assert_eq!(subscribe["op"], "subscribe");
         assert_eq!(subscribe["topic"], "/modulr/nav/status");
-        let rest = next_json(&mut ws).await;
+        let rest = next_json(ws).await;
         assert_eq!(rest["op"], "publish");
         assert_eq!(rest["msg"]["linear"]["x"], 0.0);
-        let odom = next_json(&mut ws).await;
+        let odom = next_json(ws).await;
         assert_eq!(odom["op"], "subscribe");
         assert_eq!(
             (odom["topic"].as_str(), odom["type"].as_str()),
             (Some("/odom"), Some("nav_msgs/Odometry"))
         );
+    }
 
-        assert_eq!(
-            tokio::time::timeout(WAIT, handle.events.recv())
-                .await
-                .expect("ready"),
-            Some(DriverEvent::Ready)
-        );
-        handle
-            .commands
-            .send(DriverCommand::Move {
-                linear: 0.4,
-                angular: -0.2,
-            })
-            .await
-            .expect("send");
-        let publish = next_json(&mut ws).await;
-        assert_eq!(
-            publish,
-            json!({"op":"publish","topic":"/cmd_vel","msg":{
-                "linear":{"x":0.4,"y":0.0,"z":0.0},"angular":{"x":0.0,"y":0.0,"z":-0.2}}})
-        );
-
+    /// A navigate published as a goal pose; the status topic ends it.
+    async fn navigation_goal_and_status(
+        ws: &mut tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>,
+        handle: &mut DriverHandle,
+    ) {
         let (reply, accepted) = oneshot::channel();
         handle
             .commands
@@ -344,7 +344,7 @@ mod tests {
             })
             .await
             .expect("send");
-        let goal = next_json(&mut ws).await;
+        let goal = next_json(ws).await;
         assert_eq!(goal["topic"], "/modulr/nav/goal");
         assert_eq!(goal["msg"]["pose"]["position"]["x"], 1.0);
         let qz = goal["msg"]["pose"]["orientation"]["z"]
@@ -370,8 +370,12 @@ mod tests {
                 message: None
             })
         );
+    }
 
-        // Odometry becomes the pose ARP reports.
+    async fn odometry_becomes_the_pose(
+        ws: &mut tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>,
+        handle: &DriverHandle,
+    ) {
         let mut pose = handle.pose.clone();
         ws.send(Message::Text(
             json!({"op":"publish","topic":"/odom","msg":{"pose":{"pose":{
@@ -389,6 +393,50 @@ mod tests {
         let p = pose.borrow().expect("pose");
         assert_eq!((p.x, p.y), (1.5, -2.0));
         assert!((p.theta - std::f64::consts::FRAC_PI_2).abs() < 1e-9);
+    }
+
+    /// A fake rosbridge server: asserts the advertise/subscribe handshake,
+    /// then the Twist publications, and feeds back a navigation status.
+    #[tokio::test]
+    async fn advertises_and_publishes_twist_on_cmd_vel() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("ws://{}", listener.local_addr().expect("addr"));
+        let (mut handle, end) = DriverHandle::channel();
+        tokio::spawn(run(url, end, DriverOptions::default()));
+
+        let (tcp, _) = tokio::time::timeout(WAIT, listener.accept())
+            .await
+            .expect("agent connects")
+            .expect("accept");
+        let mut ws = tokio_tungstenite::accept_async(tcp).await.expect("upgrade");
+
+        expect_setup(&mut ws).await;
+
+        assert_eq!(
+            tokio::time::timeout(WAIT, handle.events.recv())
+                .await
+                .expect("ready"),
+            Some(DriverEvent::Ready)
+        );
+        handle
+            .commands
+            .send(DriverCommand::Move {
+                linear: 0.4,
+                angular: -0.2,
+            })
+            .await
+            .expect("send");
+        let publish = next_json(&mut ws).await;
+        assert_eq!(
+            publish,
+            json!({"op":"publish","topic":"/cmd_vel","msg":{
+                "linear":{"x":0.4,"y":0.0,"z":0.0},"angular":{"x":0.0,"y":0.0,"z":-0.2}}})
+        );
+
+        navigation_goal_and_status(&mut ws, &mut handle).await;
+
+        // Odometry becomes the pose ARP reports.
+        odometry_becomes_the_pose(&mut ws, &handle).await;
 
         // The server goes away: the driver reports it and reconnects.
         drop(ws);

@@ -100,59 +100,16 @@ async fn run_once(
     grace: Duration,
     users: &mut tokio::sync::watch::Receiver<usize>,
 ) -> End {
-    let spawned = Command::new("/bin/sh")
-        .arg("-c")
-        .arg(command)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn();
-    let mut child = match spawned {
-        Ok(c) => c,
-        Err(e) => return End::Failed(format!("cannot start {command:?}: {e}")),
+    let mut child = match start(camera, command) {
+        Ok(child) => child,
+        Err(end) => return end,
     };
-    CameraStats::add(&camera.stats.starts, 1);
-    tracing::info!(camera = %camera.name, %command, pid = child.id(), "video source started");
-    if let Some(stderr) = child.stderr.take() {
-        let name = camera.name.clone();
-        tokio::spawn(async move {
-            let mut lines = BufReader::new(stderr).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                tracing::info!(camera = %name, "source: {line}");
-            }
-        });
-    }
     let stdout = match child.stdout.take().map(|s| s.into_owned_fd()) {
         Some(Ok(fd)) => std::fs::File::from(fd),
         _ => return End::Failed("the command's stdout is not a pipe".into()),
     };
     let sps_seen = Arc::new(AtomicBool::new(false));
-    // `Err(None)` is the end of the stream, `Err(Some(why))` bad input.
-    let (nal_tx, mut nals) = mpsc::channel::<Result<bytes::Bytes, Option<String>>>(NAL_QUEUE);
-    let reader_sps = sps_seen.clone();
-    // The blocking reader ends on EOF (the child exited or was killed) or
-    // when the receiver is gone.
-    tokio::task::spawn_blocking(move || {
-        let guard = Guard {
-            inner: stdout,
-            read: 0,
-            sps_seen: reader_sps,
-        };
-        let mut reader = H264Reader::new(guard, READ_CAPACITY);
-        loop {
-            let item = match reader.next_nal() {
-                Ok(nal) => Ok(nal.data.freeze()),
-                Err(webrtc::media::Error::ErrIoEOF) => Err(None),
-                Err(e) => Err(Some(e.to_string())),
-            };
-            let stop = item.is_err();
-            if nal_tx.blocking_send(item).is_err() || stop {
-                return;
-            }
-        }
-    });
-
+    let mut nals = read_nals(stdout, sps_seen.clone());
     let mut units = AccessUnits::default();
     let mut last = tokio::time::Instant::now();
     let mut idle_since: Option<tokio::time::Instant> = None;
@@ -209,6 +166,64 @@ async fn run_once(
     let _ = child.start_kill();
     let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
     end
+}
+
+/// Starts the source command, its stderr logged line by line.
+fn start(camera: &Camera, command: &str) -> Result<tokio::process::Child, End> {
+    let spawned = Command::new("/bin/sh")
+        .arg("-c")
+        .arg(command)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn();
+    let mut child = match spawned {
+        Ok(c) => c,
+        Err(e) => return Err(End::Failed(format!("cannot start {command:?}: {e}"))),
+    };
+    CameraStats::add(&camera.stats.starts, 1);
+    tracing::info!(camera = %camera.name, %command, pid = child.id(), "video source started");
+    if let Some(stderr) = child.stderr.take() {
+        let name = camera.name.clone();
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                tracing::info!(camera = %name, "source: {line}");
+            }
+        });
+    }
+    Ok(child)
+}
+
+/// A NAL unit read, `Err(None)` at the end of the stream, `Err(Some(why))`
+/// for bad input.
+type Nal = Result<bytes::Bytes, Option<String>>;
+
+/// Reads the command's output as NAL units on a blocking thread, which ends
+/// on EOF (the child exited or was killed) or when the receiver is gone.
+fn read_nals(stdout: std::fs::File, sps_seen: Arc<AtomicBool>) -> mpsc::Receiver<Nal> {
+    let (nal_tx, nals) = mpsc::channel::<Nal>(NAL_QUEUE);
+    tokio::task::spawn_blocking(move || {
+        let guard = Guard {
+            inner: stdout,
+            read: 0,
+            sps_seen,
+        };
+        let mut reader = H264Reader::new(guard, READ_CAPACITY);
+        loop {
+            let item = match reader.next_nal() {
+                Ok(nal) => Ok(nal.data.freeze()),
+                Err(webrtc::media::Error::ErrIoEOF) => Err(None),
+                Err(e) => Err(Some(e.to_string())),
+            };
+            let stop = item.is_err();
+            if nal_tx.blocking_send(item).is_err() || stop {
+                return;
+            }
+        }
+    });
+    nals
 }
 
 async fn exit_reason(child: &mut tokio::process::Child) -> End {

@@ -1,12 +1,11 @@
-//! `cargo run -p robot-agent --example arp-conformance -- URL [options]`:
+//! `cargo run -p agent-server-tests --example arp-conformance -- URL [options]`:
 //! runs the ARP conformance checks against any endpoint.
 //!
 //! Options: `--operator-token T`, `--viewer-token T`, `--motion` (moves
 //! the robot a few centimetres), `--estop` (latches and resets an e-stop).
 //! Exit status 1 when a check fails.
 
-#[path = "runner.rs"]
-mod runner;
+use agent_server_tests::arp_runner as runner;
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {

@@ -11,7 +11,7 @@
 //!    process, a stand-in robot on node B, `arp.listTools` from a program on B and from one
 //!    on A, interleaved.
 //!
-//! `cargo run --release -p robot-agent --example arp_gateway_bench -- [CALLS] [STEPS] [SECS]`
+//! `cargo run --release -p agent-server-tests --example arp_gateway_bench -- [CALLS] [STEPS] [SECS]`
 //! (defaults 1000, `250,500,750`, 10). Prints figures; asserts nothing about time.
 //! `BENCH_TICKETS=off` runs it all with the server minting no session tickets (and the
 //! agent checking none), for the cost of tickets: alternate runs with and without it.

@@ -1,12 +1,28 @@
-//! Helpers shared by the unit tests.
+//! Helpers shared by the unit tests: one place for the robot side's test
+//! scaffolding. [`arp`] is the ARP server over the sim driver and an ARP
+//! client; [`scripted`] is a scripted signalling server (robot login,
+//! offers, tickets) with the real agent behind it; [`browser`] is a browser's
+//! WebRTC peer and the agent's peer manager it talks to.
+
+pub mod arp;
+pub mod browser;
+pub mod scripted;
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::Value;
 use signalling_protocol::schema::SchemaValidator;
 use signalling_protocol::Envelope;
+
+use crate::controller::ControllerHandle;
+use crate::locations::LocationStore;
+use crate::reply_signing::ReplySigner;
+use crate::safety::SafetyLimits;
+use crate::session::{Metrics, Shared};
+use crate::settings::Settings;
 
 /// Upper bound of any wait in a test; never used as synchronisation.
 pub const WAIT: Duration = Duration::from_secs(10);
@@ -48,4 +64,18 @@ pub fn rfc3339_ms(ms: i64) -> String {
         .expect("in range");
     at.format(&time::format_description::well_known::Rfc3339)
         .expect("formats")
+}
+
+/// What sessions share, around `controller`: default limits and settings, an
+/// in-memory location store, replies signed by `reply_signer` when given.
+pub fn shared(controller: ControllerHandle, reply_signer: Option<Arc<ReplySigner>>) -> Shared {
+    let limits = SafetyLimits::default();
+    Shared {
+        controller,
+        locations: Arc::new(Mutex::new(LocationStore::in_memory(10))),
+        settings: Arc::new(Mutex::new(Settings::defaults(&limits))),
+        base_limits: limits,
+        metrics: Arc::new(Metrics::default()),
+        reply_signer,
+    }
 }

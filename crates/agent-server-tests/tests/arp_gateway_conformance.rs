@@ -3,169 +3,33 @@
 //! and the runner on `/v1/robots/{id}/arp` with an operator's and a viewer's client tokens.
 //! The same checks as against the robot's own ARP endpoint, every frame validated.
 
-#[path = "runner.rs"]
-mod runner;
-
 use std::time::Duration;
 
-use robot_agent::config::{RunConfig, RunFlags};
-use robot_agent::enroll::{enroll, EnrollRequest};
-use robot_agent::identity::KeyType;
+use agent_server_tests::arp_runner as runner;
+use agent_server_tests::server::{self, Running};
 use serde_json::{json, Value};
-use signalling_server::{Config, Server};
 
 const ADMIN: &str = "gateway-conformance-admin";
 const ROBOT: &str = "robot-arp-1";
 
-struct Running {
-    base: String,
-    http: reqwest::Client,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    _dir: TempDir,
-}
-
-/// A folder removed when the test ends.
-struct TempDir(std::path::PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-impl Running {
-    async fn admin(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
-        let mut request = self
-            .http
-            .request(method, format!("{}{path}", self.base))
-            .bearer_auth(ADMIN);
-        if let Some(body) = body {
-            request = request.json(&body);
-        }
-        let response = request.send().await.expect("HTTP");
-        assert!(
-            response.status().is_success(),
-            "{path}: {}",
-            response.status()
-        );
-        response.json().await.unwrap_or(Value::Null)
-    }
-}
-
-async fn server() -> Running {
-    let dir = std::env::temp_dir().join(format!("arp-gateway-{}", uuid::Uuid::new_v4()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let mut config = Config::from_args([
-        "signalling-server",
-        "--listen",
-        "127.0.0.1:0",
-        "--admin-token",
-        ADMIN,
-    ])
-    .expect("config");
-    config.database_url = Some(format!("sqlite://{}/db.sqlite", dir.display()));
-    config.redis_url = None;
-    let server = Server::bind(config).await.expect("server starts");
-    let addr = server.local_addr().expect("address");
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(async move {
-        let _ = server
-            .run(async move {
-                let _ = stopped.await;
-            })
-            .await;
-    });
-    Running {
-        base: format!("http://{addr}"),
-        http: reqwest::Client::new(),
-        stop: Some(stop),
-        _dir: TempDir(dir),
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-    }
-}
-
 /// The server with the agent enrolled (pinning the server's signing key), online, and
 /// client tokens of an operator and a viewer holding grants on it.
 async fn robot_online(sign_replies: bool) -> (Running, Vec<String>, tokio::task::AbortHandle) {
-    let running = server().await;
-    let created = running
-        .admin(
-            reqwest::Method::POST,
-            "/v1/robots",
-            Some(json!({ "robotId": ROBOT })),
-        )
-        .await;
-    let token = created["enrollmentToken"]
-        .as_str()
-        .expect("enrollment token");
-    let config_dir = running._dir.0.join("agent");
-    let enrolled = enroll(&EnrollRequest {
-        server: running.base.clone(),
-        robot_id: ROBOT.into(),
-        token: token.into(),
-        key_type: KeyType::Ed25519,
-        csr: false,
-        config_dir: config_dir.clone(),
-        ca_file: None,
-    })
-    .await
-    .expect("the agent enrolls");
+    let running = server::start(ADMIN, |_, _| {}).await;
+    let (config_dir, enrolled) = running.enroll(ROBOT).await;
     // The agent pinned the server's signing key, so it requires a good session ticket on
     // every frame: the whole run below goes through the robot's ticket checks.
     assert_eq!(enrolled.server_keys.len(), 1, "{enrolled:?}");
-    let mut tokens = Vec::new();
-    for (subject, role) in [
-        ("program-operator", "operator"),
-        ("program-viewer", "viewer"),
-    ] {
+    let tokens = vec![
         running
-            .admin(
-                reqwest::Method::PUT,
-                &format!("/v1/robots/{ROBOT}/grants/{subject}"),
-                Some(json!({ "role": role })),
-            )
-            .await;
-        let made = running
-            .admin(
-                reqwest::Method::POST,
-                "/v1/tokens",
-                Some(json!({ "subject": subject })),
-            )
-            .await;
-        tokens.push(made["token"].as_str().expect("token").to_string());
-    }
-    let mut agent_config = RunConfig::resolve(RunFlags {
-        config_dir: Some(config_dir),
-        server: Some(running.base.replace("http://", "ws://") + "/ws"),
-        robot_id: Some(ROBOT.into()),
-        driver: Some("sim".into()),
-        ..RunFlags::default()
-    })
-    .expect("agent config");
-    agent_config.sign_replies = sign_replies;
-    let agent = tokio::spawn(robot_agent::agent::run(agent_config));
-    // Online: the server says so once the agent proved its key.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let robot = running
-            .admin(reqwest::Method::GET, &format!("/v1/robots/{ROBOT}"), None)
-            .await;
-        if robot["online"] == true {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the agent never came online: {robot}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+            .client_token(ROBOT, "program-operator", "operator")
+            .await,
+        running
+            .client_token(ROBOT, "program-viewer", "viewer")
+            .await,
+    ];
+    let agent = running.agent(ROBOT, config_dir, |c| c.sign_replies = sign_replies);
+    running.wait_online(ROBOT).await;
     (running, tokens, agent.abort_handle())
 }
 
@@ -181,16 +45,7 @@ async fn the_gateway_passes_the_arp_conformance_run_end_to_end() {
         estop: true,
     })
     .await;
-    for check in &report.checks {
-        println!(
-            "{:5} {}",
-            if check.outcome.is_ok() { "ok" } else { "FAIL" },
-            check.name
-        );
-    }
-    let failures = report.failures();
-    assert!(failures.is_empty(), "failed checks: {failures:#?}");
-    assert!(report.checks.len() >= 14, "{} checks", report.checks.len());
+    report.assert_passed();
     // Every tool call is on record.
     let audit = running
         .admin(
@@ -203,16 +58,7 @@ async fn the_gateway_passes_the_arp_conformance_run_end_to_end() {
     assert!(calls > 0, "no audit records: {audit}");
     // The agent answered each session's key exchange: after its first frame, the run's
     // tickets were MAC'd with the session key (and checked as such by the agent).
-    let metrics = running
-        .http
-        .get(format!("{}/metrics", running.base))
-        .bearer_auth(ADMIN)
-        .send()
-        .await
-        .expect("HTTP")
-        .text()
-        .await
-        .expect("text");
+    let metrics = running.metrics().await;
     let keyed = metrics
         .lines()
         .find_map(|l| l.strip_prefix("signalling_ticket_session_keys_total "))
@@ -274,6 +120,25 @@ async fn ask(ws: &mut Ws, id: u64, method: &str, params: Value) -> Value {
     }
 }
 
+async fn a_bad_nonce_is_refused_before_the_upgrade(running: &Running, operator: &str) {
+    use tokio_tungstenite::tungstenite::{client::IntoClientRequest, Error};
+    let url =
+        running.base.replace("http://", "ws://") + &format!("/v1/robots/{ROBOT}/arp?signed=short");
+    let mut request = url.into_client_request().expect("request");
+    let bearer = format!("Bearer {operator}").parse().expect("header");
+    request.headers_mut().insert("authorization", bearer);
+    match tokio_tungstenite::connect_async(request).await {
+        Err(Error::Http(response)) => {
+            assert_eq!(response.status(), 400);
+            let body: Value =
+                serde_json::from_slice(response.body().as_deref().unwrap_or_default())
+                    .expect("a JSON error");
+            assert_eq!(body["error"], "BAD_REQUEST", "{body}");
+        }
+        other => panic!("upgraded with a bad nonce: {:?}", other.map(|_| ())),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_program_that_asks_gets_frames_the_robot_signed_for_its_connection() {
     use robot_agent::reply_signing::{verify_arp_frame, ReplySigningError};
@@ -296,24 +161,7 @@ async fn a_program_that_asks_gets_frames_the_robot_signed_for_its_connection() {
         "clientInfo": {"name": "signed-frames-test", "version": "1"}});
 
     // A nonce that is not one is refused before the upgrade, with a JSON error.
-    {
-        use tokio_tungstenite::tungstenite::{client::IntoClientRequest, Error};
-        let url = running.base.replace("http://", "ws://")
-            + &format!("/v1/robots/{ROBOT}/arp?signed=short");
-        let mut request = url.into_client_request().expect("request");
-        let bearer = format!("Bearer {operator}").parse().expect("header");
-        request.headers_mut().insert("authorization", bearer);
-        match tokio_tungstenite::connect_async(request).await {
-            Err(Error::Http(response)) => {
-                assert_eq!(response.status(), 400);
-                let body: Value =
-                    serde_json::from_slice(response.body().as_deref().unwrap_or_default())
-                        .expect("a JSON error");
-                assert_eq!(body["error"], "BAD_REQUEST", "{body}");
-            }
-            other => panic!("upgraded with a bad nonce: {:?}", other.map(|_| ())),
-        }
-    }
+    a_bad_nonce_is_refused_before_the_upgrade(&running, operator).await;
 
     const NONCE: &str = "program-nonce_0123456789";
     let mut signed = program(&running, operator, &format!("?signed={NONCE}")).await;

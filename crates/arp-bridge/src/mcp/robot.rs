@@ -1,0 +1,448 @@
+//! The ARP side of MCP mode: requests to the robot, and the routing of its
+//! answers and notifications (tool progress, context updates, confirmation
+//! requests) to whoever waits for them.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use signalling_protocol::arp::{method, reason};
+use tokio::sync::{mpsc, oneshot, watch};
+
+use super::limits::{CONFIRMED_BY, MAX_PENDING, PROGRESS_QUEUE, READ_TIMEOUT, REQUEST_TIMEOUT};
+use crate::jsonrpc::{self, Message, RpcError, INTERNAL_ERROR, METHOD_NOT_FOUND};
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RobotError {
+    #[error("the ARP connection is closed")]
+    Closed,
+    #[error("no answer from the robot within {0:?}")]
+    Timeout(Duration),
+    #[error("too many requests awaiting the robot")]
+    Busy,
+    #[error("ARP error {}: {}", .0.code, .0.message)]
+    Arp(RpcError),
+}
+
+impl RobotError {
+    /// As a JSON-RPC error to the MCP client (a protocol error).
+    pub(super) fn to_rpc(&self) -> RpcError {
+        match self {
+            RobotError::Arp(e) => e.clone(),
+            RobotError::Closed => RpcError::new(INTERNAL_ERROR, self.to_string())
+                .with_data(json!({ "reason": reason::ROBOT_OFFLINE })),
+            _ => RpcError::new(INTERNAL_ERROR, self.to_string()),
+        }
+    }
+}
+
+type Reply = Result<Value, RobotError>;
+type Progress = (f64, Option<String>);
+
+/// A running `arp.callTool`, for routing its progress.
+struct CallRoute {
+    arp_id: String,
+    /// Learnt from the first progress notification (or never, for a call
+    /// that answers at once).
+    call_id: Option<String>,
+    expects_progress: bool,
+    progress: Option<mpsc::Sender<Progress>>,
+    known: watch::Sender<Option<String>>,
+}
+
+#[derive(Default)]
+struct Reads {
+    readers: usize,
+    waiters: Vec<oneshot::Sender<Reply>>,
+}
+
+#[derive(Default)]
+pub(super) struct Router {
+    pending: HashMap<String, oneshot::Sender<Reply>>,
+    calls: Vec<CallRoute>,
+    reads: HashMap<String, Reads>,
+    /// MCP request id key → its cancel signal.
+    pub(super) cancels: HashMap<String, watch::Sender<bool>>,
+    /// Tool name → whether it reports progress (from the last listing).
+    reports_progress: HashMap<String, bool>,
+    closed: bool,
+}
+
+/// The ARP side: requests to the robot and the routing of what comes
+/// back. Cheap to clone; shared by every request task.
+#[derive(Clone)]
+pub struct Robot {
+    inner: Arc<RobotInner>,
+}
+
+struct RobotInner {
+    to_robot: mpsc::Sender<String>,
+    router: Mutex<Router>,
+    next: AtomicU64,
+}
+
+/// A started tool call.
+pub(super) struct StartedCall {
+    pub(super) arp_id: String,
+    pub(super) reply: oneshot::Receiver<Reply>,
+    pub(super) known: watch::Receiver<Option<String>>,
+    pub(super) progress: Option<mpsc::Receiver<Progress>>,
+}
+
+impl Robot {
+    pub fn new(to_robot: mpsc::Sender<String>) -> Robot {
+        Robot {
+            inner: Arc::new(RobotInner {
+                to_robot,
+                router: Mutex::new(Router::default()),
+                next: AtomicU64::new(1),
+            }),
+        }
+    }
+
+    pub(super) fn router(&self) -> MutexGuard<'_, Router> {
+        // Each update is a single insert or remove: nothing half done to
+        // protect from a panicking holder.
+        self.inner
+            .router
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn next_id(&self) -> String {
+        format!("bridge-{}", self.inner.next.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// Registers a waiter for `id`'s answer.
+    fn expect(&self, id: &str) -> Result<oneshot::Receiver<Reply>, RobotError> {
+        let mut router = self.router();
+        if router.closed {
+            return Err(RobotError::Closed);
+        }
+        if router.pending.len() >= MAX_PENDING {
+            return Err(RobotError::Busy);
+        }
+        let (tx, rx) = oneshot::channel();
+        router.pending.insert(jsonrpc::id_key(&json!(id)), tx);
+        Ok(rx)
+    }
+
+    fn forget(&self, id: &str) {
+        self.router().pending.remove(&jsonrpc::id_key(&json!(id)));
+    }
+
+    async fn send(&self, id: &str, method: &str, params: Value) -> Result<(), RobotError> {
+        let frame = jsonrpc::request(&json!(id), method, params).to_string();
+        if self.inner.to_robot.send(frame).await.is_err() {
+            self.forget(id);
+            return Err(RobotError::Closed);
+        }
+        Ok(())
+    }
+
+    /// A request with a bounded wait for its answer.
+    pub async fn request(&self, method: &str, params: Value) -> Reply {
+        let id = self.next_id();
+        let reply = self.expect(&id)?;
+        self.send(&id, method, params).await?;
+        match tokio::time::timeout(REQUEST_TIMEOUT, reply).await {
+            Ok(Ok(reply)) => reply,
+            Ok(Err(_)) => Err(RobotError::Closed),
+            Err(_) => {
+                self.forget(&id);
+                Err(RobotError::Timeout(REQUEST_TIMEOUT))
+            }
+        }
+    }
+
+    pub(super) async fn start_call(
+        &self,
+        name: &str,
+        arguments: Value,
+        with_progress: bool,
+    ) -> Result<StartedCall, RobotError> {
+        let arp_id = self.next_id();
+        let reply = self.expect(&arp_id)?;
+        let (known_tx, known) = watch::channel(None);
+        let (progress_tx, progress) = if with_progress {
+            let (tx, rx) = mpsc::channel(PROGRESS_QUEUE);
+            (Some(tx), Some(rx))
+        } else {
+            (None, None)
+        };
+        {
+            // Registered before the request leaves: its first progress may
+            // arrive before `send` returns.
+            let mut router = self.router();
+            let expects_progress = router.reports_progress.get(name).copied().unwrap_or(true);
+            router.calls.push(CallRoute {
+                arp_id: arp_id.clone(),
+                call_id: None,
+                expects_progress,
+                progress: progress_tx,
+                known: known_tx,
+            });
+        }
+        let params = json!({ "name": name, "arguments": arguments });
+        if let Err(e) = self.send(&arp_id, method::CALL_TOOL, params).await {
+            self.end_call(&arp_id);
+            return Err(e);
+        }
+        Ok(StartedCall {
+            arp_id,
+            reply,
+            known,
+            progress,
+        })
+    }
+
+    pub(super) fn end_call(&self, arp_id: &str) {
+        self.router().calls.retain(|c| c.arp_id != arp_id);
+    }
+
+    /// The next update of context source `name`: subscribes (if no other
+    /// read of it is under way), waits for one update, unsubscribes when
+    /// the last reader is done. Subscribe and unsubscribe frames are
+    /// queued under the router's lock, so they reach the robot in the
+    /// order the readers come and go.
+    pub(super) async fn read_context(&self, name: &str) -> Reply {
+        let (update, subscribed) = {
+            let mut router = self.router();
+            if router.closed {
+                return Err(RobotError::Closed);
+            }
+            let first = router.reads.get(name).is_none_or(|r| r.readers == 0);
+            let subscribed = if first {
+                if router.pending.len() >= MAX_PENDING {
+                    return Err(RobotError::Busy);
+                }
+                let id = self.next_id();
+                let frame = jsonrpc::request(
+                    &json!(id),
+                    method::SUBSCRIBE_CONTEXT,
+                    json!({ "name": name }),
+                )
+                .to_string();
+                if self.inner.to_robot.try_send(frame).is_err() {
+                    return Err(RobotError::Busy);
+                }
+                let (tx, rx) = oneshot::channel();
+                router.pending.insert(jsonrpc::id_key(&json!(id)), tx);
+                Some(rx)
+            } else {
+                None
+            };
+            let reads = router.reads.entry(name.to_owned()).or_default();
+            reads.readers += 1;
+            let (tx, rx) = oneshot::channel();
+            reads.waiters.push(tx);
+            (rx, subscribed)
+        };
+        let _reader = ReadGuard {
+            robot: self.clone(),
+            name: name.to_owned(),
+        };
+        let wait = async {
+            let mut update = update;
+            if let Some(subscribed) = subscribed {
+                tokio::select! {
+                    reply = &mut update => return reply.unwrap_or(Err(RobotError::Closed)),
+                    answer = subscribed => match answer {
+                        Ok(Err(e)) => {
+                            // No such source (or a refusal): every reader
+                            // waiting on it learns so now.
+                            self.fail_reads(name, &e);
+                        }
+                        Ok(Ok(_)) => {}
+                        Err(_) => return Err(RobotError::Closed),
+                    },
+                }
+            }
+            update.await.unwrap_or(Err(RobotError::Closed))
+        };
+        tokio::time::timeout(READ_TIMEOUT, wait)
+            .await
+            .unwrap_or(Err(RobotError::Timeout(READ_TIMEOUT)))
+    }
+
+    fn fail_reads(&self, name: &str, e: &RobotError) {
+        if let Some(reads) = self.router().reads.get_mut(name) {
+            for waiter in reads.waiters.drain(..) {
+                let _ = waiter.send(Err(e.clone()));
+            }
+        }
+    }
+
+    fn end_read(&self, name: &str) {
+        let mut router = self.router();
+        let Some(reads) = router.reads.get_mut(name) else {
+            return;
+        };
+        reads.readers = reads.readers.saturating_sub(1);
+        if reads.readers > 0 {
+            return;
+        }
+        router.reads.remove(name);
+        if !router.closed {
+            // Its answer is not awaited (an unknown id is ignored); if the
+            // queue is full the updates go on and are ignored too.
+            let id = self.next_id();
+            let frame = jsonrpc::request(
+                &json!(id),
+                method::UNSUBSCRIBE_CONTEXT,
+                json!({ "name": name }),
+            );
+            let _ = self.inner.to_robot.try_send(frame.to_string());
+        }
+    }
+
+    /// One frame from the robot; `Some`: the answer to send back (to a
+    /// request the robot made).
+    pub fn dispatch(&self, text: &str) -> Option<Value> {
+        let object = match jsonrpc::parse_object(text) {
+            Ok(object) => object,
+            Err(e) => {
+                eprintln!("arp-bridge: dropped a frame from the robot: {e}");
+                return None;
+            }
+        };
+        match Message::from_object(object) {
+            Message::Response { id, outcome } => {
+                let waiter = self.router().pending.remove(&jsonrpc::id_key(&id));
+                if let Some(waiter) = waiter {
+                    let _ = waiter.send(outcome.map_err(RobotError::Arp));
+                }
+                None
+            }
+            Message::Notification { method, params } => {
+                match method.as_str() {
+                    method::TOOL_PROGRESS => self.route_progress(&params),
+                    method::CONTEXT_UPDATE => {
+                        let name = params.get("name").and_then(Value::as_str).unwrap_or("");
+                        if let Some(reads) = self.router().reads.get_mut(name) {
+                            for waiter in reads.waiters.drain(..) {
+                                let _ = waiter.send(Ok(params.clone()));
+                            }
+                        }
+                    }
+                    method::EMERGENCY_STOP => {
+                        eprintln!("arp-bridge: the robot reports an emergency stop: {params}");
+                    }
+                    _ => {}
+                }
+                None
+            }
+            Message::Request { id, method, params } => {
+                if method == method::REQUEST_CONFIRMATION {
+                    // Fail closed: nobody behind an MCP pipe can be asked
+                    // reliably, and a model must not approve for a human.
+                    eprintln!(
+                        "arp-bridge: refused the robot's confirmation request for {}",
+                        params.pointer("/details/tool").unwrap_or(&Value::Null)
+                    );
+                    Some(jsonrpc::result(
+                        &id,
+                        json!({
+                            "confirmed": false,
+                            "confirmedBy": CONFIRMED_BY,
+                            "timestamp": crate::time::now_rfc3339(),
+                        }),
+                    ))
+                } else {
+                    Some(jsonrpc::error(
+                        &id,
+                        METHOD_NOT_FOUND,
+                        &format!("{method} is not supported by arp-bridge"),
+                        None,
+                    ))
+                }
+            }
+            Message::Invalid { why, .. } => {
+                eprintln!("arp-bridge: dropped an invalid frame from the robot: {why}");
+                None
+            }
+        }
+    }
+
+    /// Routes an `arp.toolProgress` to its MCP call. The robot names only
+    /// the `callId`, which the bridge learns from the first progress: a
+    /// new callId belongs to the oldest call not yet known that reports
+    /// progress (robot-agent runs one motion call at a time, and calls
+    /// that answer at once send none).
+    fn route_progress(&self, params: &Value) {
+        let Some(call_id) = params.get("callId").and_then(Value::as_str) else {
+            return;
+        };
+        let progress = params
+            .get("progress")
+            .and_then(Value::as_f64)
+            .unwrap_or(0.0);
+        let message = params
+            .get("message")
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        let mut router = self.router();
+        let calls = &mut router.calls;
+        let index = calls
+            .iter()
+            .position(|c| c.call_id.as_deref() == Some(call_id))
+            .or_else(|| {
+                calls
+                    .iter()
+                    .position(|c| c.call_id.is_none() && c.expects_progress)
+            })
+            .or_else(|| calls.iter().position(|c| c.call_id.is_none()));
+        let Some(call) = index.and_then(|i| calls.get_mut(i)) else {
+            return;
+        };
+        if call.call_id.is_none() {
+            call.call_id = Some(call_id.to_owned());
+            call.known.send_replace(Some(call_id.to_owned()));
+        }
+        if let Some(tx) = &call.progress {
+            // A lagging client loses progress, never the answer.
+            let _ = tx.try_send((progress, message));
+        }
+    }
+
+    /// The connection is gone: every waiter learns it now.
+    pub(super) fn close(&self) {
+        let mut router = self.router();
+        router.closed = true;
+        for (_, waiter) in router.pending.drain() {
+            let _ = waiter.send(Err(RobotError::Closed));
+        }
+        for (_, mut reads) in router.reads.drain() {
+            for waiter in reads.waiters.drain(..) {
+                let _ = waiter.send(Err(RobotError::Closed));
+            }
+        }
+        router.calls.clear();
+    }
+
+    pub(super) fn remember_tools(&self, tools: &[Value]) {
+        let mut router = self.router();
+        router.reports_progress = tools
+            .iter()
+            .filter_map(|t| {
+                let name = t.get("name")?.as_str()?.to_owned();
+                // A tool that says it takes no time answers at once.
+                let instant = t.get("estimatedDuration").and_then(Value::as_f64) == Some(0.0);
+                Some((name, !instant))
+            })
+            .collect();
+    }
+}
+
+struct ReadGuard {
+    robot: Robot,
+    name: String,
+}
+
+impl Drop for ReadGuard {
+    fn drop(&mut self) {
+        self.robot.end_read(&self.name);
+    }
+}
