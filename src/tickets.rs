@@ -6,9 +6,8 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
-use signalling_protocol::ticket::{
-    is_tool_call, params_hash, session_mac_key, TicketClaims, SESSION_KEY_ID,
-};
+use signalling_protocol::arp::Message;
+use signalling_protocol::ticket::{params_hash, session_mac_key, TicketClaims, SESSION_KEY_ID};
 use signalling_protocol::Role;
 
 use crate::pki::{Jwks, SigningKeys};
@@ -200,15 +199,14 @@ impl Tickets {
     pub fn arp_frame(
         &self,
         session: TicketFor<'_>,
-        frame: &Value,
+        frame: &Message,
         key: &mut SessionKey,
     ) -> Option<String> {
         if !self.minting {
             return None;
         }
-        let call_id = frame.get("id").filter(|_| frame.get("method").is_some());
-        let hash = is_tool_call(frame).then(|| params_hash(frame.get("params")));
-        let mut claims = self.claims(session, call_id.cloned(), hash);
+        let hash = frame.is_tool_call().then(|| params_hash(frame.params()));
+        let mut claims = self.claims(session, frame.request_id().cloned(), hash);
         match std::mem::replace(key, SessionKey::Signed) {
             SessionKey::Agreed(mac) => {
                 let ticket = jsonwebtoken::encode(&mac.header, &claims, &mac.key);
