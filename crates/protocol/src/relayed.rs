@@ -185,14 +185,14 @@ fn kind_of<'a>(kind: &str, p: &mut Payload<'a>) -> Option<RelayedKind<'a>> {
                 && p.sdp_type.as_deref() == Some("answer")
                 && p.robot_id.is_none()
                 && p.ice_restart.is_none()
-                && no_candidate_or_state(&p);
+                && no_candidate_or_state(p);
             only.then_some(RelayedKind::Answer)?
         }
         "signalling.ice_candidate" => {
             let only = p.candidate.is_some()
                 && p.sdp_mid.is_some()
                 && p.sdp_m_line_index.is_some()
-                && no_description(&p)
+                && no_description(p)
                 && p.ice_connection_state.is_none()
                 && p.data_channel_state.is_none()
                 && p.reason.is_none()
@@ -203,8 +203,8 @@ fn kind_of<'a>(kind: &str, p: &mut Payload<'a>) -> Option<RelayedKind<'a>> {
             let state = p.ice_connection_state.as_deref();
             let only = matches!(state, Some("connected" | "completed"))
                 && matches!(p.data_channel_state.as_deref(), None | Some("open"))
-                && no_description(&p)
-                && no_candidate(&p)
+                && no_description(p)
+                && no_candidate(p)
                 && p.reason.is_none()
                 && p.details.is_none();
             only.then_some(RelayedKind::Connected)?
@@ -216,7 +216,7 @@ fn kind_of<'a>(kind: &str, p: &mut Payload<'a>) -> Option<RelayedKind<'a>> {
                 "timeout" => DisconnectReason::Timeout,
                 _ => return None,
             };
-            let only = no_description(&p) && no_candidate(&p) && p.data_channel_state.is_none();
+            let only = no_description(p) && no_candidate(p) && p.data_channel_state.is_none();
             only.then_some(RelayedKind::Disconnected(reason))?
         }
         _ => return None,
