@@ -192,11 +192,24 @@ impl Tickets {
         }
     }
 
+    /// [`Tickets::arp_message`] for a frame as JSON (what is not one ARP message gets the
+    /// ticket of a frame with no call in it).
+    pub fn arp_frame(
+        &self,
+        session: TicketFor<'_>,
+        frame: &Value,
+        key: &mut SessionKey,
+    ) -> Option<String> {
+        let message = Message::from_value(frame.clone())
+            .unwrap_or_else(|_| Message::result(Value::Null, Value::Null));
+        self.arp_message(session, &message, key)
+    }
+
     /// The ticket of one ARP frame: a request's id, and for a tool call the hash of its
     /// params, so that the ticket cannot be moved to another call. Signed until the
     /// session's key is agreed (the first one offers our half of the exchange), then
     /// MAC'd with that key.
-    pub fn arp_frame(
+    pub fn arp_message(
         &self,
         session: TicketFor<'_>,
         frame: &Message,

@@ -4,7 +4,6 @@
 //! program sends, `robot.rs` what the robot sends back.
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -235,16 +234,14 @@ impl Handler for Gateway {
         self.flush(ending, out);
     }
 
-    fn event(&mut self) -> impl Future<Output = Event> + Send {
-        async {
-            let Some(inbox) = self.inbox.as_mut() else {
-                return std::future::pending().await;
-            };
-            tokio::select! {
-                biased;
-                answered = self.people.next() => Event::People(answered),
-                frame = inbox.recv() => Event::Robot(frame),
-            }
+    async fn event(&mut self) -> Event {
+        let Some(inbox) = self.inbox.as_mut() else {
+            return std::future::pending().await;
+        };
+        tokio::select! {
+            biased;
+            answered = self.people.next() => Event::People(answered),
+            frame = inbox.recv() => Event::Robot(frame),
         }
     }
 

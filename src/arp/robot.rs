@@ -62,7 +62,7 @@ impl Gateway {
         let ticket = self
             .state
             .tickets
-            .arp_frame(session, frame, &mut self.ticket_key);
+            .arp_message(session, frame, &mut self.ticket_key);
         let caller = crate::messages::ArpCaller {
             subject: &self.subject,
             role: self.role,
