@@ -2,7 +2,7 @@
 //! they always match the spec schemas.
 
 use serde_json::{Map, Value};
-use signalling_protocol::arp::SIGNATURE_NONCE_META_KEY;
+use signalling_protocol::arp::{method, Message, SIGNATURE_NONCE_META_KEY};
 use signalling_protocol::{
     CapabilitiesPayload, DisconnectReason, DisconnectedPayload, Envelope, ErrorCode, ErrorPayload,
     IceServer, PkiChallengePayload, PkiVerifiedPayload, Role, SessionMeta, Signalling,
@@ -35,7 +35,7 @@ pub const ARP_METADATA: &str = "arp";
 /// `ticket`: the server's signed ticket for this frame (`meta.session.ticket`).
 pub fn arp_frame(
     connection_id: &str,
-    frame: Value,
+    frame: &Message,
     session: ArpCaller<'_>,
     ticket: Option<&str>,
 ) -> String {
@@ -43,15 +43,38 @@ pub fn arp_frame(
     if let Some(nonce) = session.signature_nonce {
         meta.insert(SIGNATURE_NONCE_META_KEY.into(), nonce.into());
     }
-    serde_json::json!({
-        "type": ARP_FRAME,
-        "version": PROTOCOL_VERSION,
-        "id": uuid::Uuid::new_v4().to_string(),
-        "timestamp": timestamp(),
-        "payload": { "connectionId": connection_id, "frame": frame },
-        "meta": meta,
-    })
-    .to_string()
+    let envelope = ArpFrameOut {
+        kind: ARP_FRAME,
+        version: PROTOCOL_VERSION,
+        id: uuid::Uuid::new_v4().to_string(),
+        timestamp: timestamp(),
+        payload: ArpFrameOutPayload {
+            connection_id,
+            frame,
+        },
+        meta,
+    };
+    // Strings and JSON values always serialise.
+    serde_json::to_string(&envelope).unwrap_or_default()
+}
+
+/// An `arp.frame` as the server writes it: the typed frame serialised once, in place.
+#[derive(serde::Serialize)]
+struct ArpFrameOut<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    version: &'static str,
+    id: String,
+    timestamp: String,
+    payload: ArpFrameOutPayload<'a>,
+    meta: Map<String, Value>,
+}
+
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ArpFrameOutPayload<'a> {
+    connection_id: &'a str,
+    frame: &'a Message,
 }
 
 /// Who calls in an ARP session, as the robot is told in each `arp.frame`'s `meta`.
@@ -95,16 +118,13 @@ pub fn key_endorsement(endorsement: &str) -> String {
 /// notification in a session of its own, then that session's end.
 pub fn arp_emergency_stop(subject: &str) -> [String; 2] {
     let connection_id = format!("estop-{}", uuid::Uuid::new_v4());
-    let stop = serde_json::json!({
-        "jsonrpc": "2.0",
-        "method": "arp.emergencyStop",
-        "params": { "reason": format!("emergency stop by {subject}") },
-    });
+    let params = serde_json::json!({ "reason": format!("emergency stop by {subject}") });
+    let stop = Message::request(None, method::EMERGENCY_STOP, Some(params));
     [
         // Unsigned: a robot takes an e-stop from anyone (stopping is always safe).
         arp_frame(
             &connection_id,
-            stop,
+            &stop,
             ArpCaller {
                 subject,
                 role: Role::Owner,

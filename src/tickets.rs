@@ -6,9 +6,8 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
-use signalling_protocol::ticket::{
-    is_tool_call, params_hash, session_mac_key, TicketClaims, SESSION_KEY_ID,
-};
+use signalling_protocol::arp::Message;
+use signalling_protocol::ticket::{params_hash, session_mac_key, TicketClaims, SESSION_KEY_ID};
 use signalling_protocol::Role;
 
 use crate::pki::{Jwks, SigningKeys};
@@ -193,22 +192,34 @@ impl Tickets {
         }
     }
 
-    /// The ticket of one ARP frame: a request's id, and for a tool call the hash of its
-    /// params, so that the ticket cannot be moved to another call. Signed until the
-    /// session's key is agreed (the first one offers our half of the exchange), then
-    /// MAC'd with that key.
+    /// [`Tickets::arp_message`] for a frame as JSON (what is not one ARP message gets the
+    /// ticket of a frame with no call in it).
     pub fn arp_frame(
         &self,
         session: TicketFor<'_>,
         frame: &Value,
         key: &mut SessionKey,
     ) -> Option<String> {
+        let message = Message::from_value(frame.clone())
+            .unwrap_or_else(|_| Message::result(Value::Null, Value::Null));
+        self.arp_message(session, &message, key)
+    }
+
+    /// The ticket of one ARP frame: a request's id, and for a tool call the hash of its
+    /// params, so that the ticket cannot be moved to another call. Signed until the
+    /// session's key is agreed (the first one offers our half of the exchange), then
+    /// MAC'd with that key.
+    pub fn arp_message(
+        &self,
+        session: TicketFor<'_>,
+        frame: &Message,
+        key: &mut SessionKey,
+    ) -> Option<String> {
         if !self.minting {
             return None;
         }
-        let call_id = frame.get("id").filter(|_| frame.get("method").is_some());
-        let hash = is_tool_call(frame).then(|| params_hash(frame.get("params")));
-        let mut claims = self.claims(session, call_id.cloned(), hash);
+        let hash = frame.is_tool_call().then(|| params_hash(frame.params()));
+        let mut claims = self.claims(session, frame.request_id().cloned(), hash);
         match std::mem::replace(key, SessionKey::Signed) {
             SessionKey::Agreed(mac) => {
                 let ticket = jsonwebtoken::encode(&mac.header, &claims, &mac.key);

@@ -7,6 +7,7 @@
 use std::time::Duration;
 
 use serde_json::Value;
+use signalling_protocol::arp::Message;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
@@ -63,16 +64,16 @@ impl People {
         robot_id: &str,
         session_id: &str,
         requested_by: &str,
-        request: &Value,
+        request: &Message,
     ) -> bool {
         self.tasks.retain(|task| !task.is_finished());
         if self.tasks.len() >= WAITING {
             return false;
         }
-        let Some(request_id) = request.get("id").cloned() else {
+        let Some(request_id) = request.id.clone() else {
             return false;
         };
-        let params = &request["params"];
+        let params = request.params().unwrap_or(&Value::Null);
         let timeout = params["timeout"]
             .as_f64()
             .filter(|t| t.is_finite() && *t > 0.0)

@@ -9,23 +9,27 @@
 //! refuses itself; every tool call and e-stop goes on record (store::AuditLog).
 
 mod confirm;
-mod connection;
+mod gateway;
+mod program;
+mod robot;
 mod rules;
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::{ConnectInfo, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::routing::get;
 use axum::Router;
 use serde::Deserialize;
 use signalling_protocol::arp::{valid_signature_nonce, MAX_FRAME_BYTES};
 
 use crate::http_error;
+use crate::relay::ConnId;
 use crate::state::SharedState;
-use crate::ws::{find_token, UpgradeError, WsQuery};
+use crate::ws::{admit, connection, WsQuery};
 
 /// `?signed=<nonce>`: the program wants every frame of the robot signed by it, binding
 /// this nonce (docs/arp.md, "Frames signed by the robot").
@@ -39,8 +43,8 @@ pub fn router() -> Router<SharedState> {
     Router::new().route("/v1/robots/{id}/arp", get(upgrade))
 }
 
-/// Checks everything that can be checked before the upgrade: capacity, the credentials
-/// and a grant on the robot (403 without one).
+/// Checks everything that can be checked before the upgrade: the nonce, what every socket
+/// passes (`ws::admit`: capacity, a client token) and a grant on the robot (403 without one).
 async fn upgrade(
     State(state): State<SharedState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
@@ -50,9 +54,6 @@ async fn upgrade(
     headers: HeaderMap,
     ws: WebSocketUpgrade,
 ) -> Response {
-    if state.is_shutting_down() {
-        return UpgradeError::ShuttingDown.into_response();
-    }
     if let Some(nonce) = signing.signed.as_deref() {
         if !valid_signature_nonce(nonce) {
             return http_error::response(
@@ -62,27 +63,13 @@ async fn upgrade(
             );
         }
     }
-    let permit = match state.admission.admit(peer.ip()) {
-        Ok(permit) => permit,
-        Err(e) => return UpgradeError::from(e).into_response(),
+    let mut admitted = match admit(&state, peer, &query, &headers, true).await {
+        Ok(admitted) => admitted,
+        Err(refused) => return refused,
     };
-    let (token, protocol) = find_token(&query, &headers);
-    let Some(token) = token else {
-        return http_error::response(
-            StatusCode::UNAUTHORIZED,
-            "UNAUTHORIZED",
-            "a client token is required (Authorization: Bearer or ?token=)",
-        );
-    };
-    // Read before the token check: see `Presence::set_client`.
-    let cuts_seen = state.presence.access_cuts();
-    let identity = match state
-        .clients
-        .authenticate(&token, crate::store::now_ms())
-        .await
-    {
-        Ok(identity) => identity,
-        Err(e) => return UpgradeError::from(e).into_response(),
+    let Some(identity) = admitted.client.clone() else {
+        // Unreachable: `admit` refuses a socket without a token here.
+        return http_error::response(StatusCode::UNAUTHORIZED, "UNAUTHORIZED", "no token");
     };
     match state.store.grant(&robot_id, &identity.subject).await {
         Ok(Some(_)) => {}
@@ -104,15 +91,15 @@ async fn upgrade(
     }
     // Frames over the ARP cap are read and answered -32600 (as robot-agent does); only
     // past twice the cap is the socket closed unread.
-    let mut ws = ws
-        .max_message_size(2 * MAX_FRAME_BYTES)
-        .max_frame_size(2 * MAX_FRAME_BYTES);
-    if let Some(protocol) = protocol {
-        ws = ws.protocols([protocol]);
-    }
+    let ws = admitted.upgrade(ws, 2 * MAX_FRAME_BYTES);
     let nonce = signing.signed;
     ws.on_upgrade(move |socket| {
-        connection::start(state, socket, identity, robot_id, cuts_seen, permit, nonce);
+        let conn: ConnId = Arc::from(format!("arp-{}", uuid::Uuid::new_v4()));
+        let span = tracing::info_span!("arp", conn = %conn, robot = %robot_id);
+        let opening = admitted.opening(conn);
+        connection::start(state, socket, opening, span, move |state, conn, _| {
+            gateway::Gateway::new(state, conn, identity, robot_id, nonce)
+        });
         std::future::ready(())
     })
 }

@@ -11,6 +11,7 @@
 //! the next enrollment or revoke supersedes it. Every check fails closed: an error anywhere
 //! means no login.
 
+mod certificates;
 pub mod crl;
 mod enroll;
 
@@ -227,6 +228,16 @@ fn chain_entries(chain: &VerifiedChain) -> Vec<String> {
     entries
 }
 
+/// What a robot must prove at login: the key, its kind, the revocation entries it must not
+/// match, the credential, and whether its certificate is to be recorded.
+type Proof = (
+    PublicKey,
+    &'static str,
+    Vec<String>,
+    Credential,
+    Option<RecordChain>,
+);
+
 impl Identity {
     pub fn new(store: Store, config: IdentityConfig) -> Result<Identity, X509Error> {
         let mut roots = config.trust.clone().unwrap_or_default();
@@ -295,46 +306,10 @@ impl Identity {
                 let credential = record.credential.ok_or(IdentityError::NotEnrolled)?;
                 (key, kind, entries, credential, None)
             }
-            (Some(chain_pem), None) => {
-                // The chain is checked first either way: what is wrong with it is the
-                // presenter's to know, whether the robot exists is not.
-                let verified = self.verify_certificate(chain_pem, robot_id).await?;
-                if !self.auto_register {
-                    let leaf = Some(verified.leaf_key);
-                    return self.decoy(robot_id, IdentityError::UnknownRobot, leaf);
-                }
-                let credential = Credential::Certificate {
-                    chain_pem: chain_pem.to_string(),
-                    serial: verified.serial_hex.clone(),
-                };
-                let entries = chain_entries(&verified);
-                let record = RecordChain { create: true };
-                (verified.leaf_key, "x509", entries, credential, Some(record))
-            }
-            (Some(chain_pem), Some(record)) => {
-                // Compared before any signature work: a superseded certificate costs us
-                // one parse.
-                let (leaf_key, _) = leaf_key_of_chain(chain_pem)?;
-                let verified = self.verify_certificate(chain_pem, robot_id).await?;
-                if let Some(credential) = &record.credential {
-                    if self.enrolled_key(credential)? != leaf_key {
-                        let leaf = Some(leaf_key);
-                        return self.decoy(robot_id, IdentityError::CredentialMismatch, leaf);
-                    }
-                }
-                let entries = chain_entries(&verified);
-                let (credential, record) = match record.credential {
-                    Some(stored) => (stored, None),
-                    None => (
-                        Credential::Certificate {
-                            chain_pem: chain_pem.to_string(),
-                            serial: verified.serial_hex.clone(),
-                        },
-                        Some(RecordChain { create: false }),
-                    ),
-                };
-                (verified.leaf_key, "x509", entries, credential, record)
-            }
+            (Some(chain_pem), record) => match self.presented(robot_id, chain_pem, record).await? {
+                Ok(proof) => proof,
+                Err(decoy) => return Ok(decoy),
+            },
         };
         // A certificate's entries are refused before the robot signs (its chain was just
         // verified, so one more read is a small share). A bare key's entry is checked once,
@@ -405,97 +380,6 @@ impl Identity {
                 PublicKey::from_stored(stored).map_err(IdentityError::StoredKey)
             }
             Credential::Certificate { chain_pem, .. } => Ok(leaf_key_of_chain(chain_pem)?.0),
-        }
-    }
-
-    async fn stored_credential(
-        &self,
-        record: &RobotRecord,
-    ) -> Result<(PublicKey, &'static str, Vec<String>), IdentityError> {
-        match &record.credential {
-            None => Err(IdentityError::NotEnrolled),
-            Some(Credential::PublicKey { stored, .. }) => {
-                let key = PublicKey::from_stored(stored).map_err(IdentityError::StoredKey)?;
-                let entry = key_revocation_entry(&key);
-                Ok((key.clone(), key.kind(), vec![entry]))
-            }
-            Some(Credential::Certificate { chain_pem, .. }) => {
-                let cache_key =
-                    format!("{}\n{}", record.robot_id, sha256_hex(chain_pem.as_bytes()));
-                let crls = self.crl_snapshot();
-                if let Some(cached) = self.cached_chain(&cache_key, &crls) {
-                    return Ok(cached);
-                }
-                let verified = self.verify_certificate(chain_pem, &record.robot_id).await?;
-                let entries = chain_entries(&verified);
-                let mut cache = self.stored_chains.lock().unwrap_or_else(|p| p.into_inner());
-                if cache.len() >= STORED_CHAINS_KEPT {
-                    cache.clear();
-                }
-                cache.insert(
-                    cache_key,
-                    StoredChain {
-                        leaf_key: verified.leaf_key.clone(),
-                        entries: entries.clone(),
-                        crls,
-                        at: Instant::now(),
-                    },
-                );
-                Ok((verified.leaf_key, "x509", entries))
-            }
-        }
-    }
-
-    /// Verifies a chain against the roots and the CRLs in force, on a blocking thread.
-    async fn verify_certificate(
-        &self,
-        chain_pem: &str,
-        robot_id: &str,
-    ) -> Result<VerifiedChain, IdentityError> {
-        let roots = self
-            .roots
-            .clone()
-            .ok_or(IdentityError::Certificate(X509Error::Untrusted))?;
-        let crls = self.crl_snapshot();
-        let permit = Arc::clone(&self.verify_slots)
-            .acquire_owned()
-            .await
-            .map_err(|e| IdentityError::Verifier(e.to_string()))?;
-        let chain_pem = chain_pem.to_string();
-        let robot_id = robot_id.to_string();
-        let verified = tokio::task::spawn_blocking(move || {
-            let _permit = permit;
-            let lists: Vec<_> = crls.iter().map(RevocationList::webpki).collect();
-            verify_chain_with_crls(
-                &chain_pem,
-                &roots,
-                &robot_id,
-                crate::clock::now_unix(),
-                &lists,
-            )
-        })
-        .await
-        .map_err(|e| IdentityError::Verifier(e.to_string()))??;
-        Ok(verified)
-    }
-
-    /// A stored chain's recent verification against the CRLs in force, if any.
-    fn cached_chain(
-        &self,
-        key: &str,
-        crls: &Arc<Vec<RevocationList>>,
-    ) -> Option<(PublicKey, &'static str, Vec<String>)> {
-        let cache = self.stored_chains.lock().unwrap_or_else(|p| p.into_inner());
-        let cached = cache.get(key)?;
-        (Arc::ptr_eq(&cached.crls, crls) && cached.at.elapsed() < STORED_CHAIN_TTL)
-            .then(|| (cached.leaf_key.clone(), "x509", cached.entries.clone()))
-    }
-
-    fn crl_snapshot(&self) -> Arc<Vec<RevocationList>> {
-        match self.crls.read() {
-            Ok(guard) => Arc::clone(&guard),
-            // A poisoned lock: the writer panicked mid-swap, but the Arc it held is whole.
-            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
         }
     }
 

@@ -7,7 +7,8 @@
 //! Between the server's gateway and a robot, ARP frames travel on the robot's
 //! signalling socket inside an `arp.frame` envelope ([`FRAME_TYPE`],
 //! [`ArpFramePayload`]; docs/protocol.md, "ARP sessions"), and a robot declares
-//! the ARP it serves in `register.metadata` ([`REGISTER_METADATA_KEY`]).
+//! the ARP it serves in `register.metadata` ([`REGISTER_METADATA_KEY`]). One message,
+//! typed, is a [`Message`].
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -15,6 +16,10 @@ use serde_json::{Map, Value};
 use crate::envelope::Envelope;
 use crate::error::ProtocolError;
 use crate::session::SessionMeta;
+
+mod message;
+
+pub use message::{Body, Message, MessageError};
 
 /// The protocol version this implementation speaks.
 pub const ARP_VERSION: &str = "0.1.0";

@@ -74,65 +74,8 @@ impl<'a> Relayed<'a> {
             return None;
         }
         OffsetDateTime::parse(&header.timestamp, &Rfc3339).ok()?;
-        let p = header.payload;
-        let kind = match &*header.kind {
-            "signalling.offer" => {
-                let only = p.robot_id.is_some()
-                    && p.sdp.is_some()
-                    && p.sdp_type.as_deref() == Some("offer")
-                    && p.candidate.is_none()
-                    && p.sdp_mid.is_none()
-                    && p.sdp_m_line_index.is_none()
-                    && p.username_fragment.is_none()
-                    && p.ice_connection_state.is_none()
-                    && p.data_channel_state.is_none()
-                    && p.reason.is_none()
-                    && p.details.is_none();
-                RelayedKind::Offer {
-                    robot_id: only.then_some(p.robot_id?)?.0,
-                }
-            }
-            "signalling.answer" => {
-                let only = p.sdp.is_some()
-                    && p.sdp_type.as_deref() == Some("answer")
-                    && p.robot_id.is_none()
-                    && p.ice_restart.is_none()
-                    && no_candidate_or_state(&p);
-                only.then_some(RelayedKind::Answer)?
-            }
-            "signalling.ice_candidate" => {
-                let only = p.candidate.is_some()
-                    && p.sdp_mid.is_some()
-                    && p.sdp_m_line_index.is_some()
-                    && no_description(&p)
-                    && p.ice_connection_state.is_none()
-                    && p.data_channel_state.is_none()
-                    && p.reason.is_none()
-                    && p.details.is_none();
-                only.then_some(RelayedKind::IceCandidate)?
-            }
-            "signalling.connected" => {
-                let state = p.ice_connection_state.as_deref();
-                let only = matches!(state, Some("connected" | "completed"))
-                    && matches!(p.data_channel_state.as_deref(), None | Some("open"))
-                    && no_description(&p)
-                    && no_candidate(&p)
-                    && p.reason.is_none()
-                    && p.details.is_none();
-                only.then_some(RelayedKind::Connected)?
-            }
-            "signalling.disconnected" => {
-                let reason = match p.reason.as_deref()? {
-                    "closed" => DisconnectReason::Closed,
-                    "failed" => DisconnectReason::Failed,
-                    "timeout" => DisconnectReason::Timeout,
-                    _ => return None,
-                };
-                let only = no_description(&p) && no_candidate(&p) && p.data_channel_state.is_none();
-                only.then_some(RelayedKind::Disconnected(reason))?
-            }
-            _ => return None,
-        };
+        let mut p = header.payload;
+        let kind = kind_of(&header.kind, &mut p)?;
         let meta = match header.meta {
             // The envelope schema wants an object; anything else is the parser's to refuse.
             // Checked as the parser reads it (numbers in range), not only for its syntax.
@@ -216,6 +159,69 @@ fn span_in(text: &str, part: &str) -> Option<Range<usize>> {
     let start = (part.as_ptr() as usize).checked_sub(text.as_ptr() as usize)?;
     let end = start.checked_add(part.len())?;
     (end <= text.len() && text.get(start..end) == Some(part)).then_some(start..end)
+}
+/// What a relayed message of type `kind` is, if its payload has exactly the members the
+/// spec gives that type (an offer's robot id is taken out of `p`).
+fn kind_of<'a>(kind: &str, p: &mut Payload<'a>) -> Option<RelayedKind<'a>> {
+    let kind = match kind {
+        "signalling.offer" => {
+            let only = p.robot_id.is_some()
+                && p.sdp.is_some()
+                && p.sdp_type.as_deref() == Some("offer")
+                && p.candidate.is_none()
+                && p.sdp_mid.is_none()
+                && p.sdp_m_line_index.is_none()
+                && p.username_fragment.is_none()
+                && p.ice_connection_state.is_none()
+                && p.data_channel_state.is_none()
+                && p.reason.is_none()
+                && p.details.is_none();
+            RelayedKind::Offer {
+                robot_id: only.then_some(p.robot_id.take()?)?.0,
+            }
+        }
+        "signalling.answer" => {
+            let only = p.sdp.is_some()
+                && p.sdp_type.as_deref() == Some("answer")
+                && p.robot_id.is_none()
+                && p.ice_restart.is_none()
+                && no_candidate_or_state(p);
+            only.then_some(RelayedKind::Answer)?
+        }
+        "signalling.ice_candidate" => {
+            let only = p.candidate.is_some()
+                && p.sdp_mid.is_some()
+                && p.sdp_m_line_index.is_some()
+                && no_description(p)
+                && p.ice_connection_state.is_none()
+                && p.data_channel_state.is_none()
+                && p.reason.is_none()
+                && p.details.is_none();
+            only.then_some(RelayedKind::IceCandidate)?
+        }
+        "signalling.connected" => {
+            let state = p.ice_connection_state.as_deref();
+            let only = matches!(state, Some("connected" | "completed"))
+                && matches!(p.data_channel_state.as_deref(), None | Some("open"))
+                && no_description(p)
+                && no_candidate(p)
+                && p.reason.is_none()
+                && p.details.is_none();
+            only.then_some(RelayedKind::Connected)?
+        }
+        "signalling.disconnected" => {
+            let reason = match p.reason.as_deref()? {
+                "closed" => DisconnectReason::Closed,
+                "failed" => DisconnectReason::Failed,
+                "timeout" => DisconnectReason::Timeout,
+                _ => return None,
+            };
+            let only = no_description(p) && no_candidate(p) && p.data_channel_state.is_none();
+            only.then_some(RelayedKind::Disconnected(reason))?
+        }
+        _ => return None,
+    };
+    Some(kind)
 }
 
 fn no_description(p: &Payload<'_>) -> bool {

@@ -12,10 +12,11 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::ticket::TICKET_META_KEY;
-
 /// Key of the session object inside an envelope's `meta`.
 pub const SESSION_META_KEY: &str = "session";
+
+/// Key of the ticket inside `meta.session` (also `ticket::TICKET_META_KEY`).
+pub const TICKET_META_KEY: &str = "ticket";
 
 /// What a subject may do with a robot. Stored as lowercase text (grants
 /// table, admin API) and sent in `meta.session.role`. Ordered by privilege

@@ -21,9 +21,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::session::Role;
-
-/// Key of the ticket inside `meta.session`.
-pub const TICKET_META_KEY: &str = "ticket";
+// Defined beside `meta.session`, which holds it: `session` imports nothing of `ticket`.
+pub use crate::session::TICKET_META_KEY;
 
 /// Longest life of a ticket, in seconds (the server mints shorter ones).
 pub const MAX_TICKET_LIFETIME_SECS: u64 = 300;

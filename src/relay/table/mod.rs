@@ -7,7 +7,9 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod checks;
 mod ending;
+mod route;
 
 pub use ending::EndedSession;
 
@@ -322,88 +324,6 @@ impl State {
             .collect()
     }
 
-    /// The id ended within the grace period as another subject's session.
-    fn ended_for_another(&self, session_id: &str, subject: &str) -> bool {
-        self.ended
-            .get(session_id)
-            .is_some_and(|ended| *ended.subject != *subject)
-    }
-
-    fn check_session_count(
-        &self,
-        client_conn: &ConnId,
-        claimed_already: bool,
-    ) -> Result<(), RelayError> {
-        let limit = self.limits.sessions_per_conn;
-        match self.conns.get(client_conn) {
-            Some(entry)
-                if entry.sessions.len() >= limit
-                    || (!claimed_already && entry.claimed.len() >= limit) =>
-            {
-                Err(RelayError::TooManySessions { limit })
-            }
-            _ => Ok(()),
-        }
-    }
-
-    /// One driving session per robot.
-    fn check_control(
-        &self,
-        robot_conn: &ConnId,
-        request: &OpenSession<'_>,
-    ) -> Result<(), RelayError> {
-        let holder = self.conns.get(robot_conn).and_then(|entry| {
-            entry
-                .sessions
-                .iter()
-                .filter_map(|id| self.sessions.get(id))
-                .find(|s| s.role.may_drive())
-        });
-        match holder {
-            Some(holder) => Err(RelayError::RobotBusy {
-                robot_id: request.robot_id.to_string(),
-                locked_by: (request.role == Role::Owner).then(|| holder.subject.to_string()),
-            }),
-            None => Ok(()),
-        }
-    }
-
-    /// Refuses one more viewing session of `subject` with the robot on `robot_conn` past
-    /// the caps. The robot's node sees every session of its robot, mirrors included, so
-    /// its count is the cluster's.
-    fn check_viewers(
-        &self,
-        robot_conn: &ConnId,
-        robot_id: &str,
-        subject: &str,
-    ) -> Result<(), RelayError> {
-        let Some(entry) = self.conns.get(robot_conn) else {
-            return Ok(());
-        };
-        let viewers = entry
-            .sessions
-            .iter()
-            .filter_map(|id| self.sessions.get(id))
-            .filter(|s| !s.role.may_drive());
-        let (mut all, mut theirs) = (0, 0);
-        for session in viewers {
-            all += 1;
-            theirs += usize::from(*session.subject == *subject);
-        }
-        let over = |count: usize, limit: usize| limit > 0 && count >= limit;
-        let per = if over(theirs, self.limits.viewers_per_subject) {
-            ViewerCap::PerSubject
-        } else if over(all, self.limits.viewers_per_robot) {
-            ViewerCap::PerRobot
-        } else {
-            return Ok(());
-        };
-        Err(RelayError::TooManyViewers {
-            robot_id: robot_id.to_string(),
-            per,
-        })
-    }
-
     fn claim(&mut self, session_id: &str, conn: &ConnId) {
         self.claims.insert(session_id.to_string(), conn.clone());
         if let Some(entry) = self.conns.get_mut(conn) {
@@ -505,91 +425,6 @@ impl State {
             },
         );
         Ok(client_conn)
-    }
-
-    /// Whether `id` names a live session (or a socket's own id) that is not `conn`'s.
-    pub(super) fn names_another_session(&self, id: &str, conn: &ConnId) -> bool {
-        self.claims.get(id).is_some_and(|owner| owner != conn)
-            || self
-                .sessions
-                .get(id)
-                .is_some_and(|s| s.client_conn != *conn && s.robot_conn != *conn)
-    }
-
-    /// Where a message about `session_id` from `sender` goes; only the two ends may talk.
-    pub(super) fn route(&self, sender: &ConnId, session_id: &str) -> Result<Route, RelayError> {
-        let Some(session) = self.sessions.get(session_id) else {
-            return Err(match self.ended.get(session_id) {
-                Some(ended)
-                    if (&ended.client_conn == sender || &ended.robot_conn == sender)
-                        && ended.at.elapsed() < self.limits.grace =>
-                {
-                    RelayError::Ended(session_id.to_string())
-                }
-                _ => RelayError::UnknownSession(session_id.to_string()),
-            });
-        };
-        let (target, from_robot) = if &session.client_conn == sender {
-            (session.robot_conn.clone(), false)
-        } else if &session.robot_conn == sender {
-            (session.client_conn.clone(), true)
-        } else {
-            return Err(RelayError::NotInSession(session_id.to_string()));
-        };
-        Ok(Route {
-            target,
-            record_id: session.record_id.clone(),
-            from_robot,
-            subject: session.subject.clone(),
-            role: session.role,
-            kind: session.kind,
-        })
-    }
-
-    /// Whether a frame from another node may be delivered: `from` and `to` are the two ends
-    /// of `session_id` here, live or within its grace period (the last `disconnected` of a
-    /// session travels after the session's end). Returns whose share of the receiver's
-    /// queue it counts against.
-    pub(super) fn admits_frame(
-        &self,
-        from: &ConnId,
-        session_id: &str,
-        to: &ConnId,
-    ) -> Option<FrameShare> {
-        let (client, robot, subject, role) = match self.sessions.get(session_id) {
-            Some(s) => (&s.client_conn, &s.robot_conn, &s.subject, s.role),
-            None => {
-                let ended = self.ended.get(session_id)?;
-                if ended.at.elapsed() >= self.limits.grace {
-                    return None;
-                }
-                (
-                    &ended.client_conn,
-                    &ended.robot_conn,
-                    &ended.subject,
-                    ended.role,
-                )
-            }
-        };
-        if client == from && robot == to {
-            Some(FrameShare {
-                share: subject.clone(),
-                viewer: !role.may_drive(),
-            })
-        } else if robot == from && client == to {
-            Some(FrameShare {
-                share: from.clone(),
-                viewer: false,
-            })
-        } else {
-            None
-        }
-    }
-
-    pub(super) fn is_driven(&self, robot_id: &str) -> bool {
-        self.sessions
-            .values()
-            .any(|s| s.robot_id == robot_id && s.role.may_drive())
     }
 
     fn ids_where(&self, keep: impl Fn(&Session) -> bool) -> Vec<String> {

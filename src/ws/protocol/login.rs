@@ -2,13 +2,16 @@
 
 use std::time::Instant;
 
+use tokio::sync::oneshot;
+
 use signalling_protocol::{Envelope, PkiResponsePayload, RegisterPayload};
 
 use super::{Peer, Protocol, WANTS_WELCOME};
 use crate::cluster::PRESENCE_WAIT;
-use crate::identity::IdentityError;
+use crate::identity::{Challenge, IdentityError, VerifiedRobot};
 use crate::messages;
-use crate::relay::RobotDeclared;
+use crate::relay::{ConnId, RobotDeclared};
+use crate::state::SharedState;
 use crate::ws::error::WsError;
 
 impl Protocol {
@@ -98,43 +101,14 @@ impl Protocol {
             Peer::Unverified { challenge } => challenge.take().map(|c| *c),
             _ => None,
         };
-        let state = &self.state;
-        let conn = &self.conn;
-        let declared = self.declared;
-        let result = async {
-            let challenge = challenge.ok_or(IdentityError::NoChallenge)?;
-            let cuts_seen = challenge.access_cuts_seen;
-            let verified = state
-                .identity
-                .verify(
-                    challenge,
-                    envelope.correlation_id.as_deref(),
-                    &payload.signature,
-                    &state.node_id,
-                )
-                .await?;
-            let registered = state.presence.robot_verified(
-                conn,
-                &verified.robot_id,
-                verified.credentials.clone(),
-                declared,
-                cuts_seen,
-            );
-            // A cut came between the check and the registration, and may have missed
-            // this socket: check again (rare; a read). Refused, the socket closes and
-            // leaves the hub like any other.
-            if registered.cut_since {
-                let stands = state
-                    .identity
-                    .login_still_stands(&verified.robot_id, &verified.credentials)
-                    .await?;
-                state.metrics.access_rechecked("robot", stands);
-                if !stands {
-                    return Err(IdentityError::Revoked);
-                }
-            }
-            Ok((verified, registered.presence))
-        }
+        let result = verify_login(
+            &self.state,
+            &self.conn,
+            self.declared,
+            challenge,
+            envelope.correlation_id.as_deref(),
+            &payload.signature,
+        )
         .await;
         let (verified, presence) = match result {
             Ok(verified) => verified,
@@ -177,4 +151,43 @@ impl Protocol {
         }
         Ok(())
     }
+}
+
+/// The robot's answer to its challenge checked, and the robot registered here; with the
+/// check again that a cut between the two calls for.
+async fn verify_login(
+    state: &SharedState,
+    conn: &ConnId,
+    declared: RobotDeclared,
+    challenge: Option<Challenge>,
+    correlation_id: Option<&str>,
+    signature: &str,
+) -> Result<(VerifiedRobot, Option<oneshot::Receiver<()>>), IdentityError> {
+    let challenge = challenge.ok_or(IdentityError::NoChallenge)?;
+    let cuts_seen = challenge.access_cuts_seen;
+    let verified = state
+        .identity
+        .verify(challenge, correlation_id, signature, &state.node_id)
+        .await?;
+    let registered = state.presence.robot_verified(
+        conn,
+        &verified.robot_id,
+        verified.credentials.clone(),
+        declared,
+        cuts_seen,
+    );
+    // A cut came between the check and the registration, and may have missed
+    // this socket: check again (rare; a read). Refused, the socket closes and
+    // leaves the hub like any other.
+    if registered.cut_since {
+        let stands = state
+            .identity
+            .login_still_stands(&verified.robot_id, &verified.credentials)
+            .await?;
+        state.metrics.access_rechecked("robot", stands);
+        if !stands {
+            return Err(IdentityError::Revoked);
+        }
+    }
+    Ok((verified, registered.presence))
 }
