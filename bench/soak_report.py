@@ -65,10 +65,13 @@ def figures(procs, samples, books, conditions):
                  f"{conditions.get('cores', '?')} cores shared with other work, binaries {conditions.get('binaries', '?')}, "
                  f"started {conditions.get('started', '?')}.")
     lines.append("")
-    lines.append("| node | RSS at 5 min | RSS at end | growth | open files 5 min → end (min–max after warm-up) | tokio tasks 5 min → end |")
+    lines.append("| node | RSS at 5 min | RSS at the end of the load | growth | open files 5 min → end (min–max after warm-up) | tokio tasks 5 min → end |")
     lines.append("|---|---|---|---|---|---|")
     for node, series in sorted(procs.items()):
-        after = [s for s in series if s["t"] >= WARM_UP] or series
+        # Under load only: the last samples come after the load stopped.
+        loaded = [s["t"] for s in series if s["robots"] > 0]
+        stop = max(loaded) - 30 if loaded else series[-1]["t"]
+        after = [s for s in series if WARM_UP <= s["t"] <= stop] or series
         first, last = after[0], after[-1]
         growth = (last["rss_mb"] - first["rss_mb"]) / first["rss_mb"] * 100 if first["rss_mb"] else 0
         fds = [s["fds"] for s in after]

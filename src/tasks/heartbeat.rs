@@ -123,7 +123,7 @@ pub async fn heartbeat(state: SharedState, cluster: Arc<Cluster>, mut stop: Stop
         }
         if renewed.elapsed() < cluster.config().node_ttl {
             fenced = false;
-        } else if !fenced {
+        } else if !fenced && !database_answers(&state).await {
             fenced = true;
             tokio::spawn(fence(state.clone()));
         }
@@ -131,12 +131,24 @@ pub async fn heartbeat(state: SharedState, cluster: Arc<Cluster>, mut stop: Stop
     }
 }
 
-/// This node could not renew its lease for `node_ttl`: the others count it dead, its
-/// control locks have run out and its robots read offline elsewhere. It stops acting on
-/// what it can no longer hold: its robots are closed (1001; they reconnect through the load
-/// balancer to a node that is whole, as /readyz steers them) and its driving sessions end,
-/// so no robot can end up with a controller here and another elsewhere. Its own task: the
-/// ends write records the database may not take, and the heartbeat must keep beating.
+/// Whether the database answers within 2 s. A lapsed lease with the database still
+/// answering is most likely Redis away for every node (nobody can take a lock then: new
+/// driving sessions are refused everywhere), and this node keeps serving what it holds;
+/// with the database gone too, this node is the one cut off, and it fences.
+async fn database_answers(state: &SharedState) -> bool {
+    matches!(
+        tokio::time::timeout(Duration::from_secs(2), state.store.ping()).await,
+        Ok(Ok(()))
+    )
+}
+
+/// This node could not renew its lease for `node_ttl` nor reach the database: the others
+/// count it dead, its control locks have run out and its robots read offline elsewhere.
+/// It stops acting on what it can no longer hold: its robots are closed (1001; they
+/// reconnect through the load balancer to a node that is whole, as /readyz steers them)
+/// and its driving sessions end, so no robot can end up with a controller here and another
+/// elsewhere. Its own task: the ends write records the database may not take, and the
+/// heartbeat must keep beating.
 async fn fence(state: SharedState) {
     let robots = state.presence.local_robots();
     let held = state.sessions.held_locks();

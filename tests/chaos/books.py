@@ -8,6 +8,15 @@ import json
 import os
 import sys
 
+# Breaches the suite has found in the server and that are not fixed yet (docs/reliability.md,
+# "Open findings"): printed as KNOWN, not failing the run, so the suite guards everything
+# else meanwhile. Each entry: breach name, phase it may appear in ("*": any). Empty the
+# list (CHAOS_KNOWN="") to make them fail again.
+KNOWN = [tuple(k.split("@")) for k in os.environ.get(
+    "CHAOS_KNOWN",
+    "two_controllers_of_one_robot@1-kill9,session_record_never_ended@*,"
+    "session_record_without_an_end_reason@*").split(",") if "@" in k]
+
 RSS_MB = 1024  # per node: far above what 300 robots cost (about 60 MB), a leak shows
 FDS = 5000     # per node: sockets of every robot, person and program, plus a margin
 
@@ -37,10 +46,13 @@ def main():
         print(f"  most controlling sessions one robot saw at once: {books['max_controllers_of_one_robot']}")
         breaches = books["breaches"]
         if breaches:
-            failed = True
             print(f"  BREACHES ({len(breaches)}):")
             for key, value in breaches.items():
-                print(f"    {key}: {value['count']}, e.g. {value['example'][:300]}")
+                phase = value["example"][1:].split("]")[0]
+                known = any(key == k and p in ("*", phase) for k, p in KNOWN)
+                failed |= not known
+                label = "KNOWN (open finding, docs/reliability.md)" if known else "FAILS"
+                print(f"    {key}: {value['count']} [{label}], e.g. {value['example'][:300]}")
         else:
             print("  breaches: none")
     procs = os.path.join(work, "procs.txt")
