@@ -512,7 +512,10 @@ mod tests {
         books.reconcile();
         let breaches = books.breaches();
         assert_eq!(breaches["arp_call_executed_twice"].0, 1);
-        assert_eq!(breaches["arp_completed_without_running"].1, "s|k2");
+        assert_eq!(
+            breaches["arp_completed_without_running"].1,
+            "[warm-up] s|k2"
+        );
     }
 
     #[test]
