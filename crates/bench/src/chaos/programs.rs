@@ -166,7 +166,7 @@ async fn session(
                     Call {
                         key: format!("p{program}-{next}"),
                         // One call in ten needs a confirmation (the robot asks the program).
-                        tool: if *next % 10 == 0 { "navigate_to" } else { "list_locations" },
+                        tool: if next.is_multiple_of(10) { "navigate_to" } else { "list_locations" },
                         tries: 0,
                         last_code: None,
                     }
