@@ -60,8 +60,14 @@ async fn sessions_on(
     let (mut sink, mut stream) = socket.split();
     let mut stop = shared.stop_signal();
     let started = Instant::now();
+    // Sessions this socket opened before: a late answer for one of them is its own.
+    let mut earlier: std::collections::HashSet<String> = std::collections::HashSet::new();
+    let mut session = String::new();
     'session: loop {
-        let session = format!("chaos-{}", uuid::Uuid::new_v4().simple());
+        if !session.is_empty() {
+            earlier.insert(std::mem::take(&mut session));
+        }
+        session = format!("chaos-{}", uuid::Uuid::new_v4().simple());
         let offer = envelope(
             "signalling.offer",
             json!({"robotId": robot_id, "connectionId": session, "sdpType": "offer", "sdp": "v=0\r\n"}),
@@ -135,6 +141,10 @@ async fn sessions_on(
             let named = payload["connectionId"].as_str().unwrap_or("");
             match message["type"].as_str().unwrap_or("") {
                 "signalling.answer" => {
+                    if named != session && earlier.contains(named) {
+                        books.count("answers.late_from_an_earlier_session");
+                        continue;
+                    }
                     if named != session {
                         books.breach(
                             "frame_to_a_non_party",
