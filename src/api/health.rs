@@ -76,8 +76,16 @@ fn crl_detail(state: &SharedState) -> CrlHealth {
 }
 
 pub async fn metrics(State(state): State<SharedState>) -> impl IntoResponse {
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        state.metrics.render(),
-    )
+    let mut text = state.metrics.render();
+    // Tasks alive in the runtime, read at scrape time: the soak (bench/soak.sh) watches it
+    // for leaks beside RSS and open files.
+    let tasks = tokio::runtime::Handle::current()
+        .metrics()
+        .num_alive_tasks();
+    text.push_str(&format!(
+        "# HELP signalling_tokio_alive_tasks Tasks alive in the server's runtime\n\
+         # TYPE signalling_tokio_alive_tasks gauge\n\
+         signalling_tokio_alive_tasks {tasks}\n"
+    ));
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
 }

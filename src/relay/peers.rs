@@ -36,7 +36,20 @@ impl Peers {
 
     async fn apply(&self, origin: String, control: Control) {
         match control {
-            Control::Open(mirror) => self.open_mirror(&origin, mirror),
+            Control::Open(mirror) => {
+                // The control lock is the cluster's one word on who drives: a driving session
+                // opened elsewhere holds it now, so one still driving this robot here lost it
+                // (its node died or was cut off, and its end has not arrived yet). End that
+                // one first, or the robot would hear two controllers at once (issue 42).
+                if mirror.role.may_drive()
+                    && mirror.client_node == origin
+                    && self.sessions.is_driven(&mirror.robot_id)
+                {
+                    let ended = self.sessions.preempt_here(&mirror.robot_id).await;
+                    tracing::warn!(robot = %mirror.robot_id, node = %origin, ended, "a driving session whose control lock lapsed ended: another node holds the lock now");
+                }
+                self.open_mirror(&origin, mirror)
+            }
             Control::End { session_id, notice } => {
                 self.sessions
                     .end_from_peer(&origin, &session_id, notice)

@@ -351,33 +351,12 @@ impl Store {
     /// 7,500 records/s, docs/benchmarks.md, "ARP through the gateway").
     /// An id already on record is updated (a call's outcome after its request).
     pub async fn append_audit(&self, records: &[AuditRecord]) -> Result<(), StoreError> {
-        let latest = latest_per_id(records);
-        let mut tx = self.writer.begin().await?;
-        for chunk in latest.chunks(BATCH) {
-            let sql = insert_rows(chunk.len());
-            let mut query = sqlx::query(&sql);
-            for r in chunk {
-                query = query
-                    .bind(&r.id)
-                    .bind(r.at)
-                    .bind(&r.robot_id)
-                    .bind(&r.subject)
-                    .bind(&r.role)
-                    .bind(&r.node)
-                    .bind(&r.action)
-                    .bind(&r.tool)
-                    .bind(&r.params)
-                    .bind(&r.outcome)
-                    .bind(r.error_code)
-                    .bind(r.duration_ms)
-                    .bind(&r.idempotency_key)
-                    .bind(&r.confirmed_by)
-                    .bind(&r.session_id);
-            }
-            query.execute(&mut *tx).await?;
+        let mut conn = self.writer.acquire().await?;
+        let result = append_audit_on(&mut conn, records).await;
+        if result.is_err() {
+            super::discard_after_failed_write(&mut conn);
         }
-        tx.commit().await?;
-        Ok(())
+        result
     }
 
     /// One page of a robot's audit log, oldest first.
@@ -444,6 +423,41 @@ fn insert_rows(rows: usize) -> String {
          confirmed_by = excluded.confirmed_by",
     );
     sql
+}
+
+/// [`Store::append_audit`] on one connection, in one transaction.
+async fn append_audit_on(
+    conn: &mut sqlx::AnyConnection,
+    records: &[AuditRecord],
+) -> Result<(), StoreError> {
+    use sqlx::Connection as _;
+    let latest = latest_per_id(records);
+    let mut tx = conn.begin().await?;
+    for chunk in latest.chunks(BATCH) {
+        let sql = insert_rows(chunk.len());
+        let mut query = sqlx::query(&sql);
+        for r in chunk {
+            query = query
+                .bind(&r.id)
+                .bind(r.at)
+                .bind(&r.robot_id)
+                .bind(&r.subject)
+                .bind(&r.role)
+                .bind(&r.node)
+                .bind(&r.action)
+                .bind(&r.tool)
+                .bind(&r.params)
+                .bind(&r.outcome)
+                .bind(r.error_code)
+                .bind(r.duration_ms)
+                .bind(&r.idempotency_key)
+                .bind(&r.confirmed_by)
+                .bind(&r.session_id);
+        }
+        query.execute(&mut *tx).await?;
+    }
+    tx.commit().await?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -208,7 +208,20 @@ async fn commit<'a>(
     writer: &AnyPool,
     writes: impl Iterator<Item = &'a Write>,
 ) -> Result<Vec<u64>, sqlx::Error> {
-    let mut tx = writer.begin().await?;
+    let mut conn = writer.acquire().await?;
+    let result = commit_on(&mut conn, writes).await;
+    if result.is_err() {
+        super::discard_after_failed_write(&mut conn);
+    }
+    result
+}
+
+async fn commit_on<'a>(
+    conn: &mut AnyConnection,
+    writes: impl Iterator<Item = &'a Write>,
+) -> Result<Vec<u64>, sqlx::Error> {
+    use sqlx::Connection as _;
+    let mut tx = conn.begin().await?;
     let mut changed = Vec::new();
     for write in writes {
         changed.push(write.execute(&mut tx).await?);

@@ -58,6 +58,16 @@ pub struct Store {
     is_sqlite: bool,
 }
 
+/// After a failed write transaction the writer's connection is closed, not reused. When
+/// SQLite reports the disk full it may roll the transaction back by itself; the driver's
+/// own account of it then disagreed with SQLite's, and on the next use of that connection
+/// every later commit was acknowledged while nothing reached the file, until the process
+/// ended (issue 42, fault 7: a SQLite disk that fills and frees again). A fresh connection
+/// has no such state.
+pub(crate) fn discard_after_failed_write(conn: &mut sqlx::pool::PoolConnection<sqlx::Any>) {
+    conn.close_on_drop();
+}
+
 /// The default database: a SQLite file under ./data, created on first start.
 pub const DEFAULT_DATABASE_URL: &str = "sqlite://data/signalling.db";
 

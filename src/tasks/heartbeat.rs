@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::task::JoinHandle;
 
@@ -107,6 +107,9 @@ pub async fn heartbeat(state: SharedState, cluster: Arc<Cluster>, mut stop: Stop
     let mut handled: HashSet<String> = HashSet::new();
     // The check of this node's sockets after a lapse, while it runs.
     let mut recheck = None;
+    // When the last beat that renewed the lease started: the lease runs out `node_ttl` later.
+    let mut renewed = Instant::now();
+    let mut fenced = false;
     loop {
         tokio::select! {
             _ = stop.stopped() => return,
@@ -115,10 +118,50 @@ pub async fn heartbeat(state: SharedState, cluster: Arc<Cluster>, mut stop: Stop
         if state.is_shutting_down() {
             continue;
         }
-        if let Err(e) = beat(&state, &cluster, &mut handled, &mut recheck).await {
+        if let Err(e) = beat(&state, &cluster, &mut handled, &mut recheck, &mut renewed).await {
             tracing::debug!(error = %e, "cluster heartbeat failed");
         }
+        if renewed.elapsed() < cluster.config().node_ttl {
+            fenced = false;
+        } else if !fenced && !database_answers(&state).await {
+            fenced = true;
+            tokio::spawn(fence(state.clone()));
+        }
         state.sessions.sweep_remote();
+    }
+}
+
+/// Whether the database answers within 2 s. A lapsed lease with the database still
+/// answering is most likely Redis away for every node (nobody can take a lock then: new
+/// driving sessions are refused everywhere), and this node keeps serving what it holds;
+/// with the database gone too, this node is the one cut off, and it fences.
+async fn database_answers(state: &SharedState) -> bool {
+    matches!(
+        tokio::time::timeout(Duration::from_secs(2), state.store.ping()).await,
+        Ok(Ok(()))
+    )
+}
+
+/// This node could not renew its lease for `node_ttl` nor reach the database: the others
+/// count it dead, its control locks have run out and its robots read offline elsewhere.
+/// It stops acting on what it can no longer hold: its robots are closed (1001; they
+/// reconnect through the load balancer to a node that is whole, as /readyz steers them)
+/// and its driving sessions end, so no robot can end up with a controller here and another
+/// elsewhere. Its own task: the ends write records the database may not take, and the
+/// heartbeat must keep beating.
+async fn fence(state: SharedState) {
+    let robots = state.presence.local_robots();
+    let held = state.sessions.held_locks();
+    tracing::error!(
+        robots = robots.len(),
+        locks = held.len(),
+        "cannot renew this node's lease: fencing (closing its robots, ending its driving sessions)"
+    );
+    for (robot, _) in &robots {
+        state.presence.kick_robot_here(robot, Kick::Shutdown);
+    }
+    for (robot, _) in held {
+        state.sessions.preempt_here(&robot).await;
     }
 }
 
@@ -127,8 +170,11 @@ async fn beat(
     cluster: &Arc<Cluster>,
     handled: &mut HashSet<String>,
     recheck: &mut Option<JoinHandle<()>>,
+    renewed: &mut Instant,
 ) -> Result<(), crate::cluster::ClusterError> {
+    let started = Instant::now();
     let lapsed = cluster.heartbeat().await?;
+    *renewed = started;
     if lapsed {
         let robots = state.presence.local_robots();
         cluster.assert_presence(&robots).await?;

@@ -3,6 +3,7 @@
 //! `signalling-bench run --out DIR [--smoke]` runs everything (see docs/benchmarks.md);
 //! `signalling-bench worker SPEC` is a load-generator process the runner starts itself.
 
+mod chaos;
 mod orchestrator;
 mod report;
 mod target;
@@ -75,6 +76,10 @@ enum Cmd {
         #[command(flatten)]
         sizes: Sizes,
     },
+    /// The chaos and soak load (issue 42): robots, people and programs behind one URL,
+    /// with books. Controlled on stdin (`mark NAME`, `stop`); tests/chaos/run.sh and
+    /// bench/soak.sh start it.
+    Chaos(chaos::ChaosArgs),
     /// Internal: one load-generator process.
     Worker { spec: String },
 }
@@ -110,6 +115,7 @@ async fn main() -> anyhow::Result<()> {
         Cmd::Worker { spec } => {
             worker::run(serde_json::from_str(&spec).context("worker spec")?).await
         }
+        Cmd::Chaos(args) => chaos::run(args).await,
         Cmd::Run {
             out,
             smoke,

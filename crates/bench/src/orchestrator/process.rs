@@ -131,6 +131,18 @@ impl Keys {
         }
     }
 
+    /// The robots' raw Ed25519 public key, base64 (the chaos generator enrolls with it).
+    pub fn ed25519_public_base64(&self) -> String {
+        STANDARD.encode(&self.ed25519_public)
+    }
+
+    /// A signer with the robots' Ed25519 key.
+    pub fn ed25519_signer(&self) -> anyhow::Result<crate::target::Signer> {
+        Ok(crate::target::Signer::Ed25519(
+            Ed25519KeyPair::from_pkcs8(&self.ed25519_pkcs8).map_err(|e| anyhow::anyhow!("{e}"))?,
+        ))
+    }
+
     pub fn new() -> anyhow::Result<Keys> {
         let rng = SystemRandom::new();
         let ed = Ed25519KeyPair::generate_pkcs8(&rng).map_err(|e| anyhow::anyhow!("{e}"))?;
