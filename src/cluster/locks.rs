@@ -69,14 +69,14 @@ impl Cluster {
         Ok(())
     }
 
-    /// Renews held locks; returns the robots whose lock another holder has now. `retake`
+    /// Renews held locks; returns those (robot, value) another holder has now. `retake`
     /// after Redis lost its data: locks that vanished are taken again. (Never otherwise:
     /// a lock released by a session that ended after `held` was read must stay free.)
     pub async fn renew_locks(
         &self,
         held: &[(String, String)],
         retake: bool,
-    ) -> Result<Vec<String>, ClusterError> {
+    ) -> Result<Vec<(String, String)>, ClusterError> {
         let ttl = self.config.lock_ttl.as_millis() as u64;
         let mut lost = Vec::new();
         for (robot_id, value) in held {
@@ -94,7 +94,7 @@ impl Cluster {
                 })
                 .await?;
             if renewed == 0 {
-                lost.push(robot_id.clone());
+                lost.push((robot_id.clone(), value.clone()));
             }
         }
         Ok(lost)

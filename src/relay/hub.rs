@@ -85,6 +85,18 @@ impl Hub {
         Ok(opened)
     }
 
+    /// Runs `then` if `session_id` is still open with `record_id`, under the table's lock:
+    /// whoever ends it afterwards does so after `then` (a notice queued by `then` goes out
+    /// before the end's).
+    pub(super) fn if_open(&self, session_id: &str, record_id: &str, then: impl FnOnce()) -> bool {
+        let state = self.state();
+        let open = state.is_open(session_id, record_id);
+        if open {
+            then();
+        }
+        open
+    }
+
     /// The robot's node learns of a session whose client is on `client_node`. Refused
     /// when the robot's socket is no longer the one named, or the id is taken here.
     pub(super) fn open_mirror(&self, mirror: &MirrorSession) -> Result<(), RelayError> {
@@ -214,6 +226,12 @@ impl Hub {
     /// Ends the driving sessions with `robot_id` (an owner takes over).
     pub(super) fn end_driving(&self, robot_id: &str, cause: &str) -> Vec<EndedSession> {
         let ended = self.state().end_driving(robot_id, cause);
+        self.all_ended(ended)
+    }
+
+    /// Ends one session; both ends are to be told.
+    pub(super) fn end_one(&self, session_id: &str, cause: &str) -> Vec<EndedSession> {
+        let ended = self.state().end_one(session_id, cause);
         self.all_ended(ended)
     }
 
@@ -598,7 +616,8 @@ mod tests {
         // ...nor a client on a third node.
         assert_eq!(hub.open_mirror(&mallory_on_c), in_use);
         // Frames cross only between its two ends.
-        assert!(hub.admits_frame(&alice_on_b, "s1", &robot).is_some());
+        let live = hub.admits_frame(&alice_on_b, "s1", &robot).unwrap();
+        assert!(!live.ended);
         assert!(hub.admits_frame(&robot, "s1", &alice_on_b).is_some());
         assert!(hub
             .admits_frame(&ConnId::from("client-on-c"), "s1", &robot)
@@ -608,8 +627,10 @@ mod tests {
         assert!(hub.end_session_from_peer("s1", "node-c").is_none());
         assert!(hub.route(&robot, "s1").is_ok());
         hub.end_session_from_peer("s1", "node-b").unwrap();
-        // Ended: its last messages still cross; the id stays alice's for the grace period.
-        assert!(hub.admits_frame(&alice_on_b, "s1", &robot).is_some());
+        // Ended: its last messages still cross, marked late (the receiving node lets only
+        // a `disconnected` through); the id stays alice's for the grace period.
+        let late = hub.admits_frame(&alice_on_b, "s1", &robot).unwrap();
+        assert!(late.ended);
         assert!(hub
             .admits_frame(&ConnId::from("client-on-c"), "s1", &robot)
             .is_none());

@@ -203,6 +203,13 @@ impl Peers {
             tracing::debug!(session = %session, "frame from another node outside any session of its ends dropped");
             return;
         };
+        // A session that ended here takes only its last `disconnected` from the other node
+        // (it travels after the end). Anything else is late, as it is on one node: above all
+        // an offer, which would open at the robot a session that no longer exists.
+        if share.ended && message_type(&text).as_deref() != Some(SIGNALLING_DISCONNECTED) {
+            tracing::debug!(session = %session, "late frame of an ended session from another node dropped");
+            return;
+        }
         // Shared bytes: the copy kept for a refusal is a reference count.
         let text = Utf8Bytes::from(text);
         let delivered =
@@ -221,6 +228,18 @@ impl Peers {
     }
 }
 
+/// The `type` of a relayed frame (read only for the rare frames of ended sessions).
+fn message_type(text: &str) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Typed {
+        #[serde(rename = "type")]
+        kind: String,
+    }
+    serde_json::from_str::<Typed>(text).ok().map(|t| t.kind)
+}
+
+const SIGNALLING_DISCONNECTED: &str = "signalling.disconnected";
+
 impl PeerHandler for Peers {
     fn frames(&self, frames: Vec<RelayedFrame>) {
         for frame in frames {
@@ -234,5 +253,20 @@ impl PeerHandler for Peers {
         control: Control,
     ) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
         Box::pin(self.apply(origin, control))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_frame_type_is_read_from_its_envelope() {
+        let offer = r#"{"type":"signalling.offer","id":"m1","payload":{"connectionId":"s1"}}"#;
+        assert_eq!(message_type(offer).as_deref(), Some("signalling.offer"));
+        let bye = r#"{"id":"m2","type":"signalling.disconnected","payload":{}}"#;
+        assert_eq!(message_type(bye).as_deref(), Some(SIGNALLING_DISCONNECTED));
+        assert_eq!(message_type("not json"), None);
+        assert_eq!(message_type(r#"{"payload":{}}"#), None);
     }
 }

@@ -68,6 +68,15 @@ impl ClusterRouter {
     fn locks(&self) -> MutexGuard<'_, HashMap<String, HeldLock>> {
         self.locks.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    async fn unlock_all(&self, released: impl IntoIterator<Item = HeldLock>) {
+        for lock in released {
+            if let Err(e) = self.cluster.unlock(&lock.robot_id, &lock.value).await {
+                // It expires by itself within the lock's lifetime.
+                tracing::warn!(robot = %lock.robot_id, error = %e, "cannot release control lock");
+            }
+        }
+    }
 }
 
 pub enum Router {
@@ -372,12 +381,28 @@ impl Router {
                 .filter_map(|e| locks.remove(&e.session_id))
                 .collect()
         };
-        for lock in released {
-            if let Err(e) = c.cluster.unlock(&lock.robot_id, &lock.value).await {
-                // It expires by itself within the lock's lifetime.
-                tracing::warn!(robot = %lock.robot_id, error = %e, "cannot release control lock");
-            }
-        }
+        c.unlock_all(released).await;
+    }
+
+    /// Releases the control lock taken for `session_id`, if any: a session that ended while
+    /// its opener was taking the lock (nobody else could release it).
+    pub async fn release_lock_of(&self, session_id: &str) {
+        let Router::Cluster(c) = self else {
+            return;
+        };
+        let released = c.locks().remove(session_id);
+        c.unlock_all(released).await;
+    }
+
+    /// The session that held the control lock `value` of `robot_id`.
+    pub fn session_of_lock(&self, robot_id: &str, value: &str) -> Option<String> {
+        let Router::Cluster(c) = self else {
+            return None;
+        };
+        c.locks()
+            .iter()
+            .find(|(_, lock)| lock.robot_id == robot_id && lock.value == value)
+            .map(|(session_id, _)| session_id.clone())
     }
 
     /// The locks to renew: (robot id, value). Every path that ends a session releases its

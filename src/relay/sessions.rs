@@ -119,27 +119,53 @@ impl Sessions {
                     }
                     return Err(e.into());
                 }
-                if let Some(robot) = &elsewhere {
-                    // Before the offer, on the same channel: the robot's node knows the
-                    // session by the time the offer reaches the robot.
-                    self.hub.router.tell(
-                        &robot.node,
-                        &Control::Open(MirrorSession {
-                            session_id: request.session_id.to_string(),
-                            record_id,
-                            robot_id: request.robot_id.to_string(),
-                            robot_conn: robot_conn.to_string(),
-                            client_conn: client_conn.to_string(),
-                            client_node: self.node_id.clone(),
-                            subject: request.subject.to_string(),
-                            role: request.role,
-                            offer_id: Some(request.offer_id.to_string()),
-                            kind: request.kind,
-                        }),
-                    );
+                // Before the offer, on the same channel, and only while the session is still
+                // open (under the table's lock, so an end that comes later is told after
+                // it): the robot's node knows the session by the time the offer reaches the
+                // robot, and never learns of one that already ended.
+                let still_open = self.hub.if_open(request.session_id, &record_id, || {
+                    if let Some(robot) = &elsewhere {
+                        self.hub.router.tell(
+                            &robot.node,
+                            &Control::Open(MirrorSession {
+                                session_id: request.session_id.to_string(),
+                                record_id: record_id.clone(),
+                                robot_id: request.robot_id.to_string(),
+                                robot_conn: robot_conn.to_string(),
+                                client_conn: client_conn.to_string(),
+                                client_node: self.node_id.clone(),
+                                subject: request.subject.to_string(),
+                                role: request.role,
+                                offer_id: Some(request.offer_id.to_string()),
+                                kind: request.kind,
+                            }),
+                        );
+                    }
+                });
+                if !still_open {
+                    self.ended_while_opening(request.session_id, &record_id)
+                        .await;
+                    return Err(RelayError::Ended(request.session_id.to_string()).into());
                 }
                 Ok(robot_conn)
             }
+        }
+    }
+
+    /// The session ended while its lock and record were being taken (its robot left, a
+    /// grant was withdrawn, its id was preempted): whoever ended it found neither to end
+    /// yet. The lock is released and the record ended here; both ends were told by the
+    /// ender. (An end that lands after the record was written keeps its own reason: a
+    /// record is ended once.)
+    async fn ended_while_opening(&self, session_id: &str, record_id: &str) {
+        tracing::info!(session = %session_id, "session ended while it was being opened");
+        self.hub.router.release_lock_of(session_id).await;
+        if let Err(e) = self
+            .store
+            .end_session(record_id, EndReason::Closed.as_str())
+            .await
+        {
+            tracing::error!(session = %session_id, error = %e, "cannot end session record");
         }
     }
 
@@ -168,12 +194,17 @@ impl Sessions {
             .await?
             .ok_or_else(|| SessionError::NoGrant(request.robot_id.to_string()))?;
         let request = OpenSession { role, ..request };
-        let robot_conn = match self.open(client_conn, request).await {
+        let opened = match self.open(client_conn, request).await {
             Err(SessionError::Relay(RelayError::RobotBusy { .. }))
                 if takeover && role == Role::Owner =>
             {
-                self.take_over(client_conn, request).await?
+                self.take_over(client_conn, request).await
             }
+            opened => opened,
+        };
+        let robot_conn = match opened {
+            // Ended while it was being opened; both ends were told.
+            Err(SessionError::Relay(RelayError::Ended(_))) => return Ok(None),
             opened => opened?,
         };
         // Counts only grow, so comparing after the session is in suffices.
@@ -278,6 +309,19 @@ impl Sessions {
     /// Releases the control locks of ended sessions.
     async fn release_locks(&self, ended: &[EndedSession]) {
         self.hub.router.release_locks(ended).await;
+    }
+
+    /// The control lock `value` of `robot_id` was found held by someone else (this node could
+    /// not renew it in time, and another session took it): the session that held it here
+    /// ends at once (`preempted`, both ends told), or the robot would have two controllers.
+    /// Returns whether one ended.
+    pub async fn lock_lost(&self, robot_id: &str, value: &str) -> bool {
+        let Some(session_id) = self.hub.router.session_of_lock(robot_id, value) else {
+            return false;
+        };
+        let ended = self.hub.end_one(&session_id, EndReason::Preempted.as_str());
+        self.finish(&ended, EndReason::Preempted).await;
+        !ended.is_empty()
     }
 
     /// The control locks to renew: (robot id, value).

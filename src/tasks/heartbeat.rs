@@ -193,8 +193,9 @@ async fn beat(
         }
     }
     let held = state.sessions.held_locks();
-    for robot in cluster.renew_locks(&held, lapsed).await? {
-        tracing::error!(robot = %robot, "control lock taken by another holder");
+    for (robot, value) in cluster.renew_locks(&held, lapsed).await? {
+        let ended = state.sessions.lock_lost(&robot, &value).await;
+        tracing::error!(robot = %robot, ended, "control lock taken by another holder: its session here ended");
     }
     cluster.probe();
     let dead = cluster.dead_nodes(&state.sessions.remote_nodes()).await?;

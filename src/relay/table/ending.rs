@@ -116,6 +116,11 @@ impl State {
         self.end_both_ways(ids, cause)
     }
 
+    /// Ends one session, with a notice to both ends.
+    pub(in crate::relay) fn end_one(&mut self, session_id: &str, cause: &str) -> Vec<EndedSession> {
+        self.end_both_ways(vec![session_id.to_string()], cause)
+    }
+
     pub(in crate::relay) fn end_all(&mut self, cause: &str) -> Vec<EndedSession> {
         let ids: Vec<String> = self.sessions.keys().cloned().collect();
         self.end_both_ways(ids, cause)

@@ -162,6 +162,9 @@ pub enum SessionOpened {
 pub struct FrameShare {
     pub share: Arc<str>,
     pub viewer: bool,
+    /// The session has ended here (the frame is within its grace period): only its last
+    /// `disconnected` still goes through.
+    pub ended: bool,
 }
 
 impl FrameShare {
@@ -284,6 +287,14 @@ impl State {
             robot_conn,
             remote,
         })
+    }
+
+    /// Whether `session_id` is still the session whose record is `record_id` (it did not end,
+    /// nor was its id taken again, while its opener awaited the lock and the record).
+    pub(super) fn is_open(&self, session_id: &str, record_id: &str) -> bool {
+        self.sessions
+            .get(session_id)
+            .is_some_and(|s| *s.record_id == *record_id)
     }
 
     /// Whether the robot on `robot_conn` declared ARP. A robot on another node (`remote`)

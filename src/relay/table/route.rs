@@ -57,8 +57,8 @@ impl State {
         session_id: &str,
         to: &ConnId,
     ) -> Option<FrameShare> {
-        let (client, robot, subject, role) = match self.sessions.get(session_id) {
-            Some(s) => (&s.client_conn, &s.robot_conn, &s.subject, s.role),
+        let (client, robot, subject, role, ended) = match self.sessions.get(session_id) {
+            Some(s) => (&s.client_conn, &s.robot_conn, &s.subject, s.role, false),
             None => {
                 let ended = self.ended.get(session_id)?;
                 if ended.at.elapsed() >= self.limits.grace {
@@ -69,6 +69,7 @@ impl State {
                     &ended.robot_conn,
                     &ended.subject,
                     ended.role,
+                    true,
                 )
             }
         };
@@ -76,11 +77,13 @@ impl State {
             Some(FrameShare {
                 share: subject.clone(),
                 viewer: !role.may_drive(),
+                ended,
             })
         } else if robot == from && client == to {
             Some(FrameShare {
                 share: from.clone(),
                 viewer: false,
+                ended,
             })
         } else {
             None
