@@ -125,7 +125,7 @@ chaos_redis_proxy() {
 node_start() {
     local i=$1 redis_port=$REDISPORT
     [ "$i" = 0 ] && [ -n "${PROXYPORT:-}" ] && redis_port=$PROXYPORT
-    ip netns exec "${NS}$i" env RUST_LOG=warn "$BIN/signalling-server" \
+    ip netns exec "${NS}$i" env RUST_LOG="${CHAOS_RUST_LOG:-warn}" "$BIN/signalling-server" \
         --listen 0.0.0.0:8080 --admin-token "$CHAOS_ADMIN" \
         --database-url "postgres://postgres@${NET}.$i.1:$PGPORT/postgres" \
         --redis-url "redis://${NET}.$i.1:$redis_port" --node-id "chaos-node-$i" \

@@ -12,7 +12,8 @@
 #   3 Redis stopped 10 s           7 a SQLite node whose disk fills (separate, smaller load)
 #   4 a node cut off from Redis and PostgreSQL (iptables DROP in its namespace)
 #
-# CHAOS_ONLY=1,2,... runs only those faults. Figures: docs/reliability.md.
+# CHAOS_ONLY=1,2,... runs only those faults; CHAOS_RUST_LOG sets the nodes' log filter (warn).
+# Figures: docs/reliability.md.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD

@@ -5,7 +5,7 @@
 //! jittered backoff when cut. What it sees goes into the books: frames for a session that
 //! is not its own, two controlling sessions at once, calls run twice.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -147,6 +147,8 @@ async fn serve(
     let mut sessions: HashMap<String, Session> = HashMap::new();
     // Sessions that ended: frames for them may still arrive late, harmlessly.
     let mut ended: HashSet<String> = HashSet::new();
+    // The last session events, shown with a breach: what the robot heard, in its order.
+    let mut seen = Seen::default();
     // Confirmations asked: request id → (connectionId, call id, key, subject).
     let mut asked: HashMap<String, (String, Value, String)> = HashMap::new();
     let mut tick = tokio::time::interval(Duration::from_millis(100));
@@ -202,7 +204,8 @@ async fn serve(
                 if payload["robotId"].as_str().is_some_and(|r| r != robot_id) {
                     books.breach("offer_for_another_robot", format!("{robot_id}: {message}"));
                 }
-                open_session(books, &mut sessions, &session_id, controls, true);
+                seen.note(format!("offer {session_id} {role}"));
+                open_session(books, &mut sessions, &session_id, controls, true, &seen);
                 let answer = envelope(
                     "signalling.answer",
                     json!({"connectionId": session_id, "sdpType": "answer", "sdp": "v=0\r\n"}),
@@ -238,6 +241,8 @@ async fn serve(
                 }
             }
             "signalling.disconnected" => {
+                let reason = payload["details"]["reason"].as_str().unwrap_or("");
+                seen.note(format!("disconnected {session_id} {reason}"));
                 if sessions.remove(&session_id).is_some() {
                     books.count("sessions.robot_told_end");
                 }
@@ -249,7 +254,8 @@ async fn serve(
                         books.count("arp.robot_frame_after_end");
                         continue;
                     }
-                    open_session(books, &mut sessions, &session_id, controls, false);
+                    seen.note(format!("arp.frame(new) {session_id} {role}"));
+                    open_session(books, &mut sessions, &session_id, controls, false, &seen);
                 }
                 let answer = arp_answer(shared, robot_id, &message, remembered, &mut asked);
                 for frame in answer {
@@ -268,12 +274,40 @@ async fn serve(
     }
 }
 
+/// The last few session events a robot heard, with their time since its login.
+struct Seen {
+    since: Instant,
+    events: VecDeque<String>,
+}
+
+impl Default for Seen {
+    fn default() -> Self {
+        Seen {
+            since: Instant::now(),
+            events: VecDeque::new(),
+        }
+    }
+}
+
+impl Seen {
+    const KEPT: usize = 12;
+
+    fn note(&mut self, event: String) {
+        if self.events.len() == Self::KEPT {
+            self.events.pop_front();
+        }
+        let at = self.since.elapsed().as_millis();
+        self.events.push_back(format!("+{at}ms {event}"));
+    }
+}
+
 fn open_session(
     books: &super::Books,
     sessions: &mut HashMap<String, Session>,
     id: &str,
     controls: bool,
     teleop: bool,
+    seen: &Seen,
 ) {
     sessions.insert(
         id.to_string(),
@@ -291,7 +325,10 @@ fn open_session(
             .filter(|(_, s)| s.controls)
             .map(|(id, _)| id)
             .collect();
-        books.breach("two_controllers_of_one_robot", format!("{ids:?}"));
+        books.breach(
+            "two_controllers_of_one_robot",
+            format!("{ids:?}; heard: {:?}", seen.events),
+        );
     }
 }
 
