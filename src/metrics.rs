@@ -46,37 +46,126 @@ pub struct Metrics {
     /// (see `Presence::access_cuts`), by what was checked (robot, client, offer) and outcome
     /// (stands, cut).
     pub access_rechecks: IntCounterVec,
-    /// Session tickets renewed for live teleop sessions (`session.ticket`).
-    pub ticket_renewals: IntCounter,
-    /// ARP sessions whose robot answered the key exchange: their later tickets are MAC'd.
-    pub ticket_session_keys: IntCounter,
-    /// What robots refused or ended for a bad or lapsed session ticket, as they report
-    /// it: `offer`, `arp` (a gateway frame), `expired` (a session whose ticket ran out).
-    pub robot_ticket_refusals: IntCounterVec,
     /// Frames of gateway programs dropped unread by the robot, by reason:
     /// `unsolicited_answer` (an answer to no request of the robot this program was sent).
     pub arp_frames_dropped: IntCounterVec,
     /// Loaded CRLs past their nextUpdate (still enforced; the issuer owes a newer one).
     pub crl_stale: IntGauge,
-    /// 1 while this node's Redis link (commands and its subscription) works (multi-node).
-    pub cluster_up: IntGauge,
+    pub tickets: TicketMetrics,
+    pub cluster: ClusterMetrics,
+    pub audit: AuditMetrics,
+    relay: Arc<[RelayMetrics]>,
+}
+
+/// Session tickets: renewals sent, ARP session keys, what robots refused.
+#[derive(Clone)]
+pub struct TicketMetrics {
+    /// Session tickets renewed for live teleop sessions (`session.ticket`).
+    pub renewals: IntCounter,
+    /// ARP sessions whose robot answered the key exchange: their later tickets are MAC'd.
+    pub session_keys: IntCounter,
+    /// What robots refused or ended for a bad or lapsed session ticket, as they report
+    /// it: `offer`, `arp` (a gateway frame), `expired` (a session whose ticket ran out).
+    pub robot_refusals: IntCounterVec,
+}
+
+impl TicketMetrics {
+    fn register(r: &Registrar) -> TicketMetrics {
+        TicketMetrics {
+            renewals: r.counter(
+                "signalling_ticket_renewals_total",
+                "Session tickets renewed for live teleop sessions",
+            ),
+            session_keys: r.counter(
+                "signalling_ticket_session_keys_total",
+                "ARP sessions whose robot answered the ticket key exchange (later tickets MAC'd, not signed)",
+            ),
+            robot_refusals: r.counters(
+                "signalling_robot_ticket_refusals_total",
+                "Offers, gateway ARP frames and sessions robots refused or ended for a bad or lapsed session ticket, as they report it",
+                &["kind"],
+            ),
+        }
+    }
+}
+
+/// The node's link to the others (multi-node).
+#[derive(Clone)]
+pub struct ClusterMetrics {
+    /// 1 while this node's Redis link (commands and its subscription) works.
+    pub up: IntGauge,
     /// Messages between nodes by direction (sent, received) and kind.
-    pub cluster_messages: IntCounterVec,
+    pub messages: IntCounterVec,
     /// Messages to other nodes dropped: Redis unreachable or the outgoing queue full.
-    pub cluster_dropped: IntCounter,
+    pub dropped: IntCounter,
     /// Seconds from publishing a probe on the bus to receiving it back (Redis bus lag).
-    pub cluster_bus_lag: Histogram,
+    pub bus_lag: Histogram,
     /// Other nodes found dead (their heartbeat lease expired).
-    pub cluster_nodes_lost: IntCounter,
+    pub nodes_lost: IntCounter,
     /// Frames from other nodes dropped because their sender and receiver are not the two
     /// ends of the session they name here (a session id taken over on another node).
-    pub cluster_frames_refused: IntCounter,
+    pub frames_refused: IntCounter,
+}
+
+impl ClusterMetrics {
+    fn register(r: &Registrar) -> ClusterMetrics {
+        ClusterMetrics {
+            up: r.gauge(
+                "signalling_cluster_up",
+                "1 while the node's Redis link works (multi-node only)",
+            ),
+            messages: r.counters(
+                "signalling_cluster_messages_total",
+                "Messages between nodes by direction and kind",
+                &["direction", "kind"],
+            ),
+            dropped: r.counter(
+                "signalling_cluster_dropped_total",
+                "Messages to other nodes dropped (Redis unreachable or queue full)",
+            ),
+            bus_lag: r.histogram(
+                "signalling_cluster_bus_lag_seconds",
+                "Time from publishing a probe on the Redis bus to receiving it",
+                vec![
+                    0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1,
+                    0.25, 0.5, 1.0,
+                ],
+            ),
+            nodes_lost: r.counter(
+                "signalling_cluster_nodes_lost_total",
+                "Other nodes found dead (heartbeat lease expired)",
+            ),
+            frames_refused: r.counter(
+                "signalling_cluster_frames_refused_total",
+                "Frames from other nodes dropped: sender and receiver are not the ends of the session they name",
+            ),
+        }
+    }
+}
+
+/// The audit log's hold on tool calls.
+#[derive(Clone)]
+pub struct AuditMetrics {
     /// Audit records the database could not take, waiting in the spill file (or, when
     /// that cannot be written either, in memory) to be loaded back; 0 when all is written.
-    pub audit_spilled: IntGauge,
+    pub spilled: IntGauge,
     /// Tool calls refused because their request could not be put on record first.
-    pub audit_refused_calls: IntCounter,
-    relay: Arc<[RelayMetrics]>,
+    pub refused_calls: IntCounter,
+}
+
+impl AuditMetrics {
+    fn register(r: &Registrar) -> AuditMetrics {
+        AuditMetrics {
+            spilled: r.gauge(
+                "signalling_audit_spilled_records",
+                "Audit records waiting outside the database (spill file or memory) to be loaded back",
+            ),
+            refused_calls: r.counter(
+                "signalling_audit_refused_calls_total",
+                "Tool calls refused because their request could not be committed to the audit log",
+            ),
+        }
+    }
 }
 
 /// Makes each metric and registers it in one step: no metric can be made and forgotten.
@@ -186,62 +275,15 @@ impl Metrics {
                 "Logins and offers checked again because a revocation or grant change overlapped their check",
                 &["kind", "outcome"],
             ),
-            ticket_renewals: r.counter(
-                "signalling_ticket_renewals_total",
-                "Session tickets renewed for live teleop sessions",
-            ),
-            ticket_session_keys: r.counter(
-                "signalling_ticket_session_keys_total",
-                "ARP sessions whose robot answered the ticket key exchange (later tickets MAC'd, not signed)",
-            ),
-            robot_ticket_refusals: r.counters(
-                "signalling_robot_ticket_refusals_total",
-                "Offers, gateway ARP frames and sessions robots refused or ended for a bad or lapsed session ticket, as they report it",
-                &["kind"],
-            ),
             arp_frames_dropped: r.counters(
                 "signalling_arp_frames_dropped_total",
                 "Frames of ARP gateway programs dropped before the robot, by reason",
                 &["reason"],
             ),
             crl_stale: r.gauge("signalling_crl_stale", "Loaded CRLs past their nextUpdate"),
-            cluster_up: r.gauge(
-                "signalling_cluster_up",
-                "1 while the node's Redis link works (multi-node only)",
-            ),
-            cluster_messages: r.counters(
-                "signalling_cluster_messages_total",
-                "Messages between nodes by direction and kind",
-                &["direction", "kind"],
-            ),
-            cluster_dropped: r.counter(
-                "signalling_cluster_dropped_total",
-                "Messages to other nodes dropped (Redis unreachable or queue full)",
-            ),
-            cluster_bus_lag: r.histogram(
-                "signalling_cluster_bus_lag_seconds",
-                "Time from publishing a probe on the Redis bus to receiving it",
-                vec![
-                    0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1,
-                    0.25, 0.5, 1.0,
-                ],
-            ),
-            cluster_nodes_lost: r.counter(
-                "signalling_cluster_nodes_lost_total",
-                "Other nodes found dead (heartbeat lease expired)",
-            ),
-            cluster_frames_refused: r.counter(
-                "signalling_cluster_frames_refused_total",
-                "Frames from other nodes dropped: sender and receiver are not the ends of the session they name",
-            ),
-            audit_spilled: r.gauge(
-                "signalling_audit_spilled_records",
-                "Audit records waiting outside the database (spill file or memory) to be loaded back",
-            ),
-            audit_refused_calls: r.counter(
-                "signalling_audit_refused_calls_total",
-                "Tool calls refused because their request could not be committed to the audit log",
-            ),
+            tickets: TicketMetrics::register(&r),
+            cluster: ClusterMetrics::register(&r),
+            audit: AuditMetrics::register(&r),
             registry: r.registry,
         }
     }

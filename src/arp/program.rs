@@ -125,7 +125,7 @@ impl Gateway {
         if let Some(record) = self.pending.get(&key).and_then(|p| p.record.clone()) {
             if !self.state.audit.record_committed(record).await {
                 self.pending.remove(&key);
-                self.state.metrics.audit_refused_calls.inc();
+                self.state.metrics.audit.refused_calls.inc();
                 let refusal = rules::internal(
                     &id_or_null,
                     "audit_unavailable",

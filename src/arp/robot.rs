@@ -91,7 +91,7 @@ impl Gateway {
                     .and_then(Value::as_str)
                 {
                     if self.ticket_key.agree(half, &self.conn) {
-                        self.state.metrics.ticket_session_keys.inc();
+                        self.state.metrics.tickets.session_keys.inc();
                     }
                 }
                 let signature = envelope
@@ -168,7 +168,7 @@ impl Gateway {
             .and_then(Value::as_str)
             == Some(signalling_protocol::arp::reason::BAD_TICKET)
         {
-            let refusals = &self.state.metrics.robot_ticket_refusals;
+            let refusals = &self.state.metrics.tickets.robot_refusals;
             refusals.with_label_values(&["arp"]).inc();
         }
         if let Some(id) = &frame.id {

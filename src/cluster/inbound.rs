@@ -42,7 +42,8 @@ impl Cluster {
 
     pub fn count_received(&self, kind: &'static str) {
         self.metrics
-            .cluster_messages
+            .cluster
+            .messages
             .with_label_values(&["received", kind])
             .inc();
     }

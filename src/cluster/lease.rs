@@ -131,10 +131,10 @@ impl Cluster {
 
     pub fn observe_probe(&self, sent_unix_ms: i64) {
         let lag = (crate::store::now_ms() - sent_unix_ms).max(0) as f64 / 1000.0;
-        self.metrics.cluster_bus_lag.observe(lag);
+        self.metrics.cluster.bus_lag.observe(lag);
     }
 
     pub fn node_lost(&self) {
-        self.metrics.cluster_nodes_lost.inc();
+        self.metrics.cluster.nodes_lost.inc();
     }
 }

@@ -145,10 +145,12 @@ impl Cluster {
             subscribed: AtomicBool::new(false),
             dirty: AtomicBool::new(true),
             frames_sent: metrics
-                .cluster_messages
+                .cluster
+                .messages
                 .with_label_values(&["sent", "frame"]),
             frames_received: metrics
-                .cluster_messages
+                .cluster
+                .messages
                 .with_label_values(&["received", "frame"]),
             metrics,
             scripts: Scripts {
@@ -211,7 +213,7 @@ impl Cluster {
     }
 
     fn update_gauge(&self) {
-        self.metrics.cluster_up.set(i64::from(self.is_healthy()));
+        self.metrics.cluster.up.set(i64::from(self.is_healthy()));
     }
 
     async fn timed<T>(

@@ -85,7 +85,8 @@ impl Cluster {
     pub(super) fn enqueue(&self, op: Op, kind: &'static str) {
         if self.try_enqueue(op) {
             self.metrics
-                .cluster_messages
+                .cluster
+                .messages
                 .with_label_values(&["sent", kind])
                 .inc();
         }
@@ -95,7 +96,7 @@ impl Cluster {
     fn try_enqueue(&self, op: Op) -> bool {
         let queued = self.outbox.try_send(op).is_ok();
         if !queued {
-            self.metrics.cluster_dropped.inc();
+            self.metrics.cluster.dropped.inc();
         }
         queued
     }
@@ -212,10 +213,10 @@ impl Cluster {
         let mut ok = true;
         match published {
             Ok(0) => {}
-            Ok(refused) => self.metrics.cluster_dropped.inc_by(refused as u64),
+            Ok(refused) => self.metrics.cluster.dropped.inc_by(refused as u64),
             Err(e) => {
                 tracing::debug!(error = %e, lost = publishes, "redis publish failed");
-                self.metrics.cluster_dropped.inc_by(publishes as u64);
+                self.metrics.cluster.dropped.inc_by(publishes as u64);
                 ok = false;
             }
         }
@@ -223,7 +224,7 @@ impl Cluster {
             Ok(values) => self.presence_written(batch, values),
             Err(e) => {
                 tracing::debug!(error = %e, lost = presence_ops, "redis pipeline failed");
-                self.metrics.cluster_dropped.inc_by(presence_ops as u64);
+                self.metrics.cluster.dropped.inc_by(presence_ops as u64);
                 ok = false;
             }
         }

@@ -199,7 +199,7 @@ impl Peers {
             .as_ref()
             .and_then(|from| self.hub.admits_frame(from, &session, &to));
         let Some(share) = admitted else {
-            self.hub.metrics.cluster_frames_refused.inc();
+            self.hub.metrics.cluster.frames_refused.inc();
             tracing::debug!(session = %session, "frame from another node outside any session of its ends dropped");
             return;
         };

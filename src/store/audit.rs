@@ -139,7 +139,7 @@ impl AuditLog {
         let (tx, rx) = mpsc::channel(QUEUE);
         let spill = Spill::open(spill_file);
         let waiting = Arc::new(AtomicUsize::new(spill.waiting()));
-        metrics.audit_spilled.set(spill.waiting() as i64);
+        metrics.audit.spilled.set(spill.waiting() as i64);
         let overflow = Arc::new(Mutex::new(Vec::new()));
         (
             AuditLog {
@@ -328,7 +328,7 @@ impl AuditWriter {
     fn counted(&self) {
         let waiting = self.spill.waiting();
         self.waiting.store(waiting, Ordering::Relaxed);
-        self.metrics.audit_spilled.set(waiting as i64);
+        self.metrics.audit.spilled.set(waiting as i64);
     }
 }
 

@@ -26,7 +26,7 @@ pub async fn renew(state: SharedState, every: Duration, mut stop: StopSignal) {
                         role: session.role,
                     })
                 });
-                state.metrics.ticket_renewals.inc_by(sent as u64);
+                state.metrics.tickets.renewals.inc_by(sent as u64);
             }
         }
     }

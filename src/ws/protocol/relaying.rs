@@ -128,7 +128,7 @@ impl Protocol {
             Relay::Ends(reason) => {
                 if self.is_robot() {
                     if let Some(kind) = forward.ticket_refusal() {
-                        let refusals = &self.state.metrics.robot_ticket_refusals;
+                        let refusals = &self.state.metrics.tickets.robot_refusals;
                         refusals.with_label_values(&[kind]).inc();
                     }
                 }
