@@ -219,6 +219,30 @@ fn file_error(path: &Path, e: impl std::fmt::Display) -> StartError {
     }
 }
 
+/// The JWT verifier, when a secret or a JWKS is configured.
+async fn jwt_verifier(config: &Config) -> Result<Option<Arc<JwtVerifier>>, StartError> {
+    let jwt_config = JwtConfig {
+        secret: config.jwt_secret.clone(),
+        jwks_url: config.jwks_url.clone(),
+        jwks_file: config.jwks_file.clone(),
+        issuer: config.jwt_issuer.clone(),
+        audience: config.jwt_audience.clone(),
+    };
+    if !jwt_config.enabled() {
+        return Ok(None);
+    }
+    Ok(Some(Arc::new(JwtVerifier::new(jwt_config).await?)))
+}
+
+fn ice_config(config: &Config) -> IceConfig {
+    IceConfig {
+        stun_urls: config.stun_urls.clone(),
+        turn_urls: config.turn_urls.clone(),
+        turn_secret: config.turn_secret.clone(),
+        turn_ttl_secs: config.turn_ttl,
+    }
+}
+
 impl Server {
     /// Connects to the database, prepares every component and binds the listener.
     pub async fn bind(config: Config) -> Result<Server, StartError> {
@@ -233,18 +257,7 @@ impl Server {
             .unwrap_or_else(|| format!("node-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]));
         let admin_token_hash = admin_token_hash(&config, &store).await?;
 
-        let jwt_config = JwtConfig {
-            secret: config.jwt_secret.clone(),
-            jwks_url: config.jwks_url.clone(),
-            jwks_file: config.jwks_file.clone(),
-            issuer: config.jwt_issuer.clone(),
-            audience: config.jwt_audience.clone(),
-        };
-        let jwt = if jwt_config.enabled() {
-            Some(Arc::new(JwtVerifier::new(jwt_config).await?))
-        } else {
-            None
-        };
+        let jwt = jwt_verifier(&config).await?;
         let mut tasks = Tasks::default();
         if let Some(verifier) = jwt.clone().filter(|v| v.has_jwks_url()) {
             tasks.spawn("jwks-refresh", |stop| tasks::jwks::refresh(verifier, stop));
@@ -261,12 +274,7 @@ impl Server {
 
         let metrics = Metrics::new();
         let cluster = connect_cluster(&config, &node_id, &metrics).await?;
-        let ice = IceConfig {
-            stun_urls: config.stun_urls.clone(),
-            turn_urls: config.turn_urls.clone(),
-            turn_secret: config.turn_secret.clone(),
-            turn_ttl_secs: config.turn_ttl,
-        };
+        let ice = ice_config(&config);
         let clients = ClientAuthenticator::new(store.clone(), jwt);
 
         let ended = store.end_open_sessions(&node_id, "server_restart").await?;
