@@ -13,7 +13,7 @@ use super::table::{
 };
 use super::RelayError;
 use crate::cluster::{MirrorSession, RemoteRobot};
-use crate::delivery::ConnId;
+use crate::delivery::{ConnId, Outbound};
 use crate::metrics::Metrics;
 use crate::store::Role;
 
@@ -144,20 +144,29 @@ impl Hub {
     /// The node `origin` ended its side of a session: end ours without telling it back.
     /// Only the node holding the session's other end may end it: a node that merely used
     /// the same id (a refused offer) ends nothing here.
+    /// `notice` is for the end here (a robot here hears it at once).
     pub(super) fn end_session_from_peer(
         &self,
         session_id: &str,
         origin: &str,
+        notice: Option<String>,
     ) -> Option<EndedSession> {
-        let ended = self.state().end_where(session_id, |session| {
+        let mut state = self.state();
+        let mut ended = self.ended(state.end_where(session_id, |session| {
             let ours = session.remote() == Some(origin);
             if !ours {
                 tracing::debug!(session = %session_id, node = %origin, "end from a node that holds no end of the session ignored");
             }
             ours
-        });
-        let mut ended = self.ended(ended)?;
+        }))?;
         ended.remote = None;
+        if let (Some(text), Some(to)) = (notice, ended.local_end().cloned()) {
+            ended.notices.push((to, text));
+        }
+        let mut ended = [ended];
+        self.tell_robots_now(&mut ended);
+        drop(state);
+        let [ended] = ended;
         Some(ended)
     }
 
@@ -168,16 +177,44 @@ impl Hub {
         ended
     }
 
-    fn all_ended(&self, ended: Vec<EndedSession>) -> Vec<EndedSession> {
+    /// Counts the ended sessions and tells their robots here, before the table's lock
+    /// (`state`) goes.
+    fn all_ended(
+        &self,
+        state: MutexGuard<'_, State>,
+        mut ended: Vec<EndedSession>,
+    ) -> Vec<EndedSession> {
         self.metrics.sessions_active.sub(ended.len() as i64);
+        self.tell_robots_now(&mut ended);
+        drop(state);
         ended
+    }
+
+    /// A robot here hears of a session's end at once, under the table's lock: a session
+    /// that takes the ended one's place is opened under that lock too, so its offer always
+    /// reaches the robot after the end. (Waiting for the record first, as the other end
+    /// does, let a new controller's offer overtake the old one's end while the database was
+    /// slow: two controllers, as the robot saw it. Robots do not read records.)
+    fn tell_robots_now(&self, ended: &mut [EndedSession]) {
+        for session in ended {
+            let robot = &session.robot_conn;
+            if self.router.remote_node(robot).is_some() {
+                continue;
+            }
+            if let Some(at) = session.notices.iter().position(|(to, _)| to == robot) {
+                let (to, text) = session.notices.swap_remove(at);
+                let _ = self.router.deliver_here(None, &to, Outbound::text(text));
+            }
+        }
     }
 
     /// Ends the sessions whose other end was on `node` (it died): both local ends told.
     pub(super) fn end_sessions_with_node(&self, node: &str, cause: &str) -> Vec<EndedSession> {
-        let ended = self.state().end_with_node(node, cause);
+        let mut state = self.state();
+        let ended = state.end_with_node(node, cause);
+        let ended = self.all_ended(state, ended);
         self.router.forget_node(node);
-        self.all_ended(ended)
+        ended
     }
 
     /// Forgets remote sockets that no session, live or in its grace period, names.
@@ -195,8 +232,9 @@ impl Hub {
     /// Sessions whose client went away longer ago than the resume window: they end now,
     /// the robot's end to be told.
     pub(super) fn expire_orphans(&self, now: Instant) -> Vec<EndedSession> {
-        let ended = self.state().expire_orphans(now);
-        self.all_ended(ended)
+        let mut state = self.state();
+        let ended = state.expire_orphans(now);
+        self.all_ended(state, ended)
     }
 
     /// Ends the sessions `subject` has with `robot_id` whose role is above `allowed` (all
@@ -210,12 +248,10 @@ impl Hub {
         cause: &str,
         scope: GrantScope,
     ) -> Vec<EndedSession> {
-        let ended = {
-            let mut state = self.state();
-            state.access_cuts += 1;
-            state.end_of_subject(robot_id, subject, allowed, cause, scope)
-        };
-        self.all_ended(ended)
+        let mut state = self.state();
+        state.access_cuts += 1;
+        let ended = state.end_of_subject(robot_id, subject, allowed, cause, scope);
+        self.all_ended(state, ended)
     }
 
     /// Whether a driving session with `robot_id` has an end here.
@@ -225,20 +261,23 @@ impl Hub {
 
     /// Ends the driving sessions with `robot_id` (an owner takes over).
     pub(super) fn end_driving(&self, robot_id: &str, cause: &str) -> Vec<EndedSession> {
-        let ended = self.state().end_driving(robot_id, cause);
-        self.all_ended(ended)
+        let mut state = self.state();
+        let ended = state.end_driving(robot_id, cause);
+        self.all_ended(state, ended)
     }
 
     /// Ends one session; both ends are to be told.
     pub(super) fn end_one(&self, session_id: &str, cause: &str) -> Vec<EndedSession> {
-        let ended = self.state().end_one(session_id, cause);
-        self.all_ended(ended)
+        let mut state = self.state();
+        let ended = state.end_one(session_id, cause);
+        self.all_ended(state, ended)
     }
 
     /// Ends every session (shutdown); both ends of each are to be told.
     pub(super) fn end_all(&self, cause: &str) -> Vec<EndedSession> {
-        let ended = self.state().end_all(cause);
-        self.all_ended(ended)
+        let mut state = self.state();
+        let ended = state.end_all(cause);
+        self.all_ended(state, ended)
     }
 
     /// Removes a socket: its sessions end; the other end of each is to be told. With a
@@ -247,8 +286,8 @@ impl Hub {
     /// expired token, a flood) ends its sessions at once.
     pub(super) fn detach(&self, conn: &ConnId, resumable: bool) -> Vec<EndedSession> {
         self.router.detach(conn);
+        let mut state = self.state();
         let ended = {
-            let mut state = self.state();
             let now = Instant::now();
             state.prune_ended(now);
             let Some(mut entry) = state.conns.remove(conn) else {
@@ -279,7 +318,7 @@ impl Hub {
             }
             state.end_sessions_of_conn(conn, entry.sessions)
         };
-        self.all_ended(ended)
+        self.all_ended(state, ended)
     }
 }
 
@@ -584,7 +623,7 @@ mod tests {
         assert_eq!(ended.len(), 2);
         assert!(ended.iter().all(|e| e.local_end() == Some(&robot)));
         hub.open_mirror(&mirror).unwrap();
-        let ended = hub.end_session_from_peer("s1", "node-b").unwrap();
+        let ended = hub.end_session_from_peer("s1", "node-b", None).unwrap();
         assert_eq!(ended.local_end(), Some(&robot));
         assert!(matches!(hub.route(&robot, "s1"), Err(RelayError::Ended(_))));
     }
@@ -624,9 +663,9 @@ mod tests {
             .is_none());
         assert!(hub.admits_frame(&alice_on_b, "s2", &robot).is_none());
         // Only the node of its other end may end it.
-        assert!(hub.end_session_from_peer("s1", "node-c").is_none());
+        assert!(hub.end_session_from_peer("s1", "node-c", None).is_none());
         assert!(hub.route(&robot, "s1").is_ok());
-        hub.end_session_from_peer("s1", "node-b").unwrap();
+        hub.end_session_from_peer("s1", "node-b", None).unwrap();
         // Ended: its last messages still cross, marked late (the receiving node lets only
         // a `disconnected` through); the id stays alice's for the grace period.
         let late = hub.admits_frame(&alice_on_b, "s1", &robot).unwrap();

@@ -352,7 +352,7 @@ impl Sessions {
         session_id: &str,
         notice: Option<String>,
     ) -> Option<ConnId> {
-        let ended = self.hub.end_session_from_peer(session_id, origin)?;
+        let ended = self.hub.end_session_from_peer(session_id, origin, notice)?;
         if let Err(e) = self
             .store
             .end_session(&ended.record_id, EndReason::Closed.as_str())
@@ -361,10 +361,12 @@ impl Sessions {
             tracing::error!(session = %session_id, error = %e, "cannot end session record");
         }
         self.release_locks(std::slice::from_ref(&ended)).await;
-        if let Some(text) = notice {
-            if let Some(to) = ended.local_end() {
-                let _ = self.hub.router.deliver_here(None, to, Outbound::text(text));
-            }
+        // A client here hears of it now (a robot here already has).
+        for (to, text) in &ended.notices {
+            let _ = self
+                .hub
+                .router
+                .deliver_here(None, to, Outbound::text(text.as_str()));
         }
         ended.local_end().cloned()
     }

@@ -1653,6 +1653,97 @@ async fn a_late_offer_from_another_node_never_reaches_the_robot() {
     stop_without_panics(nodes);
 }
 
+/// Issue 42 (the chaos suite's two controllers after `kill -9`): when a node ends the
+/// sessions of a dead node, the robot hears of each end at once, before anything of a
+/// session that takes its place, even while the database holds the end's record back.
+/// Before, the robot's notice waited for the record, and a new controller's offer, opened
+/// meanwhile from another node, reached the robot first. A made-up node plays the dead one;
+/// a row lock in PostgreSQL holds the record back.
+#[tokio::test]
+#[ignore = "needs PostgreSQL, Redis and HAProxy: tests/cluster/run.sh runs it"]
+async fn a_robot_hears_a_dead_nodes_session_end_before_a_new_controller() {
+    require_cluster();
+    let (redis, prefix, nodes, api) = n_ready_nodes(2, "10").await;
+    let (n1, n2) = (nodes[0].base(), nodes[1].base());
+    let key = api.enroll(&n1, "rg").await;
+    let mut robot = robot_on(&nodes[0].ws(), "rg", &key).await;
+    api.grant(&n1, "rg", "bob", "operator").await;
+    let presence = redis_command(redis.port, &["GET", &format!("{prefix}robot:rg")]).await;
+    let (_, robot_conn) = presence.split_once('\n').expect("node and socket");
+    let (ghost, client_conn, session) = ("ghost-node", "ghost-conn", "ghost-s1");
+    let record = uuid::Uuid::new_v4().to_string();
+
+    // The record of the dead node's session, locked: its end cannot be written yet.
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect(&nodes[0].database)
+        .await
+        .expect("database");
+    sqlx::query(
+        "INSERT INTO sessions (id, connection_id, robot_id, subject, role, node, started_at) \
+         VALUES ($1, $2, 'rg', 'alice', 'operator', $3, 0)",
+    )
+    .bind(&record)
+    .bind(session)
+    .bind(ghost)
+    .execute(&pool)
+    .await
+    .expect("insert the record");
+    let mut hold = pool.begin().await.expect("transaction");
+    sqlx::query("SELECT id FROM sessions WHERE id = $1 FOR UPDATE")
+        .bind(&record)
+        .execute(&mut *hold)
+        .await
+        .expect("lock the record");
+
+    // The made-up node, alive, drives the robot.
+    let alive = format!("{prefix}alive:{ghost}");
+    redis_command(redis.port, &["SET", &alive, "1", "PX", "60000"]).await;
+    redis_command(redis.port, &["SADD", &format!("{prefix}nodes"), ghost]).await;
+    let channel = format!("{prefix}node:{}", nodes[0].id);
+    let open = json!({
+        "origin": ghost, "kind": "open",
+        "session_id": session, "record_id": record,
+        "robot_id": "rg", "robot_conn": robot_conn, "client_conn": client_conn,
+        "client_node": ghost, "subject": "alice", "role": "operator",
+    });
+    redis_command(redis.port, &["PUBLISH", &channel, &format!("J{open}")]).await;
+    let ghost_offer = offer("rg", session);
+    let frame = format!("F{client_conn}\n{robot_conn}\n{session}\n{ghost_offer}");
+    redis_command(redis.port, &["PUBLISH", &channel, &frame]).await;
+    let offered = robot.recv_type("signalling.offer").await;
+    assert_eq!(offered["payload"]["connectionId"], session);
+
+    // It dies. The robot's node ends its session (the record waits on the lock)...
+    redis_command(redis.port, &["DEL", &alive]).await;
+    eventually(
+        "the robot's node ended the dead node's session",
+        WAIT,
+        || async { api.sessions_active(&n1).await == 0 },
+    )
+    .await;
+    // ...and bob, on the other node, takes the robot: the lock is free.
+    let (bob_token, _) = api.token(&n2, "bob").await;
+    let mut bob = WsClient::connect_with_token(&nodes[1].ws(), &bob_token).await;
+    let bob_session = bob.connection_id.clone();
+    bob.send(&offer("rg", &bob_session)).await;
+    let first = robot.recv().await;
+    assert_eq!(
+        first["type"], "signalling.disconnected",
+        "the robot heard this before the dead node's session ended: {first}"
+    );
+    assert_eq!(first["payload"]["connectionId"], session);
+    assert_eq!(
+        first["payload"]["details"]["reason"], "node_down",
+        "{first}"
+    );
+    let second = robot.recv().await;
+    assert_eq!(second["type"], "signalling.offer", "{second}");
+    assert_eq!(second["payload"]["connectionId"], bob_session.as_str());
+    hold.rollback().await.expect("release the record");
+    stop_without_panics(nodes);
+}
+
 /// Issue 32: a program on one node drives a robot on another through the gateway, under
 /// the same rules: the caller's identity from the server, the session ended everywhere
 /// when the grant goes, and a robot without ARP never reached.

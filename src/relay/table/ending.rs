@@ -12,7 +12,8 @@ use crate::messages;
 use crate::store::Role;
 
 /// A session that ended: its record must be closed, then `notices` delivered by the router
-/// (in that order, so whoever hears of the end finds the record ended).
+/// (in that order, so whoever hears of the end finds the record ended). The robot's notice,
+/// when the robot is here, is taken out and delivered at once (see `Hub::tell_robots_now`).
 #[derive(Debug, Clone)]
 pub struct EndedSession {
     pub session_id: String,
@@ -22,6 +23,7 @@ pub struct EndedSession {
     pub(in crate::relay) remote: Option<Arc<str>>,
     /// The end on this node, when the other is on another node.
     local_end: Option<ConnId>,
+    pub(in crate::relay) robot_conn: ConnId,
 }
 
 impl EndedSession {
@@ -36,6 +38,7 @@ impl EndedSession {
             record_id: session.record_id.to_string(),
             notices,
             local_end: local_end(&session),
+            robot_conn: session.robot_conn.clone(),
             remote: session.remote,
         }
     }
