@@ -2,7 +2,7 @@
 //! they always match the spec schemas.
 
 use serde_json::{Map, Value};
-use signalling_protocol::arp::{method, Message, SIGNATURE_NONCE_META_KEY};
+use signalling_protocol::arp::{method, Message};
 use signalling_protocol::{
     CapabilitiesPayload, DisconnectReason, DisconnectedPayload, Envelope, ErrorCode, ErrorPayload,
     IceServer, PkiChallengePayload, PkiVerifiedPayload, Role, SessionMeta, Signalling,
@@ -39,10 +39,15 @@ pub fn arp_frame(
     session: ArpCaller<'_>,
     ticket: Option<&str>,
 ) -> String {
-    let mut meta = session_meta(session.subject, session.role, ticket);
-    if let Some(nonce) = session.signature_nonce {
-        meta.insert(SIGNATURE_NONCE_META_KEY.into(), nonce.into());
-    }
+    // Written from borrowed parts: one frame per tool call, no map built for its `meta`.
+    let meta = ArpMetaOut {
+        session: ArpSessionOut {
+            subject: session.subject,
+            role: session.role.as_str(),
+            ticket,
+        },
+        signature_nonce: session.signature_nonce,
+    };
     let envelope = ArpFrameOut {
         kind: ARP_FRAME,
         version: PROTOCOL_VERSION,
@@ -67,7 +72,24 @@ struct ArpFrameOut<'a> {
     id: String,
     timestamp: String,
     payload: ArpFrameOutPayload<'a>,
-    meta: Map<String, Value>,
+    meta: ArpMetaOut<'a>,
+}
+
+/// An `arp.frame`'s `meta`: `session` as [`session_meta`] writes it, and the program's
+/// nonce (`signalling_protocol::arp::SIGNATURE_NONCE_META_KEY`) when it asked for signed frames.
+#[derive(serde::Serialize)]
+struct ArpMetaOut<'a> {
+    session: ArpSessionOut<'a>,
+    #[serde(rename = "signatureNonce", skip_serializing_if = "Option::is_none")]
+    signature_nonce: Option<&'a str>,
+}
+
+#[derive(serde::Serialize)]
+struct ArpSessionOut<'a> {
+    subject: &'a str,
+    role: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ticket: Option<&'a str>,
 }
 
 #[derive(serde::Serialize)]
@@ -250,4 +272,42 @@ pub fn session_meta(subject: &str, role: Role, ticket: Option<&str>) -> Map<Stri
         None => session,
     }
     .to_meta()
+}
+
+#[cfg(test)]
+mod arp_frame_tests {
+    use serde_json::{json, Value};
+    use signalling_protocol::arp::SIGNATURE_NONCE_META_KEY;
+
+    use super::*;
+
+    /// The `meta` written from borrowed parts is the one `session_meta` describes, with the
+    /// program's nonce beside it.
+    #[test]
+    fn an_arp_frames_meta_is_the_session_meta_and_the_nonce() {
+        let frame = Message::request(Some(json!(1)), method::LIST_TOOLS, Some(json!({})));
+        for (ticket, nonce) in [
+            (None, None),
+            (Some("t.k.n"), Some("nonce-0123456789abcdef")),
+        ] {
+            let caller = ArpCaller {
+                subject: "al\"ice",
+                role: Role::Operator,
+                signature_nonce: nonce,
+            };
+            let text = arp_frame("arp-1", &frame, caller, ticket);
+            let written: Value = serde_json::from_str(&text).unwrap();
+            let mut meta = session_meta("al\"ice", Role::Operator, ticket);
+            if let Some(nonce) = nonce {
+                meta.insert(SIGNATURE_NONCE_META_KEY.into(), nonce.into());
+            }
+            assert_eq!(written["meta"], Value::Object(meta));
+            assert_eq!(written["type"], ARP_FRAME);
+            assert_eq!(written["payload"]["connectionId"], "arp-1");
+            assert_eq!(
+                written["payload"]["frame"],
+                serde_json::to_value(&frame).unwrap()
+            );
+        }
+    }
 }

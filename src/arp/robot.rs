@@ -13,6 +13,19 @@ use crate::messages::ARP_FRAME;
 use crate::relay::{DeliveryError, Outbound, Sender};
 use crate::tickets::TicketFor;
 
+/// What the gateway reads of a frame from the robot's side (an `arp.frame`, or the server's
+/// word that the session ended or was refused): its type, payload and `meta`; the header's
+/// other members are skipped, not built.
+#[derive(serde::Deserialize)]
+struct RobotSide<'a> {
+    #[serde(rename = "type", borrow, default)]
+    kind: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default)]
+    payload: Option<Value>,
+    #[serde(default)]
+    meta: Option<Value>,
+}
+
 /// Requests for confirmation the robot may have waiting on the program at once; past it,
 /// people are asked.
 const ASKED_AT_ONCE: usize = 16;
@@ -74,41 +87,45 @@ impl Gateway {
     /// A frame for the program from the robot's side: an `arp.frame` of the robot, or the
     /// server's word that the session ended or was refused.
     pub(super) fn robot_side(&mut self, text: &str) -> Option<Ending> {
-        let Ok(mut envelope) = serde_json::from_str::<Value>(text) else {
+        // Read once, and only what the gateway acts on: not the envelope's header.
+        let Ok(RobotSide {
+            kind,
+            mut payload,
+            meta,
+        }) = serde_json::from_str::<RobotSide<'_>>(text)
+        else {
             return None;
         };
-        match envelope.get("type").and_then(Value::as_str) {
+        let in_payload = |pointer: &str| payload.as_ref().and_then(|p| p.pointer(pointer));
+        match kind.as_deref() {
             Some(ARP_FRAME) => {
-                let frame = envelope.pointer_mut("/payload/frame").map(Value::take)?;
+                let frame = payload
+                    .as_mut()
+                    .and_then(|p| p.get_mut("frame"))
+                    .map(Value::take)?;
                 let Ok(mut frame) = Message::from_value(frame) else {
                     tracing::warn!("a robot's arp.frame holds no ARP message; dropped");
                     return None;
                 };
+                let meta = meta.as_ref();
+                let member = |key: &str| meta.and_then(|meta| meta.get(key));
                 // Only a program that asked gets the robot's signature, as the frame's own
                 // `signature` (one that did not gets ARP frames exactly as the spec has them).
-                if let Some(half) = envelope
-                    .pointer(&format!("/meta/{KEY_EXCHANGE_META_KEY}"))
-                    .and_then(Value::as_str)
-                {
+                if let Some(half) = member(KEY_EXCHANGE_META_KEY).and_then(Value::as_str) {
                     if self.ticket_key.agree(half, &self.conn) {
                         self.state.metrics.tickets.session_keys.inc();
                     }
                 }
-                let signature = envelope
-                    .pointer("/meta/signature")
-                    .filter(|s| s.is_string());
+                let signature = member("signature").filter(|s| s.is_string());
                 if let (Some(_), Some(signature)) = (&self.signature_nonce, signature) {
                     frame.signature = Some(signature.clone());
                 }
-                let policy = ConfirmationPolicy::from_meta(
-                    envelope.pointer(&format!("/meta/{CONFIRMATION_POLICY_META_KEY}")),
-                );
+                let policy = ConfirmationPolicy::from_meta(member(CONFIRMATION_POLICY_META_KEY));
                 self.robot_arp_frame(frame, policy);
                 None
             }
             Some("signalling.disconnected") => {
-                let cause = envelope
-                    .pointer("/payload/details/reason")
+                let cause = in_payload("/details/reason")
                     .and_then(Value::as_str)
                     .unwrap_or("closed")
                     .to_string();
@@ -117,16 +134,14 @@ impl Gateway {
             }
             Some("signalling.error") => {
                 // Another node refused the session (its id, the viewer caps, no ARP).
-                let why = envelope
-                    .pointer("/payload/details/reason")
+                let why = in_payload("/details/reason")
                     .and_then(Value::as_str)
                     .unwrap_or("refused")
                     .to_string();
                 if let Some(id) = self.initializing.take() {
                     self.pending.remove(&id.to_string());
                     self.robot = None;
-                    let message = envelope
-                        .pointer("/payload/message")
+                    let message = in_payload("/message")
                         .and_then(Value::as_str)
                         .unwrap_or("refused");
                     self.out

@@ -80,6 +80,10 @@ enum Cmd {
     /// with books. Controlled on stdin (`mark NAME`, `stop`); tests/chaos/run.sh and
     /// bench/soak.sh start it.
     Chaos(chaos::ChaosArgs),
+    /// What each operation costs the server (issue 44): marginal instructions per
+    /// operation under callgrind (the regression guard: --check) and CPU µs per operation
+    /// in a plain run. Relay, session setup, robot logins (Ed25519, P-256), ARP tool calls.
+    Instructions(orchestrator::instructions::InstructionsArgs),
     /// Internal: one load-generator process.
     Worker { spec: String },
 }
@@ -116,6 +120,7 @@ async fn main() -> anyhow::Result<()> {
             worker::run(serde_json::from_str(&spec).context("worker spec")?).await
         }
         Cmd::Chaos(args) => chaos::run(args).await,
+        Cmd::Instructions(args) => orchestrator::instructions::run(args).await,
         Cmd::Run {
             out,
             smoke,

@@ -134,7 +134,7 @@ pub async fn next_json(socket: &mut Socket) -> anyhow::Result<Value> {
     }
 }
 
-async fn expect_type(socket: &mut Socket, kind: &str) -> anyhow::Result<Value> {
+pub async fn expect_type(socket: &mut Socket, kind: &str) -> anyhow::Result<Value> {
     let message = next_json(socket).await?;
     if message["type"] != kind {
         bail!("expected {kind}, got {message}");
@@ -142,7 +142,7 @@ async fn expect_type(socket: &mut Socket, kind: &str) -> anyhow::Result<Value> {
     Ok(message)
 }
 
-fn envelope(kind: &str, id: &str, payload: Value) -> Value {
+pub fn envelope(kind: &str, id: &str, payload: Value) -> Value {
     json!({"type": kind, "version": "0.5", "id": id, "timestamp": "2026-01-01T00:00:00Z", "payload": payload})
 }
 
@@ -155,12 +155,28 @@ pub async fn robot_login(
     signer: &Signer,
     reads: Reads,
 ) -> anyhow::Result<Socket> {
+    robot_login_declaring(info, robot_id, signer, reads, json!({})).await
+}
+
+/// `robot_login` with more in the register's `metadata` (`{"arp": "0.1.0"}`: the robot
+/// serves ARP through the gateway).
+pub async fn robot_login_declaring(
+    info: &TargetInfo,
+    robot_id: &str,
+    signer: &Signer,
+    reads: Reads,
+    declared: Value,
+) -> anyhow::Result<Socket> {
     let url = info.robot_ws_url.as_deref().unwrap_or(&info.ws_url);
     let mut socket = connect(url, reads).await?;
+    let mut metadata = json!({"wantsWelcome": true});
+    if let (Some(metadata), Some(declared)) = (metadata.as_object_mut(), declared.as_object()) {
+        metadata.extend(declared.clone());
+    }
     let register = envelope(
         "signalling.register",
         &uuid::Uuid::new_v4().to_string(),
-        json!({"agentId": robot_id, "metadata": {"wantsWelcome": true}}),
+        json!({"agentId": robot_id, "metadata": metadata}),
     );
     socket
         .send(Message::Text(register.to_string().into()))

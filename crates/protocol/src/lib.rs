@@ -48,7 +48,7 @@ pub use common::{CapabilitiesPayload, ErrorPayload};
 pub use envelope::{is_legacy_ready, Envelope};
 pub use error::{ErrorCode, ProtocolError};
 pub use legacy::{parse_legacy_movement, LEGACY_MOVEMENT_TYPE};
-pub use relayed::{Relayed, RelayedKind};
+pub use relayed::{ArpFrameView, Relayed, RelayedKind};
 pub use session::{Role, SessionMeta, SESSION_META_KEY};
 pub use signalling::{
     AnswerPayload, AnswerSdpType, ConnectedIceState, ConnectedPayload, DataChannelState,

@@ -154,6 +154,92 @@ impl<'a> Relayed<'a> {
     }
 }
 
+/// An `arp.frame` (one ARP frame of a gateway session, from a robot) read in one pass,
+/// borrowed from the text: the server passes the text on as received, so it needs only the
+/// session (`payload.connectionId`) and the id.
+///
+/// Like [`Relayed`], it vouches for a message only when it is valid and plain: the envelope
+/// exactly as [`Envelope::parse`](crate::Envelope::parse) checks it, with no field it does
+/// not name and none twice; a string `payload.connectionId` once; every other member of the
+/// payload (the frame) read the way the parser reads it. Anything else gives `None` and goes
+/// through the full parser, which gives the precise error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArpFrameView<'a> {
+    /// The message's `id`.
+    pub id: Cow<'a, str>,
+    /// `payload.connectionId`: the gateway session.
+    pub session: Cow<'a, str>,
+}
+
+impl<'a> ArpFrameView<'a> {
+    pub fn parse(text: &'a str) -> Option<ArpFrameView<'a>> {
+        let header: ArpHeader<'a> = serde_json::from_str(text).ok()?;
+        if &*header.kind != crate::arp::FRAME_TYPE
+            || !is_major_minor(&header.version)
+            || !header.version.starts_with("0.")
+        {
+            return None;
+        }
+        OffsetDateTime::parse(&header.timestamp, &Rfc3339).ok()?;
+        Some(ArpFrameView {
+            id: header.id.0,
+            session: header.payload.connection_id?.0,
+        })
+    }
+}
+
+/// The envelope of an `arp.frame`, as [`ArpFrameView`] reads it.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ArpHeader<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: Text<'a>,
+    #[serde(borrow)]
+    version: Text<'a>,
+    #[serde(borrow)]
+    id: Text<'a>,
+    #[serde(rename = "correlationId", default, deserialize_with = "present")]
+    _correlation_id: Option<AnyString>,
+    #[serde(borrow)]
+    timestamp: Text<'a>,
+    #[serde(borrow)]
+    payload: ArpPayload<'a>,
+    #[serde(rename = "meta", default, deserialize_with = "present")]
+    _meta: Option<AnyObject>,
+}
+
+/// An `arp.frame`'s payload: its `connectionId` (a string, once), any other member read and
+/// not kept.
+struct ArpPayload<'a> {
+    connection_id: Option<Text<'a>>,
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for ArpPayload<'a> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct PayloadVisitor;
+        impl<'de> Visitor<'de> for PayloadVisitor {
+            type Value = ArpPayload<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut connection_id = None;
+                while let Some(key) = map.next_key::<Text<'de>>()? {
+                    if &*key != "connectionId" {
+                        map.next_value::<AnyValue>()?;
+                    } else if connection_id.is_some() {
+                        return Err(de::Error::duplicate_field("connectionId"));
+                    } else {
+                        connection_id = Some(map.next_value::<Text<'de>>()?);
+                    }
+                }
+                Ok(ArpPayload { connection_id })
+            }
+        }
+        deserializer.deserialize_map(PayloadVisitor)
+    }
+}
+
 /// Where `part` (a slice of `text`, as the parser borrowed it) lies in `text`.
 fn span_in(text: &str, part: &str) -> Option<Range<usize>> {
     let start = (part.as_ptr() as usize).checked_sub(text.as_ptr() as usize)?;

@@ -371,3 +371,76 @@ fn free_text_strings_are_checked_like_the_parser_checks_them() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// `arp.frame`: the robot's ARP frames, passed on to the gateway as received.
+
+fn arp_frame(extra_payload: &str, extra_top: &str) -> String {
+    format!(
+        r#"{{"type":"arp.frame","version":"0.5","id":"f-1","timestamp":"2026-01-01T00:00:00Z"{extra_top},"payload":{{"connectionId":"arp-1","frame":{{"jsonrpc":"2.0","id":3,"result":{{"state":"completed","n":[1,2.5,null]}}}}{extra_payload}}}}}"#
+    )
+}
+
+/// Accepted ⇒ the full parser accepts it too, with the same id and session.
+fn arp_agrees(text: &str) -> Option<signalling_protocol::ArpFrameView<'_>> {
+    let view = signalling_protocol::ArpFrameView::parse(text)?;
+    let envelope = Envelope::parse(text)
+        .unwrap_or_else(|e| panic!("arp view accepted what the parser refuses ({e}): {text}"));
+    assert_eq!(envelope.kind, "arp.frame");
+    assert_eq!(envelope.id, view.id, "{text}");
+    let session = envelope
+        .payload
+        .as_ref()
+        .and_then(|p| p.get("connectionId"))
+        .and_then(Value::as_str);
+    assert_eq!(session, Some(&*view.session), "{text}");
+    Some(view)
+}
+
+#[test]
+fn an_arp_frame_is_read_in_one_pass_with_its_session() {
+    let plain = arp_frame("", "");
+    let view = arp_agrees(&plain).expect("a plain arp.frame");
+    assert_eq!((&*view.id, &*view.session), ("f-1", "arp-1"));
+    let with_meta = arp_frame("", r#","meta":{"ticketKey":"abc","signature":"x.y"}"#);
+    assert!(arp_agrees(&with_meta).is_some());
+    let correlated = arp_frame("", r#","correlationId":"c-1""#);
+    assert!(arp_agrees(&correlated).is_some());
+    let escaped = plain.replace(r#""arp-1""#, r#""arp-\u0031""#);
+    assert_eq!(&*arp_agrees(&escaped).expect("escaped").session, "arp-1");
+}
+
+#[test]
+fn an_arp_frame_the_view_does_not_vouch_for_goes_to_the_parser() {
+    let refused = [
+        // Not an arp.frame, or an envelope the parser refuses or reads differently.
+        arp_frame("", "").replace("arp.frame", "arp.framed"),
+        arp_frame("", "").replace(r#""version":"0.5""#, r#""version":"1.0""#),
+        arp_frame("", "").replace(r#""version":"0.5""#, r#""version":"0.5.1""#),
+        arp_frame("", "").replace("2026-01-01T00:00:00Z", "yesterday"),
+        arp_frame("", "").replace(r#""id":"f-1""#, r#""id":7"#),
+        arp_frame("", r#","meta":[1]"#),
+        arp_frame("", r#","meta":null"#),
+        arp_frame("", r#","correlationId":5"#),
+        arp_frame("", r#","extra":1"#),
+        arp_frame("", r#","id":"again""#),
+        // The session: missing, not a string, twice.
+        arp_frame("", "").replace(r#""connectionId":"arp-1","#, ""),
+        arp_frame("", "").replace(r#""connectionId":"arp-1""#, r#""connectionId":1"#),
+        arp_frame(r#","connectionId":"arp-2""#, ""),
+        // Numbers the parser refuses, anywhere in the payload.
+        arp_frame(r#","more":1e999"#, ""),
+        arp_frame("", "").replace("2.5", "2e999"),
+        // Not JSON, not one object.
+        arp_frame("", "").trim_end_matches('}').to_string(),
+        "[]".to_string(),
+    ];
+    for text in &refused {
+        assert!(
+            signalling_protocol::ArpFrameView::parse(text).is_none(),
+            "the view vouched for {text}"
+        );
+    }
+    // Unknown members of the payload are the frame's business: read, not refused.
+    assert!(arp_agrees(&arp_frame(r#","note":{"a":[true]}"#, "")).is_some());
+}

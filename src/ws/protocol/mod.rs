@@ -4,8 +4,8 @@ use std::time::Instant;
 
 use axum::extract::ws::Utf8Bytes;
 use signalling_protocol::{
-    is_legacy_ready, Body, ConnectedPayload, DisconnectReason, DisconnectedPayload, Envelope,
-    ProtocolError, Relayed, RelayedKind, Role, Signalling,
+    is_legacy_ready, ArpFrameView, Body, ConnectedPayload, DisconnectReason, DisconnectedPayload,
+    Envelope, ProtocolError, Relayed, RelayedKind, Role, Signalling,
 };
 
 mod login;
@@ -18,6 +18,9 @@ use crate::identity::{Challenge, IdentityError};
 use crate::messages::{self, ARP_FRAME};
 use crate::relay::ConnId;
 use crate::state::SharedState;
+
+/// How an `arp.frame` written type first begins.
+const ARP_FRAME_START: &str = "{\"type\":\"arp.frame\"";
 
 /// Longest text considered as a legacy `{"type":"ready"}` greeting.
 const LEGACY_READY_MAX: usize = 256;
@@ -272,6 +275,15 @@ impl Protocol {
         received: Instant,
     ) -> Result<(), (WsError, Option<String>)> {
         let text = frame.as_str();
+        // A robot's ARP frame as robot-agent writes it (type first): read by its own view at
+        // once, not by the session messages' first.
+        if text.starts_with(ARP_FRAME_START) {
+            if let Some(view) = ArpFrameView::parse(text) {
+                return self
+                    .arp_frame(frame.clone(), Some(view.session.as_ref()))
+                    .map_err(|e| (e, Some(view.id.to_string())));
+            }
+        }
         // Session messages, nearly all the traffic, in one pass; anything the view does
         // not vouch for is read by the full parser below.
         if let Some(view) = Relayed::parse(text) {
@@ -301,6 +313,15 @@ impl Protocol {
                     .await
                 }
             };
+        }
+        // A robot's ARP frame for a gateway session: passed on as received, read once here
+        // for its session (the gateway reads the frame itself).
+        if text.contains("\"arp.frame\"") {
+            if let Some(view) = ArpFrameView::parse(text) {
+                return self
+                    .arp_frame(frame.clone(), Some(view.session.as_ref()))
+                    .map_err(|e| (e, Some(view.id.to_string())));
+            }
         }
         // Everything else (logins, pings, legacy frames, unusual forms) is rarer and waits
         // on more: its future lives on the heap while it runs, not in every socket's task.
@@ -350,7 +371,14 @@ impl Protocol {
         };
         let id = envelope.id.clone();
         if envelope.kind == ARP_FRAME {
-            return self.arp_frame(text, &envelope).map_err(|e| (e, Some(id)));
+            let session = envelope
+                .payload
+                .as_ref()
+                .and_then(|p| p.get("connectionId"))
+                .and_then(serde_json::Value::as_str);
+            return self
+                .arp_frame(Utf8Bytes::from(text.to_string()), session)
+                .map_err(|e| (e, Some(id)));
         }
         self.dispatch(envelope, received)
             .await

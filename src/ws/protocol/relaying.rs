@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use axum::extract::ws::Utf8Bytes;
-use signalling_protocol::{DisconnectReason, Envelope, ProtocolError, Relayed, RelayedKind, Role};
+use signalling_protocol::{DisconnectReason, ProtocolError, Relayed, RelayedKind, Role};
 
 use super::{Forward, Peer, Protocol, Relay};
 use crate::messages::{SessionKind, ARP_FRAME};
@@ -208,21 +208,21 @@ impl Protocol {
     /// An `arp.frame` from a robot: one ARP frame of one of its gateway sessions, passed on
     /// unchanged to the gateway connection at the other end (docs/protocol.md, "ARP
     /// sessions"). Late frames of an ended session are dropped quietly.
-    pub(super) fn arp_frame(&self, text: &str, envelope: &Envelope) -> Result<(), WsError> {
+    /// `session_id`: the frame's `payload.connectionId`, if it has one (a string).
+    pub(super) fn arp_frame(
+        &self,
+        text: Utf8Bytes,
+        session_id: Option<&str>,
+    ) -> Result<(), WsError> {
         if !matches!(self.peer, Peer::Robot { .. }) {
             return Err(WsError::Forbidden {
                 reason: "robots_only",
                 message: "arp.frame is sent by robots; programs use /v1/robots/{robotId}/arp",
             });
         }
-        let session_id = envelope
-            .payload
-            .as_ref()
-            .and_then(|p| p.get("connectionId"))
-            .and_then(serde_json::Value::as_str)
-            .ok_or_else(|| {
-                ProtocolError::InvalidPayload("arp.frame needs payload.connectionId".into())
-            })?;
+        let session_id = session_id.ok_or_else(|| {
+            ProtocolError::InvalidPayload("arp.frame needs payload.connectionId".into())
+        })?;
         let route = match self.state.sessions.route(&self.conn, session_id) {
             Ok(route) => route,
             Err(RelayError::Ended(_) | RelayError::UnknownSession(_)) => {
@@ -238,7 +238,6 @@ impl Protocol {
             share: &self.conn,
             viewer: false,
         };
-        let text = Utf8Bytes::from(text.to_string());
         self.deliver(&route.target, share, session_id, None, text, Instant::now())
     }
 

@@ -5,6 +5,7 @@
 //! runs capacity, relay, setup and storm and writes their rows.
 
 mod cluster;
+pub mod instructions;
 mod measure;
 mod process;
 mod scenarios;

@@ -75,6 +75,15 @@ pub struct Running {
 }
 
 impl Running {
+    /// Our server started by `ours_command`, its files in `dir` (removed when it stops).
+    pub(super) fn ours(info: TargetInfo, child: Child, dir: TempDir) -> Running {
+        Running {
+            info,
+            child,
+            _dir: Some(dir),
+        }
+    }
+
     /// A system under test started elsewhere (the cluster benchmark's nodes).
     pub(super) fn adopt(info: TargetInfo, child: Child) -> Running {
         Running {
@@ -102,7 +111,7 @@ impl Running {
     }
 }
 
-struct TempDir(PathBuf);
+pub(super) struct TempDir(pub(super) PathBuf);
 
 impl Drop for TempDir {
     fn drop(&mut self) {
@@ -134,6 +143,11 @@ impl Keys {
     /// The robots' raw Ed25519 public key, base64 (the chaos generator enrolls with it).
     pub fn ed25519_public_base64(&self) -> String {
         STANDARD.encode(&self.ed25519_public)
+    }
+
+    /// The storm robots' P-256 public key, an SPKI PEM.
+    pub fn p256_spki_pem(&self) -> &str {
+        &self.p256_spki_pem
     }
 
     /// A signer with the robots' Ed25519 key.
@@ -188,21 +202,7 @@ pub async fn start_ours(
         Some(url) => fresh_postgres_schema(url).await?,
         None => format!("sqlite://{}/bench.db", dir.display()),
     };
-    let mut child = Command::new(&opts.server_bin)
-        .args([
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--admin-token",
-            ADMIN,
-            "--database-url",
-            &database_url,
-        ])
-        .args(UNLIMITED)
-        .env("RUST_LOG", "warn")
-        .env_remove("DATABASE_URL")
-        .env_remove("REDIS_URL")
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
+    let mut child = ours_command(&opts.server_bin, port, &database_url, Launch::Plain)
         .spawn()
         .with_context(|| format!("starting {}", opts.server_bin.display()))?;
     wait_listening(port, &mut child).await?;
@@ -226,6 +226,58 @@ pub async fn start_ours(
         child,
         _dir: Some(TempDir(dir)),
     })
+}
+
+/// How our server is started: as itself, or under callgrind counting its instructions
+/// (`signalling-bench instructions`).
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Launch<'a> {
+    Plain,
+    /// `valgrind --tool=callgrind`, its counts dumped to this file (and `FILE.N` for the
+    /// dumps asked for while it runs).
+    Callgrind(&'a std::path::Path),
+}
+
+/// The command that starts our server on `port` with the benchmarks' flags.
+pub(super) fn ours_command(
+    server_bin: &std::path::Path,
+    port: u16,
+    database_url: &str,
+    launch: Launch<'_>,
+) -> Command {
+    let mut command = match launch {
+        Launch::Plain => Command::new(server_bin),
+        Launch::Callgrind(out) => {
+            let mut c = Command::new("valgrind");
+            // Names written out in every dump: each dump can be read on its own
+            // (callgrind_annotate), not only with the ones before it.
+            c.args([
+                "--tool=callgrind",
+                "--quiet",
+                "--compress-strings=no",
+                "--compress-pos=no",
+            ])
+            .arg(format!("--callgrind-out-file={}", out.display()))
+            .arg(server_bin);
+            c
+        }
+    };
+    command
+        .args([
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--admin-token",
+            ADMIN,
+            "--database-url",
+            database_url,
+        ])
+        .args(UNLIMITED)
+        .env("RUST_LOG", "warn")
+        .env_remove("DATABASE_URL")
+        .env_remove("REDIS_URL")
+        .stdout(Stdio::null())
+        .kill_on_drop(true);
+    command
 }
 
 pub(super) async fn fresh_postgres_schema(url: &str) -> anyhow::Result<String> {
@@ -255,7 +307,7 @@ fn with_search_path(url: &str, schema: &str) -> String {
     format!("{url}{sep}options=-csearch_path%3D{schema}")
 }
 
-async fn admin(
+pub(super) async fn admin(
     http: &reqwest::Client,
     method: reqwest::Method,
     url: String,
@@ -317,6 +369,42 @@ pub(super) async fn prepare(
     )
     .await?;
     Ok(token["token"].as_str().context("token")?.to_string())
+}
+
+/// Creates robot `robot_id`, enrolls it with `public_key` and, with `grant` (subject,
+/// role), grants it.
+pub(super) async fn enroll_robot(
+    http: &reqwest::Client,
+    base: &str,
+    robot_id: &str,
+    public_key: &str,
+    grant: Option<(&str, &str)>,
+) -> anyhow::Result<()> {
+    let created = admin(
+        http,
+        reqwest::Method::POST,
+        format!("{base}/v1/robots"),
+        json!({"robotId": robot_id}),
+    )
+    .await?;
+    let response = http
+        .post(format!("{base}/v1/enroll"))
+        .json(&json!({"robotId": robot_id, "enrollmentToken": created["enrollmentToken"], "publicKey": public_key}))
+        .send()
+        .await?;
+    if !response.status().is_success() {
+        bail!("enroll {robot_id}: {}", response.status());
+    }
+    if let Some((subject, role)) = grant {
+        admin(
+            http,
+            reqwest::Method::PUT,
+            format!("{base}/v1/robots/{robot_id}/grants/{subject}"),
+            json!({"role": role}),
+        )
+        .await?;
+    }
+    Ok(())
 }
 
 /// (robot id, public key, viewer grant for `bench`) for every robot to prepare.
