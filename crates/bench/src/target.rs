@@ -122,7 +122,14 @@ pub async fn connect(url: &str, reads: Reads) -> anyhow::Result<Socket> {
 /// is for the text frame: the server's pings do not extend it, so a message that never
 /// comes fails the run instead of holding it forever.
 pub async fn next_json(socket: &mut Socket) -> anyhow::Result<Value> {
-    let deadline = tokio::time::Instant::now() + REPLY_TIMEOUT;
+    next_json_by(socket, tokio::time::Instant::now() + REPLY_TIMEOUT).await
+}
+
+/// The next text frame as JSON, by `deadline`.
+pub async fn next_json_by(
+    socket: &mut Socket,
+    deadline: tokio::time::Instant,
+) -> anyhow::Result<Value> {
     loop {
         let frame = tokio::time::timeout_at(deadline, socket.next())
             .await
@@ -142,7 +149,7 @@ async fn expect_type(socket: &mut Socket, kind: &str) -> anyhow::Result<Value> {
     Ok(message)
 }
 
-fn envelope(kind: &str, id: &str, payload: Value) -> Value {
+pub fn envelope(kind: &str, id: &str, payload: Value) -> Value {
     json!({"type": kind, "version": "0.5", "id": id, "timestamp": "2026-01-01T00:00:00Z", "payload": payload})
 }
 
@@ -157,15 +164,36 @@ pub async fn robot_login(
 ) -> anyhow::Result<Socket> {
     let url = info.robot_ws_url.as_deref().unwrap_or(&info.ws_url);
     let mut socket = connect(url, reads).await?;
-    let register = envelope(
-        "signalling.register",
-        &uuid::Uuid::new_v4().to_string(),
-        json!({"agentId": robot_id, "metadata": {"wantsWelcome": true}}),
-    );
+    let register = register_message(robot_id, json!({}));
     socket
         .send(Message::Text(register.to_string().into()))
         .await?;
     let challenge = expect_type(&mut socket, "signalling.pki_challenge").await?;
+    let response = pki_response(&challenge, signer)?;
+    socket
+        .send(Message::Text(response.to_string().into()))
+        .await?;
+    expect_type(&mut socket, "signalling.pki_verified").await?;
+    expect_type(&mut socket, "signalling.welcome").await?;
+    Ok(socket)
+}
+
+/// A robot's `register`, asking for a welcome as robot-agent does, with `metadata`'s
+/// fields besides.
+pub fn register_message(robot_id: &str, metadata: Value) -> Value {
+    let mut all = json!({"wantsWelcome": true});
+    if let Value::Object(fields) = metadata {
+        all.as_object_mut().expect("object").extend(fields);
+    }
+    envelope(
+        "signalling.register",
+        &uuid::Uuid::new_v4().to_string(),
+        json!({"agentId": robot_id, "metadata": all}),
+    )
+}
+
+/// The signed answer to a `signalling.pki_challenge`.
+pub fn pki_response(challenge: &Value, signer: &Signer) -> anyhow::Result<Value> {
     let bytes = STANDARD.decode(
         challenge["payload"]["challenge"]
             .as_str()
@@ -177,12 +205,7 @@ pub async fn robot_login(
         json!({"signature": STANDARD.encode(signer.sign(&bytes)?)}),
     );
     response["correlationId"] = challenge["id"].clone();
-    socket
-        .send(Message::Text(response.to_string().into()))
-        .await?;
-    expect_type(&mut socket, "signalling.pki_verified").await?;
-    expect_type(&mut socket, "signalling.welcome").await?;
-    Ok(socket)
+    Ok(response)
 }
 
 /// A client socket on our server; returns it with its connectionId.

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use serde_json::{json, Value};
 use tokio::io::AsyncBufReadExt;
+use tokio_tungstenite::tungstenite::{self, Message};
 
 pub use books::Books;
 
@@ -133,8 +134,38 @@ impl Backoff {
 }
 
 pub fn envelope(kind: &str, payload: Value) -> Value {
-    json!({"type": kind, "version": "0.5", "id": uuid::Uuid::new_v4().to_string(),
-           "timestamp": "2026-01-01T00:00:00Z", "payload": payload})
+    target::envelope(kind, &uuid::Uuid::new_v4().to_string(), payload)
+}
+
+/// What one read from a task's socket gave.
+pub enum Heard {
+    /// A text frame's JSON.
+    Json(Value),
+    /// Nothing to act on: a frame not text, or text not JSON (a breach, in the books).
+    Nothing,
+    /// The socket ended, and how.
+    Ended(&'static str),
+}
+
+/// Reads one frame of a task's socket; text that is not JSON is breach `bad_json`.
+pub fn heard(
+    books: &Books,
+    frame: Option<Result<Message, tungstenite::Error>>,
+    bad_json: &str,
+) -> Heard {
+    let text = match frame {
+        Some(Ok(Message::Text(text))) => text,
+        Some(Ok(Message::Close(_))) | None => return Heard::Ended("closed"),
+        Some(Ok(_)) => return Heard::Nothing,
+        Some(Err(_)) => return Heard::Ended("error"),
+    };
+    match serde_json::from_str::<Value>(&text) {
+        Ok(message) => Heard::Json(message),
+        Err(_) => {
+            books.breach(bad_json, text.chars().take(200).collect());
+            Heard::Nothing
+        }
+    }
 }
 
 /// The tag a frame carries in its candidate text: whose session, which frame, and the
