@@ -219,7 +219,8 @@ impl<'a> Connection<'a> {
             }
             "signalling.disconnected" => {
                 let reason = payload["details"]["reason"].as_str().unwrap_or("");
-                self.seen.note(format!("disconnected {session_id} {reason}"));
+                self.seen
+                    .note(format!("disconnected {session_id} {reason}"));
                 if self.sessions.remove(session_id).is_some() {
                     self.shared.books.count("sessions.robot_told_end");
                 }
@@ -303,7 +304,8 @@ impl<'a> Connection<'a> {
                 self.shared.books.count("arp.robot_frame_after_end");
                 return Vec::new();
             }
-            self.seen.note(format!("arp.frame(new) {session_id} {role}"));
+            self.seen
+                .note(format!("arp.frame(new) {session_id} {role}"));
             self.open_session(session_id, controls, false);
         }
         self.arp_answer(message)
@@ -395,9 +397,7 @@ impl Connection<'_> {
                 meta,
             ),
             "arp.callTool" => {
-                let subject = message["meta"]["session"]["subject"]
-                    .as_str()
-                    .unwrap_or("");
+                let subject = message["meta"]["session"]["subject"].as_str().unwrap_or("");
                 self.call_tool(connection, frame, subject, id, meta)
             }
             _ => arp_reply(
