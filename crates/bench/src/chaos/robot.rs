@@ -170,6 +170,16 @@ struct Connection<'a> {
     remembered: &'a mut HashMap<String, Value>,
 }
 
+/// A message to the robot, with what it reads from every kind.
+#[derive(Clone, Copy)]
+struct Incoming<'m> {
+    message: &'m Value,
+    session_id: &'m str,
+    role: &'m str,
+    /// The session's role drives the robot.
+    controls: bool,
+}
+
 /// A call waiting for the confirmation the robot asked the program for.
 struct Asked {
     subject: String,
@@ -210,9 +220,14 @@ impl<'a> Connection<'a> {
         let payload = &message["payload"];
         let session_id = payload["connectionId"].as_str().unwrap_or("");
         let role = message["meta"]["session"]["role"].as_str().unwrap_or("");
-        let controls = matches!(role, "operator" | "owner");
+        let incoming = Incoming {
+            message,
+            session_id,
+            role,
+            controls: matches!(role, "operator" | "owner"),
+        };
         match message["type"].as_str().unwrap_or("") {
-            "signalling.offer" => self.on_offer(message, session_id, role, controls),
+            "signalling.offer" => self.on_offer(&incoming),
             "signalling.ice_candidate" => {
                 let candidate = payload["candidate"].as_str().unwrap_or("");
                 self.on_frame(session_id, candidate).into_iter().collect()
@@ -227,7 +242,7 @@ impl<'a> Connection<'a> {
                 self.ended.insert(session_id.to_string());
                 Vec::new()
             }
-            "arp.frame" => self.on_arp_frame(message, session_id, role, controls),
+            "arp.frame" => self.on_arp_frame(&incoming),
             "signalling.error" => {
                 let code = payload["code"].as_str().unwrap_or("?");
                 let reason = payload["details"]["reason"].as_str().unwrap_or("");
@@ -238,24 +253,23 @@ impl<'a> Connection<'a> {
         }
     }
 
-    fn on_offer(
-        &mut self,
-        message: &Value,
-        session_id: &str,
-        role: &str,
-        controls: bool,
-    ) -> Vec<String> {
+    fn on_offer(&mut self, incoming: &Incoming) -> Vec<String> {
+        let session_id = incoming.session_id;
         let books = &self.shared.books;
         books.count("offers.robot_received");
         let robot_id = self.robot_id;
-        if message["payload"]["robotId"]
+        if incoming.message["payload"]["robotId"]
             .as_str()
             .is_some_and(|r| r != robot_id)
         {
-            books.breach("offer_for_another_robot", format!("{robot_id}: {message}"));
+            books.breach(
+                "offer_for_another_robot",
+                format!("{robot_id}: {}", incoming.message),
+            );
         }
-        self.seen.note(format!("offer {session_id} {role}"));
-        self.open_session(session_id, controls, true);
+        self.seen
+            .note(format!("offer {session_id} {}", incoming.role));
+        self.open_session(session_id, incoming.controls, true);
         let answer = envelope(
             "signalling.answer",
             json!({"connectionId": session_id, "sdpType": "answer", "sdp": "v=0\r\n"}),
@@ -292,23 +306,19 @@ impl<'a> Connection<'a> {
         }
     }
 
-    fn on_arp_frame(
-        &mut self,
-        message: &Value,
-        session_id: &str,
-        role: &str,
-        controls: bool,
-    ) -> Vec<String> {
+    /// An ARP frame: opens the session if it is new, then answers.
+    fn on_arp_frame(&mut self, incoming: &Incoming) -> Vec<String> {
+        let session_id = incoming.session_id;
         if !self.sessions.contains_key(session_id) {
             if self.ended.contains(session_id) {
                 self.shared.books.count("arp.robot_frame_after_end");
                 return Vec::new();
             }
             self.seen
-                .note(format!("arp.frame(new) {session_id} {role}"));
-            self.open_session(session_id, controls, false);
+                .note(format!("arp.frame(new) {session_id} {}", incoming.role));
+            self.open_session(session_id, incoming.controls, false);
         }
-        self.arp_answer(message)
+        self.arp_answer(incoming.message)
             .map(|frame| frame.to_string())
             .into_iter()
             .collect()
