@@ -122,7 +122,14 @@ pub async fn connect(url: &str, reads: Reads) -> anyhow::Result<Socket> {
 /// is for the text frame: the server's pings do not extend it, so a message that never
 /// comes fails the run instead of holding it forever.
 pub async fn next_json(socket: &mut Socket) -> anyhow::Result<Value> {
-    let deadline = tokio::time::Instant::now() + REPLY_TIMEOUT;
+    next_json_by(socket, tokio::time::Instant::now() + REPLY_TIMEOUT).await
+}
+
+/// The next text frame as JSON, by `deadline`.
+pub async fn next_json_by(
+    socket: &mut Socket,
+    deadline: tokio::time::Instant,
+) -> anyhow::Result<Value> {
     loop {
         let frame = tokio::time::timeout_at(deadline, socket.next())
             .await
@@ -169,19 +176,37 @@ pub async fn robot_login_declaring(
 ) -> anyhow::Result<Socket> {
     let url = info.robot_ws_url.as_deref().unwrap_or(&info.ws_url);
     let mut socket = connect(url, reads).await?;
-    let mut metadata = json!({"wantsWelcome": true});
-    if let (Some(metadata), Some(declared)) = (metadata.as_object_mut(), declared.as_object()) {
-        metadata.extend(declared.clone());
-    }
-    let register = envelope(
-        "signalling.register",
-        &uuid::Uuid::new_v4().to_string(),
-        json!({"agentId": robot_id, "metadata": metadata}),
-    );
+    let register = register_message(robot_id, declared);
     socket
         .send(Message::Text(register.to_string().into()))
         .await?;
     let challenge = expect_type(&mut socket, "signalling.pki_challenge").await?;
+    let response = pki_response(&challenge, signer)?;
+    socket
+        .send(Message::Text(response.to_string().into()))
+        .await?;
+    expect_type(&mut socket, "signalling.pki_verified").await?;
+    expect_type(&mut socket, "signalling.welcome").await?;
+    Ok(socket)
+}
+
+/// A robot's `register`, asking for a welcome as robot-agent does, with `metadata`'s
+/// fields besides.
+pub fn register_message(robot_id: &str, metadata: Value) -> Value {
+    let mut all = serde_json::Map::new();
+    all.insert("wantsWelcome".into(), Value::Bool(true));
+    if let Value::Object(fields) = metadata {
+        all.extend(fields);
+    }
+    envelope(
+        "signalling.register",
+        &uuid::Uuid::new_v4().to_string(),
+        json!({"agentId": robot_id, "metadata": all}),
+    )
+}
+
+/// The signed answer to a `signalling.pki_challenge`.
+pub fn pki_response(challenge: &Value, signer: &Signer) -> anyhow::Result<Value> {
     let bytes = STANDARD.decode(
         challenge["payload"]["challenge"]
             .as_str()
@@ -193,12 +218,7 @@ pub async fn robot_login_declaring(
         json!({"signature": STANDARD.encode(signer.sign(&bytes)?)}),
     );
     response["correlationId"] = challenge["id"].clone();
-    socket
-        .send(Message::Text(response.to_string().into()))
-        .await?;
-    expect_type(&mut socket, "signalling.pki_verified").await?;
-    expect_type(&mut socket, "signalling.welcome").await?;
-    Ok(socket)
+    Ok(response)
 }
 
 /// A client socket on our server; returns it with its connectionId.

@@ -182,33 +182,50 @@ async fn open_idle(
     }
 }
 
-async fn capacity(spec: &Spec, first: usize, robots: usize, clients: usize) -> anyhow::Result<()> {
-    let signer = match spec.target.kind {
+/// Runs `jobs` as tasks, at most `limit` at once (like a fleet coming up, not a single
+/// burst), and gives their results in order; any failure fails the lot.
+async fn gated<T, Job>(limit: usize, jobs: impl IntoIterator<Item = Job>) -> anyhow::Result<Vec<T>>
+where
+    T: Send + 'static,
+    Job: std::future::Future<Output = anyhow::Result<T>> + Send + 'static,
+{
+    let gate = Arc::new(Semaphore::new(limit));
+    let tasks: Vec<_> = jobs
+        .into_iter()
+        .map(|job| {
+            let gate = gate.clone();
+            tokio::spawn(async move {
+                let _permit = gate.acquire_owned().await?;
+                job.await
+            })
+        })
+        .collect();
+    let mut results = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        results.push(task.await??);
+    }
+    Ok(results)
+}
+
+/// Our server's robots' signer (none for the other targets).
+fn robot_signer(spec: &Spec) -> anyhow::Result<Option<Arc<Signer>>> {
+    Ok(match spec.target.kind {
         Kind::Ours => Some(Arc::new(Signer::from_info(&spec.target, false)?)),
         _ => None,
-    };
+    })
+}
+
+async fn capacity(spec: &Spec, first: usize, robots: usize, clients: usize) -> anyhow::Result<()> {
+    let signer = robot_signer(spec)?;
     let started = Instant::now();
-    // Bounded concurrency while connecting, like a fleet coming up, not a single burst.
-    let gate = Arc::new(Semaphore::new(256));
-    let mut tasks = Vec::with_capacity(robots + clients);
-    for (robot, count) in [(true, robots), (false, clients)] {
-        for i in 0..count {
-            let (info, signer, gate, tag) = (
-                spec.target.clone(),
-                signer.clone(),
-                gate.clone(),
-                spec.tag.clone(),
-            );
-            tasks.push(tokio::spawn(async move {
-                let _permit = gate.acquire_owned().await?;
-                open_idle(&info, signer.as_deref(), &tag, robot, first + i).await
-            }));
-        }
-    }
-    let mut sockets = Vec::with_capacity(tasks.len());
-    for task in tasks {
-        sockets.push(task.await??);
-    }
+    let jobs = [(true, robots), (false, clients)]
+        .into_iter()
+        .flat_map(|(robot, count)| (0..count).map(move |i| (robot, i)))
+        .map(|(robot, i)| {
+            let (info, signer, tag) = (spec.target.clone(), signer.clone(), spec.tag.clone());
+            async move { open_idle(&info, signer.as_deref(), &tag, robot, first + i).await }
+        });
+    let sockets = gated(256, jobs).await?;
     let connect_secs = started.elapsed().as_secs_f64();
     let mut sinks = Vec::with_capacity(sockets.len());
     for socket in sockets {
@@ -223,29 +240,12 @@ async fn capacity(spec: &Spec, first: usize, robots: usize, clients: usize) -> a
 }
 
 async fn open_pairs(spec: &Spec, count: usize) -> anyhow::Result<Vec<Pair>> {
-    let signer = match spec.target.kind {
-        Kind::Ours => Some(Arc::new(Signer::from_info(&spec.target, false)?)),
-        _ => None,
-    };
-    let gate = Arc::new(Semaphore::new(64));
-    let mut tasks = Vec::with_capacity(count);
-    for i in 0..count {
-        let (info, signer, gate, tag) = (
-            spec.target.clone(),
-            signer.clone(),
-            gate.clone(),
-            spec.tag.clone(),
-        );
-        tasks.push(tokio::spawn(async move {
-            let _permit = gate.acquire_owned().await?;
-            target::open_pair(&info, signer.as_deref(), i, &tag).await
-        }));
-    }
-    let mut pairs = Vec::with_capacity(count);
-    for task in tasks {
-        pairs.push(task.await??);
-    }
-    Ok(pairs)
+    let signer = robot_signer(spec)?;
+    let jobs = (0..count).map(|i| {
+        let (info, signer, tag) = (spec.target.clone(), signer.clone(), spec.tag.clone());
+        async move { target::open_pair(&info, signer.as_deref(), i, &tag).await }
+    });
+    gated(64, jobs).await
 }
 
 /// A session's share of a fixed total `rate`, its sends spread over the period
@@ -467,23 +467,19 @@ async fn storm(
     emit(json!({"event": "ready"}));
     wait_for("go").await;
     let prefix = if p256 { "storm-p256" } else { "storm-ed" };
-    let gate = Arc::new(Semaphore::new(concurrency.max(1)));
     let started = Instant::now();
-    let mut tasks = Vec::with_capacity(robots);
-    for i in first..first + robots {
-        let (info, signer, gate) = (spec.target.clone(), signer.clone(), gate.clone());
-        tasks.push(tokio::spawn(async move {
-            let _permit = gate.acquire_owned().await?;
+    let jobs = (first..first + robots).map(|i| {
+        let (info, signer) = (spec.target.clone(), signer.clone());
+        async move {
             let begun = Instant::now();
             let socket =
                 target::robot_login(&info, &format!("{prefix}-{i}"), &signer, Reads::Small).await?;
             anyhow::Ok((begun.elapsed(), socket))
-        }));
-    }
+        }
+    });
     let mut histogram = new_histogram();
     let mut sockets = Vec::with_capacity(robots);
-    for task in tasks {
-        let (took, socket) = task.await??;
+    for (took, socket) in gated(concurrency.max(1), jobs).await? {
         histogram.saturating_record(took.as_nanos() as u64);
         sockets.push(socket);
     }

@@ -104,14 +104,12 @@ fn location(name: &str) -> Location {
     }
 }
 
+/// Register, welcome, error, capabilities, ping/pong.
 #[test]
-fn built_messages_validate() {
+fn built_signalling_connection_messages_validate() {
     let mut details = Map::new();
     details.insert("iceState".into(), json!("failed"));
-    let mut config = Map::new();
-    config.insert("image_format".into(), json!("Jpeg"));
-
-    let cases: Vec<(Body, bool)> = vec![
+    built_messages_validate(vec![
         (
             Signalling::Register(RegisterPayload {
                 agent_id: "robot-1".into(),
@@ -136,6 +134,31 @@ fn built_messages_validate() {
             .into(),
             false,
         ),
+        (
+            Signalling::Error(ErrorPayload {
+                code: ErrorCode::IceFailed,
+                message: "ice failed".into(),
+                details: Some(details),
+            })
+            .into(),
+            false,
+        ),
+        (
+            Signalling::Capabilities(CapabilitiesPayload {
+                versions: vec!["0.5".into()],
+            })
+            .into(),
+            false,
+        ),
+        (Signalling::Ping.into(), false),
+        (Signalling::Pong.into(), true),
+    ]);
+}
+
+/// A session's offer, answer, ICE candidates and end.
+#[test]
+fn built_signalling_session_messages_validate() {
+    built_messages_validate(vec![
         (
             Signalling::Offer(OfferPayload {
                 robot_id: "robot-1".into(),
@@ -177,24 +200,13 @@ fn built_messages_validate() {
             .into(),
             false,
         ),
-        (
-            Signalling::Error(ErrorPayload {
-                code: ErrorCode::IceFailed,
-                message: "ice failed".into(),
-                details: Some(details),
-            })
-            .into(),
-            false,
-        ),
-        (
-            Signalling::Capabilities(CapabilitiesPayload {
-                versions: vec!["0.5".into()],
-            })
-            .into(),
-            false,
-        ),
-        (Signalling::Ping.into(), false),
-        (Signalling::Pong.into(), true),
+    ]);
+}
+
+/// The robot login's challenge, response and verification.
+#[test]
+fn built_signalling_pki_messages_validate() {
+    built_messages_validate(vec![
         (
             Signalling::PkiChallenge(PkiChallengePayload {
                 challenge: "abc".into(),
@@ -216,6 +228,13 @@ fn built_messages_validate() {
             .into(),
             true,
         ),
+    ]);
+}
+
+/// Movement, errors and ping/pong between client and robot.
+#[test]
+fn built_agent_movement_and_error_messages_validate() {
+    built_messages_validate(vec![
         (
             Agent::Movement(MovementPayload {
                 forward: 0.5,
@@ -230,6 +249,13 @@ fn built_messages_validate() {
         ),
         (Agent::Ping.into(), false),
         (Agent::Pong.into(), true),
+    ]);
+}
+
+/// Locations and navigation.
+#[test]
+fn built_agent_location_and_navigation_messages_validate() {
+    built_messages_validate(vec![
         (Agent::LocationCreate(location("dock")).into(), false),
         (Agent::LocationList.into(), false),
         (
@@ -264,6 +290,15 @@ fn built_messages_validate() {
             .into(),
             true,
         ),
+    ]);
+}
+
+/// Configuration.
+#[test]
+fn built_agent_config_messages_validate() {
+    let mut config = Map::new();
+    config.insert("image_format".into(), json!("Jpeg"));
+    built_messages_validate(vec![
         (
             Agent::ConfigUpdate(ConfigUpdatePayload {
                 key: "resolution".into(),
@@ -286,7 +321,12 @@ fn built_messages_validate() {
             Agent::ConfigGetResponse(ConfigGetResponsePayload { config }).into(),
             true,
         ),
-    ];
+    ]);
+}
+
+/// Each message, built by this crate, validates; one whose type needs a correlationId
+/// (the `bool`) has it, and is rejected without it.
+fn built_messages_validate(cases: Vec<(Body, bool)>) {
     for (body, needs_correlation) in cases {
         let kind = body.type_name();
         assert_eq!(requires_correlation_id(kind), needs_correlation, "{kind}");

@@ -12,6 +12,7 @@ mod people;
 mod programs;
 mod robot;
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -20,11 +21,12 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use serde_json::{json, Value};
 use tokio::io::AsyncBufReadExt;
+use tokio_tungstenite::tungstenite::{self, Message};
 
 pub use books::Books;
 
 use crate::orchestrator::Keys;
-use crate::target;
+use crate::target::{self, Signer};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct ChaosArgs {
@@ -133,8 +135,38 @@ impl Backoff {
 }
 
 pub fn envelope(kind: &str, payload: Value) -> Value {
-    json!({"type": kind, "version": "0.5", "id": uuid::Uuid::new_v4().to_string(),
-           "timestamp": "2026-01-01T00:00:00Z", "payload": payload})
+    target::envelope(kind, &uuid::Uuid::new_v4().to_string(), payload)
+}
+
+/// What one read from a task's socket gave.
+pub enum Heard {
+    /// A text frame's JSON.
+    Json(Value),
+    /// Nothing to act on: a frame not text, or text not JSON (a breach, in the books).
+    Nothing,
+    /// The socket ended, and how.
+    Ended(&'static str),
+}
+
+/// Reads one frame of a task's socket; text that is not JSON is breach `bad_json`.
+pub fn heard(
+    books: &Books,
+    frame: Option<Result<Message, tungstenite::Error>>,
+    bad_json: &str,
+) -> Heard {
+    let text = match frame {
+        Some(Ok(Message::Text(text))) => text,
+        Some(Ok(Message::Close(_))) | None => return Heard::Ended("closed"),
+        Some(Ok(_)) => return Heard::Nothing,
+        Some(Err(_)) => return Heard::Ended("error"),
+    };
+    match serde_json::from_str::<Value>(&text) {
+        Ok(message) => Heard::Json(message),
+        Err(_) => {
+            books.breach(bad_json, text.chars().take(200).collect());
+            Heard::Nothing
+        }
+    }
 }
 
 /// The tag a frame carries in its candidate text: whose session, which frame, and the
@@ -239,11 +271,10 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     eprintln!("[chaos] preparing {} robots", args.robots);
     let (operator_token, viewer_token) = prepare(&http, &args, &keys).await?;
-    let ws_url = format!("{}/ws", args.url.replacen("http", "ws", 1));
     let (stop_tx, _) = tokio::sync::watch::channel(false);
     let shared = Arc::new(Shared {
         books: Books::default(),
-        ws_url,
+        ws_url: format!("{}/ws", args.url.replacen("http", "ws", 1)),
         operator_token,
         operator_subject: "chaos-operator".into(),
         viewer_token,
@@ -251,7 +282,37 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<()> {
         stop_tx,
         churn: args.churn_secs,
     });
-    let signer = Arc::new(keys.ed25519_signer()?);
+    let tasks = start_load(&shared, &args, Arc::new(keys.ed25519_signer()?)).await;
+    println!("{}", json!({"event": "ready"}));
+    let sampler = tokio::spawn(sample(shared.clone(), args.clone(), started));
+    follow_marks(&shared, started).await;
+    eprintln!("[chaos] stopping the load");
+    shared.stopping.store(true, Ordering::Relaxed);
+    let _ = shared.stop_tx.send(true);
+    for task in tasks {
+        let _ = tokio::time::timeout(Duration::from_secs(20), task).await;
+    }
+    sampler.abort();
+    shared.books.reconcile();
+    verify(&http, &args, &shared).await;
+    let mut books = shared.books.to_json();
+    books["duration_secs"] = json!(started.elapsed().as_secs_f64().round());
+    books["load"] = json!({"robots": args.robots, "operators": args.operators, "viewers": args.viewers,
+        "programs": args.programs, "arp_rate": args.arp_rate, "churn_secs": args.churn_secs});
+    std::fs::write(&args.out, serde_json::to_string_pretty(&books)?)?;
+    println!(
+        "{}",
+        json!({"event": "books", "breaches": books["breaches"]})
+    );
+    Ok(())
+}
+
+/// Starts the robots, then the people and programs on them.
+async fn start_load(
+    shared: &Arc<Shared>,
+    args: &ChaosArgs,
+    signer: Arc<Signer>,
+) -> Vec<tokio::task::JoinHandle<()>> {
     let mut tasks = Vec::new();
     for i in 0..args.robots {
         let robot = format!("{}{i}", args.prefix);
@@ -289,9 +350,11 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<()> {
         "[chaos] load running: {} robots, {} operators, {} viewers, {} programs at {} calls/s",
         args.robots, args.operators, args.viewers, args.programs, args.arp_rate
     );
-    println!("{}", json!({"event": "ready"}));
+    tasks
+}
 
-    let sampler = tokio::spawn(sample(shared.clone(), args.clone(), started));
+/// Follows stdin until `stop` (or its end): `mark NAME` starts phase NAME.
+async fn follow_marks(shared: &Shared, started: Instant) {
     let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
     while let Ok(Some(line)) = lines.next_line().await {
         let line = line.trim();
@@ -306,25 +369,6 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<()> {
             break;
         }
     }
-    eprintln!("[chaos] stopping the load");
-    shared.stopping.store(true, Ordering::Relaxed);
-    let _ = shared.stop_tx.send(true);
-    for task in tasks {
-        let _ = tokio::time::timeout(Duration::from_secs(20), task).await;
-    }
-    sampler.abort();
-    shared.books.reconcile();
-    verify(&http, &args, &shared).await;
-    let mut books = shared.books.to_json();
-    books["duration_secs"] = json!(started.elapsed().as_secs_f64().round());
-    books["load"] = json!({"robots": args.robots, "operators": args.operators, "viewers": args.viewers,
-        "programs": args.programs, "arp_rate": args.arp_rate, "churn_secs": args.churn_secs});
-    std::fs::write(&args.out, serde_json::to_string_pretty(&books)?)?;
-    println!(
-        "{}",
-        json!({"event": "books", "breaches": books["breaches"]})
-    );
-    Ok(())
 }
 
 /// Every `sample_secs`: window p99s and the running counts.
@@ -361,7 +405,46 @@ async fn sample(shared: Arc<Shared>, args: ChaosArgs, started: Instant) {
 /// has its audit record. Bounded waits; what does not hold is a breach.
 async fn verify(http: &reqwest::Client, args: &ChaosArgs, shared: &Shared) {
     let books = &shared.books;
-    // Sessions end as their sockets close; give the records a moment (bounded).
+    for record in &still_open(http, args, books).await {
+        books.breach("session_record_never_ended", record.to_string());
+    }
+    check_session_records(http, args, books).await;
+    // Audit: every key a robot ran has a record naming it (any outcome but refused).
+    let executed: Vec<String> = books
+        .executed
+        .lock()
+        .expect("executed")
+        .keys()
+        .cloned()
+        .collect();
+    let mut audited: HashMap<String, Vec<String>> = HashMap::new();
+    for p in 0..args.programs {
+        let robot = format!("{}{}", args.prefix, args.operators + p);
+        read_audit(http, args, books, &robot, &mut audited).await;
+    }
+    let mut pending = 0u64;
+    for key in &executed {
+        match audited.get(key) {
+            Some(outcomes) if outcomes.iter().any(|o| o != "refused") => {
+                if !outcomes.iter().any(|o| o == "completed") {
+                    pending += 1;
+                }
+            }
+            _ => books.breach("arp_call_ran_without_an_audit_record", key.clone()),
+        }
+    }
+    books.counts.add(
+        "verify.audit_records",
+        audited.values().map(|v| v.len() as u64).sum(),
+    );
+    books
+        .counts
+        .add("verify.executed_without_completed_record", pending);
+}
+
+/// The run's session records still open after a bounded wait: sessions end as their
+/// sockets close, so the records are given a moment.
+async fn still_open(http: &reqwest::Client, args: &ChaosArgs, books: &Books) -> Vec<Value> {
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut open: Vec<Value> = Vec::new();
     while Instant::now() < deadline {
@@ -392,9 +475,11 @@ async fn verify(http: &reqwest::Client, args: &ChaosArgs, shared: &Shared) {
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    for record in &open {
-        books.breach("session_record_never_ended", record.to_string());
-    }
+    open
+}
+
+/// Every session record of every robot has ended, with a reason.
+async fn check_session_records(http: &reqwest::Client, args: &ChaosArgs, books: &Books) {
     let mut records = 0u64;
     for i in 0..args.robots {
         let robot = format!("{}{i}", args.prefix);
@@ -418,76 +503,56 @@ async fn verify(http: &reqwest::Client, args: &ChaosArgs, shared: &Shared) {
         }
     }
     books.counts.add("verify.session_records", records);
-    // Audit: every key a robot ran has a record naming it (any outcome but refused).
-    let executed: Vec<String> = books
-        .executed
-        .lock()
-        .expect("executed")
-        .keys()
-        .cloned()
-        .collect();
-    let mut audited: std::collections::HashMap<String, Vec<String>> = Default::default();
-    for p in 0..args.programs {
-        let robot = format!("{}{}", args.prefix, args.operators + p);
-        let mut after: Option<String> = None;
-        loop {
-            let mut path = format!("/v1/robots/{robot}/audit?format=jsonl&limit=10000");
-            if let Some(cursor) = &after {
-                path.push_str(&format!("&after={cursor}"));
-            }
-            let response = http
-                .get(format!("{}{path}", args.url))
-                .bearer_auth(&args.admin_token)
-                .timeout(Duration::from_secs(30))
-                .send()
-                .await;
-            let Ok(response) = response else {
-                books.breach("audit_unreadable", robot.clone());
-                break;
+}
+
+/// Reads `robot`'s audit, page by page, into subject|key → the outcomes recorded.
+async fn read_audit(
+    http: &reqwest::Client,
+    args: &ChaosArgs,
+    books: &Books,
+    robot: &str,
+    audited: &mut HashMap<String, Vec<String>>,
+) {
+    let mut after: Option<String> = None;
+    loop {
+        let mut path = format!("/v1/robots/{robot}/audit?format=jsonl&limit=10000");
+        if let Some(cursor) = &after {
+            path.push_str(&format!("&after={cursor}"));
+        }
+        let response = http
+            .get(format!("{}{path}", args.url))
+            .bearer_auth(&args.admin_token)
+            .timeout(Duration::from_secs(30))
+            .send()
+            .await;
+        let Ok(response) = response else {
+            books.breach("audit_unreadable", robot.to_string());
+            break;
+        };
+        after = response
+            .headers()
+            .get("x-next-cursor")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let text = response.text().await.unwrap_or_default();
+        for line in text.lines() {
+            let Ok(record) = serde_json::from_str::<Value>(line) else {
+                continue;
             };
-            after = response
-                .headers()
-                .get("x-next-cursor")
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_string);
-            let text = response.text().await.unwrap_or_default();
-            for line in text.lines() {
-                let Ok(record) = serde_json::from_str::<Value>(line) else {
-                    continue;
-                };
-                if let (Some(key), Some(subject)) = (
-                    record["idempotencyKey"].as_str(),
-                    record["subject"].as_str(),
-                ) {
-                    audited
-                        .entry(format!("{subject}|{key}"))
-                        .or_default()
-                        .push(record["outcome"].as_str().unwrap_or("").to_string());
-                }
-            }
-            if after.is_none() {
-                break;
+            if let (Some(key), Some(subject)) = (
+                record["idempotencyKey"].as_str(),
+                record["subject"].as_str(),
+            ) {
+                audited
+                    .entry(format!("{subject}|{key}"))
+                    .or_default()
+                    .push(record["outcome"].as_str().unwrap_or("").to_string());
             }
         }
-    }
-    let mut pending = 0u64;
-    for key in &executed {
-        match audited.get(key) {
-            Some(outcomes) if outcomes.iter().any(|o| o != "refused") => {
-                if !outcomes.iter().any(|o| o == "completed") {
-                    pending += 1;
-                }
-            }
-            _ => books.breach("arp_call_ran_without_an_audit_record", key.clone()),
+        if after.is_none() {
+            break;
         }
     }
-    books.counts.add(
-        "verify.audit_records",
-        audited.values().map(|v| v.len() as u64).sum(),
-    );
-    books
-        .counts
-        .add("verify.executed_without_completed_record", pending);
 }
 
 #[cfg(test)]

@@ -3,16 +3,18 @@
 //! got no answer or a retryable refusal with the same key on a new connection.
 
 use std::collections::{HashMap, VecDeque};
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures_util::stream::SplitSink;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::Message;
 
-use super::{Backoff, Shared};
+use super::{heard, Backoff, Heard, Shared};
 
 /// Tries per call (the first and the retries) before it is given up as unanswered.
 const TRIES: u32 = 6;
@@ -29,24 +31,18 @@ struct Call {
 /// Runs one program against `robot_id` until the run stops, `rate` calls a second.
 pub async fn run(shared: Arc<Shared>, robot_id: String, program: usize, rate: f64) {
     let books = &shared.books;
-    let mut backoff = Backoff::new();
-    // Calls still to be answered (retries first).
-    let mut queue: VecDeque<Call> = VecDeque::new();
-    let mut next = 0u64;
+    let mut program = Program {
+        shared: &shared,
+        number: program,
+        queue: VecDeque::new(),
+        next: 0,
+        backoff: Backoff::new(),
+    };
     let period = Duration::from_secs_f64(1.0 / rate.max(0.1));
     while !shared.stopping() {
         match connect(&shared, &robot_id).await {
             Ok(socket) => {
-                let ended = session(
-                    &shared,
-                    socket,
-                    program,
-                    period,
-                    &mut queue,
-                    &mut next,
-                    &mut backoff,
-                )
-                .await;
+                let ended = session(&shared, socket, &mut program, period).await;
                 books.count(&format!("arp.connection_ended.{ended}"));
             }
             Err(e) => {
@@ -60,11 +56,11 @@ pub async fn run(shared: Arc<Shared>, robot_id: String, program: usize, rate: f6
         if shared.stopping() {
             break;
         }
-        backoff.wait(&shared).await;
+        program.backoff.wait(&shared).await;
     }
     // What was never answered nor refused, after its tries: the books' breach if any
     // try had no answer at all (a refusal with a code is an answer).
-    for call in queue {
+    for call in program.queue {
         match call.last_code {
             Some(code) => {
                 books.count(&format!("arp.calls_refused_final.{code}"));
@@ -110,17 +106,16 @@ fn retryable(code: i64, reason: &str) -> bool {
     )
 }
 
-#[allow(clippy::too_many_arguments)]
+type Sink = SplitSink<super::target::Socket, Message>;
+
+/// One connection of a program: initializes, calls at its period, and hands the calls it
+/// got no answer for back to the queue when it ends; says how it ended.
 async fn session(
     shared: &Shared,
     socket: super::target::Socket,
-    program: usize,
+    program: &mut Program<'_>,
     period: Duration,
-    queue: &mut VecDeque<Call>,
-    next: &mut u64,
-    backoff: &mut Backoff,
 ) -> &'static str {
-    let books = &shared.books;
     let (mut sink, mut stream) = socket.split();
     let init = json!({"jsonrpc": "2.0", "id": "init", "method": "arp.initialize", "params": {
         "protocolVersion": "0.1.0", "clientInfo": {"name": "chaos", "version": "1"},
@@ -128,84 +123,152 @@ async fn session(
     if sink.send(Message::text(init.to_string())).await.is_err() {
         return "send_failed";
     }
-    // Calls sent on this connection: JSON-RPC id → (call, sent at).
-    let mut in_flight: HashMap<u64, (Call, Instant)> = HashMap::new();
-    let mut rpc = 0u64;
-    let mut ready = false;
+    let mut connection = Connection::new(shared.churn_deadline());
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut stop = shared.stop_signal();
-    let churn_at = shared.churn_deadline();
     // After the stop: the answers still due, for a few seconds, then the end.
     let mut draining: Option<Instant> = None;
     let outcome = loop {
         if let Some(since) = draining {
-            if in_flight.is_empty() || since.elapsed() > Duration::from_secs(5) {
+            if connection.in_flight.is_empty() || since.elapsed() > Duration::from_secs(5) {
                 break "stopped";
             }
         }
-        let message = tokio::select! {
+        let flow = tokio::select! {
             _ = stop.changed(), if draining.is_none() => {
                 draining = Some(Instant::now());
-                continue;
+                ControlFlow::Continue(())
             }
-            _ = tick.tick() => {
-                if draining.is_some() || !ready || in_flight.len() >= 12 {
-                    continue;
-                }
-                if churn_at.is_some_and(|at| Instant::now() >= at) && in_flight.is_empty() {
-                    books.count("arp.connections_churned");
-                    break "churn";
-                }
-                if in_flight.values().any(|(_, at)| at.elapsed() > CALL_TIMEOUT) {
-                    break "call_timed_out";
-                }
-                let mut call = queue.pop_front().unwrap_or_else(|| {
-                    *next += 1;
-                    books.count("arp.calls_new");
-                    Call {
-                        key: format!("p{program}-{next}"),
-                        // One call in ten needs a confirmation (the robot asks the program).
-                        tool: if next.is_multiple_of(10) { "navigate_to" } else { "list_locations" },
-                        tries: 0,
-                        last_code: None,
-                    }
-                });
-                call.tries += 1;
-                rpc += 1;
-                let frame = json!({"jsonrpc": "2.0", "id": rpc, "method": "arp.callTool", "params": {
-                    "name": call.tool, "arguments": {}, "idempotencyKey": call.key}});
-                if sink.send(Message::text(frame.to_string())).await.is_err() {
-                    queue.push_front(call);
-                    break "send_failed";
-                }
-                books.count("arp.calls_sent");
-                in_flight.insert(rpc, (call, Instant::now()));
-                continue;
+            // While draining, a tick only wakes the loop to see whether the time is up.
+            _ = tick.tick() => match draining {
+                Some(_) => ControlFlow::Continue(()),
+                None => connection.call(program, &mut sink).await,
+            },
+            frame = stream.next() => match heard(&shared.books, frame, "program_got_bad_json") {
+                Heard::Json(frame) => connection.on_frame(program, &frame, &mut sink).await,
+                Heard::Nothing => ControlFlow::Continue(()),
+                Heard::Ended(how) => ControlFlow::Break(how),
+            },
+        };
+        if let ControlFlow::Break(how) = flow {
+            break how;
+        }
+    };
+    connection.hand_back(program, outcome);
+    let _ = sink.close().await;
+    outcome
+}
+
+/// What a program keeps over its connections.
+struct Program<'a> {
+    shared: &'a Shared,
+    /// Which program: its calls' keys are `p{number}-{n}`.
+    number: usize,
+    /// Calls still to be answered (retries first).
+    queue: VecDeque<Call>,
+    /// The last call made.
+    next: u64,
+    backoff: Backoff,
+}
+
+impl Program<'_> {
+    /// The next call: a retry, or a new one.
+    fn next_call(&mut self) -> Call {
+        self.queue.pop_front().unwrap_or_else(|| {
+            self.next += 1;
+            self.shared.books.count("arp.calls_new");
+            Call {
+                key: format!("p{}-{}", self.number, self.next),
+                // One call in ten needs a confirmation (the robot asks the program).
+                tool: if self.next.is_multiple_of(10) {
+                    "navigate_to"
+                } else {
+                    "list_locations"
+                },
+                tries: 0,
+                last_code: None,
             }
-            message = stream.next() => message,
-        };
-        let text = match message {
-            Some(Ok(Message::Text(text))) => text,
-            Some(Ok(Message::Close(_))) | None => break "closed",
-            Some(Ok(_)) => continue,
-            Some(Err(_)) => break "error",
-        };
-        let Ok(frame) = serde_json::from_str::<Value>(&text) else {
-            books.breach("program_got_bad_json", text.chars().take(200).collect());
-            continue;
-        };
+        })
+    }
+}
+
+/// One connection's state.
+struct Connection {
+    /// Calls sent on this connection: JSON-RPC id → (call, sent at).
+    in_flight: HashMap<u64, (Call, Instant)>,
+    /// The last JSON-RPC id used.
+    rpc: u64,
+    /// Initialized.
+    ready: bool,
+    churn_at: Option<Instant>,
+}
+
+impl Connection {
+    fn new(churn_at: Option<Instant>) -> Self {
+        Connection {
+            in_flight: HashMap::new(),
+            rpc: 0,
+            ready: false,
+            churn_at,
+        }
+    }
+
+    /// At a tick: the next call, unless the connection is to end (churn, a call that
+    /// timed out) or has enough in flight.
+    async fn call(
+        &mut self,
+        program: &mut Program<'_>,
+        sink: &mut Sink,
+    ) -> ControlFlow<&'static str> {
+        let books = &program.shared.books;
+        if !self.ready || self.in_flight.len() >= 12 {
+            return ControlFlow::Continue(());
+        }
+        if self.churn_at.is_some_and(|at| Instant::now() >= at) && self.in_flight.is_empty() {
+            books.count("arp.connections_churned");
+            return ControlFlow::Break("churn");
+        }
+        if self
+            .in_flight
+            .values()
+            .any(|(_, at)| at.elapsed() > CALL_TIMEOUT)
+        {
+            return ControlFlow::Break("call_timed_out");
+        }
+        let mut call = program.next_call();
+        call.tries += 1;
+        self.rpc += 1;
+        let frame = json!({"jsonrpc": "2.0", "id": self.rpc, "method": "arp.callTool", "params": {
+            "name": call.tool, "arguments": {}, "idempotencyKey": call.key}});
+        if sink.send(Message::text(frame.to_string())).await.is_err() {
+            program.queue.push_front(call);
+            return ControlFlow::Break("send_failed");
+        }
+        books.count("arp.calls_sent");
+        self.in_flight.insert(self.rpc, (call, Instant::now()));
+        ControlFlow::Continue(())
+    }
+
+    /// A frame from the gateway: a confirmation to give, initialize's answer, or a call's.
+    async fn on_frame(
+        &mut self,
+        program: &mut Program<'_>,
+        frame: &Value,
+        sink: &mut Sink,
+    ) -> ControlFlow<&'static str> {
+        let books = &program.shared.books;
         if frame["method"] == "arp.requestConfirmation" {
             let answer = json!({"jsonrpc": "2.0", "id": frame["id"], "result": {
                 "confirmed": true, "confirmedBy": "chaos", "timestamp": "2026-01-01T00:00:00Z"}});
             if sink.send(Message::text(answer.to_string())).await.is_err() {
-                break "send_failed";
+                return ControlFlow::Break("send_failed");
             }
             books.count("arp.confirmations_answered");
-            continue;
+            return ControlFlow::Continue(());
         }
         if frame.get("method").is_some() {
-            continue;
+            return ControlFlow::Continue(());
         }
         if frame["id"] == "init" {
             if let Some(error) = frame.get("error") {
@@ -213,74 +276,98 @@ async fn session(
                 let reason = error["data"]["reason"].as_str().unwrap_or("");
                 books.error(&format!("arp:{code}/{reason}"));
                 books.count("arp.initialize_refused");
-                break "initialize_refused";
+                return ControlFlow::Break("initialize_refused");
             }
-            ready = true;
-            backoff.reset();
+            self.ready = true;
+            program.backoff.reset();
             books.count("arp.sessions_opened");
-            continue;
+            return ControlFlow::Continue(());
         }
         let Some(id) = frame["id"].as_u64() else {
-            continue;
+            return ControlFlow::Continue(());
         };
-        let Some((mut call, sent)) = in_flight.remove(&id) else {
+        let Some((call, sent)) = self.in_flight.remove(&id) else {
             books.breach("program_got_an_answer_it_never_asked", frame.to_string());
-            continue;
+            return ControlFlow::Continue(());
         };
-        if let Some(error) = frame.get("error") {
-            let code = error["code"].as_i64().unwrap_or(0);
-            let reason = error["data"]["reason"].as_str().unwrap_or("").to_string();
-            if code == 0 {
-                books.breach("arp_refused_without_a_code", frame.to_string());
+        match frame.get("error") {
+            Some(error) => refused(program, call, error, frame),
+            None => {
+                completed(program.shared, &call, sent, frame);
+                ControlFlow::Continue(())
             }
-            books.error(&format!("arp:{code}/{reason}"));
-            call.last_code = Some(format!("{code}/{reason}"));
-            if retryable(code, &reason) && call.tries < TRIES {
-                books.count("arp.calls_retried");
-                queue.push_back(call);
-            } else {
-                books.count(&format!("arp.calls_refused_final.{code}/{reason}"));
-            }
-            if reason == "session_ended" {
-                break "session_ended";
-            }
-            continue;
         }
-        books.arp_rtt.record(sent.elapsed().as_nanos() as u64);
-        if frame["result"]["state"] == "completed" {
-            books.count("arp.calls_completed");
-            books
-                .completed_keys
-                .lock()
-                .expect("keys")
-                .insert(format!("{}|{}", shared.operator_subject, call.key));
-        } else {
-            books.breach("arp_answer_without_completed_state", frame.to_string());
-        }
-    };
-    // Calls without an answer on this connection go again (same key) on the next one.
-    let mut unanswered: Vec<(u64, Call)> = in_flight
-        .into_iter()
-        .map(|(id, (call, _))| (id, call))
-        .collect();
-    unanswered.sort_by_key(|(id, _)| *id);
-    for (_, mut call) in unanswered.into_iter().rev() {
-        if outcome == "stopped" {
-            books.count("arp.calls_in_flight_at_stop");
-            continue;
-        }
-        if call.tries >= TRIES {
-            books
-                .unanswered_keys
-                .lock()
-                .expect("keys")
-                .insert(call.key.clone());
-            continue;
-        }
-        books.count("arp.calls_unanswered_on_connection");
-        call.last_code = None;
-        queue.push_front(call);
     }
-    let _ = sink.close().await;
-    outcome
+
+    /// Calls without an answer on this connection go again (same key) on the next one.
+    fn hand_back(self, program: &mut Program<'_>, outcome: &str) {
+        let books = &program.shared.books;
+        let mut unanswered: Vec<(u64, Call)> = self
+            .in_flight
+            .into_iter()
+            .map(|(id, (call, _))| (id, call))
+            .collect();
+        unanswered.sort_by_key(|(id, _)| *id);
+        for (_, mut call) in unanswered.into_iter().rev() {
+            if outcome == "stopped" {
+                books.count("arp.calls_in_flight_at_stop");
+                continue;
+            }
+            if call.tries >= TRIES {
+                books
+                    .unanswered_keys
+                    .lock()
+                    .expect("keys")
+                    .insert(call.key.clone());
+                continue;
+            }
+            books.count("arp.calls_unanswered_on_connection");
+            call.last_code = None;
+            program.queue.push_front(call);
+        }
+    }
+}
+
+/// A call refused: retried if it may be, else refused for good; a refusal because the
+/// session ended ends the connection.
+fn refused(
+    program: &mut Program<'_>,
+    mut call: Call,
+    error: &Value,
+    frame: &Value,
+) -> ControlFlow<&'static str> {
+    let books = &program.shared.books;
+    let code = error["code"].as_i64().unwrap_or(0);
+    let reason = error["data"]["reason"].as_str().unwrap_or("").to_string();
+    if code == 0 {
+        books.breach("arp_refused_without_a_code", frame.to_string());
+    }
+    books.error(&format!("arp:{code}/{reason}"));
+    call.last_code = Some(format!("{code}/{reason}"));
+    if retryable(code, &reason) && call.tries < TRIES {
+        books.count("arp.calls_retried");
+        program.queue.push_back(call);
+    } else {
+        books.count(&format!("arp.calls_refused_final.{code}/{reason}"));
+    }
+    if reason == "session_ended" {
+        return ControlFlow::Break("session_ended");
+    }
+    ControlFlow::Continue(())
+}
+
+/// A call answered: its round trip timed, its key completed.
+fn completed(shared: &Shared, call: &Call, sent: Instant, frame: &Value) {
+    let books = &shared.books;
+    books.arp_rtt.record(sent.elapsed().as_nanos() as u64);
+    if frame["result"]["state"] == "completed" {
+        books.count("arp.calls_completed");
+        books
+            .completed_keys
+            .lock()
+            .expect("keys")
+            .insert(format!("{}|{}", shared.operator_subject, call.key));
+    } else {
+        books.breach("arp_answer_without_completed_state", frame.to_string());
+    }
 }

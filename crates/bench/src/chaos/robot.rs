@@ -10,13 +10,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::Message;
 
-use super::{envelope, frame_tag, parse_tag, Backoff, Shared};
+use super::{envelope, frame_tag, heard, parse_tag, Backoff, Heard, Shared};
 use crate::target::{self, Reads, Signer, Socket};
 
 /// A session the robot takes part in.
@@ -79,30 +78,14 @@ async fn login(shared: &Shared, robot_id: &str, signer: &Signer) -> anyhow::Resu
     )
     .await
     .context("connect timed out")??;
-    let register = envelope(
-        "signalling.register",
-        json!({"agentId": robot_id, "metadata": {"wantsWelcome": true, "arp": "0.1.0"}}),
-    );
+    let register = target::register_message(robot_id, json!({"arp": "0.1.0"}));
     socket.send(Message::text(register.to_string())).await?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let message = next_text(&mut socket, deadline).await?;
+        let message = target::next_json_by(&mut socket, deadline).await?;
         match message["type"].as_str() {
             Some("signalling.pki_challenge") => {
-                let bytes = STANDARD.decode(
-                    message["payload"]["challenge"]
-                        .as_str()
-                        .context("challenge")?,
-                )?;
-                let signature = match signer {
-                    Signer::Ed25519(key) => key.sign(&bytes).as_ref().to_vec(),
-                    Signer::P256(_) => bail!("chaos robots use Ed25519"),
-                };
-                let mut response = envelope(
-                    "signalling.pki_response",
-                    json!({"signature": STANDARD.encode(signature)}),
-                );
-                response["correlationId"] = message["id"].clone();
+                let response = target::pki_response(&message, signer)?;
                 socket.send(Message::text(response.to_string())).await?;
             }
             Some("signalling.welcome") if message["payload"].get("iceServers").is_some() => {
@@ -110,7 +93,7 @@ async fn login(shared: &Shared, robot_id: &str, signer: &Signer) -> anyhow::Resu
             }
             Some("signalling.pki_verified") => {
                 // Wait for the second welcome below.
-                let next = next_text(&mut socket, deadline).await?;
+                let next = target::next_json_by(&mut socket, deadline).await?;
                 if next["type"] != "signalling.welcome" {
                     bail!("expected welcome after pki_verified, got {next}");
                 }
@@ -118,18 +101,6 @@ async fn login(shared: &Shared, robot_id: &str, signer: &Signer) -> anyhow::Resu
             }
             Some("signalling.error") => bail!("login refused: {}", message["payload"]),
             _ => {}
-        }
-    }
-}
-
-async fn next_text(socket: &mut Socket, deadline: tokio::time::Instant) -> anyhow::Result<Value> {
-    loop {
-        let frame = tokio::time::timeout_at(deadline, socket.next())
-            .await
-            .context("no reply in time")?
-            .context("socket closed")??;
-        if let Message::Text(text) = frame {
-            return Ok(serde_json::from_str(&text)?);
         }
     }
 }
@@ -144,18 +115,12 @@ async fn serve(
 ) -> &'static str {
     let books = &shared.books;
     let (mut sink, mut stream) = socket.split();
-    let mut sessions: HashMap<String, Session> = HashMap::new();
-    // Sessions that ended: frames for them may still arrive late, harmlessly.
-    let mut ended: HashSet<String> = HashSet::new();
-    // The last session events, shown with a breach: what the robot heard, in its order.
-    let mut seen = Seen::default();
-    // Confirmations asked: request id → (connectionId, call id, key, subject).
-    let mut asked: HashMap<String, (String, Value, String)> = HashMap::new();
+    let mut robot = Connection::new(shared, robot_id, remembered);
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut stop = shared.stop_signal();
     loop {
-        let message = tokio::select! {
+        let out = tokio::select! {
             _ = stop.changed() => {
                 let _ = sink.close().await;
                 return "stopped";
@@ -168,12 +133,7 @@ async fn serve(
                     return "churn";
                 }
                 // Frames of its own to every teleop session (viewers included), 10 Hz.
-                let mut out = Vec::new();
-                for (id, session) in sessions.iter_mut().filter(|(_, s)| s.teleop) {
-                    session.seq += 1;
-                    out.push(ice(id, &frame_tag(id, session.seq, 0)));
-                }
-                for text in out {
+                for text in robot.own_frames() {
                     if sink.send(Message::text(text)).await.is_err() {
                         return "send_failed";
                     }
@@ -181,95 +141,212 @@ async fn serve(
                 }
                 continue;
             }
-            message = stream.next() => message,
+            frame = stream.next() => match heard(books, frame, "robot_got_bad_json") {
+                Heard::Json(message) => robot.answer(&message),
+                Heard::Nothing => continue,
+                Heard::Ended(how) => return how,
+            },
         };
-        let text = match message {
-            Some(Ok(Message::Text(text))) => text,
-            Some(Ok(Message::Close(_))) | None => return "closed",
-            Some(Ok(_)) => continue,
-            Some(Err(_)) => return "error",
-        };
-        let Ok(message) = serde_json::from_str::<Value>(&text) else {
-            books.breach("robot_got_bad_json", text.chars().take(200).collect());
-            continue;
-        };
-        let kind = message["type"].as_str().unwrap_or("");
-        let payload = &message["payload"];
-        let session_id = payload["connectionId"].as_str().unwrap_or("").to_string();
-        let role = message["meta"]["session"]["role"].as_str().unwrap_or("");
-        let controls = matches!(role, "operator" | "owner");
-        match kind {
-            "signalling.offer" => {
-                books.count("offers.robot_received");
-                if payload["robotId"].as_str().is_some_and(|r| r != robot_id) {
-                    books.breach("offer_for_another_robot", format!("{robot_id}: {message}"));
-                }
-                seen.note(format!("offer {session_id} {role}"));
-                open_session(books, &mut sessions, &session_id, controls, true, &seen);
-                let answer = envelope(
-                    "signalling.answer",
-                    json!({"connectionId": session_id, "sdpType": "answer", "sdp": "v=0\r\n"}),
-                );
-                if sink.send(Message::text(answer.to_string())).await.is_err() {
-                    return "send_failed";
-                }
+        for text in out {
+            if sink.send(Message::text(text)).await.is_err() {
+                return "send_failed";
             }
+        }
+    }
+}
+
+/// One login of the robot: its sessions, what it heard, the confirmations it asked for.
+struct Connection<'a> {
+    shared: &'a Shared,
+    robot_id: &'a str,
+    sessions: HashMap<String, Session>,
+    /// Sessions that ended: frames for them may still arrive late, harmlessly.
+    ended: HashSet<String>,
+    /// The last session events, shown with a breach: what the robot heard, in its order.
+    seen: Seen,
+    /// Confirmations asked: request id → the call waiting for it.
+    asked: HashMap<String, Asked>,
+    /// Idempotency keys this robot has run, over its logins: (subject|key) → its answer.
+    remembered: &'a mut HashMap<String, Value>,
+}
+
+/// A message to the robot, with what it reads from every kind.
+#[derive(Clone, Copy)]
+struct Incoming<'m> {
+    message: &'m Value,
+    session_id: &'m str,
+    role: &'m str,
+    /// The session's role drives the robot.
+    controls: bool,
+}
+
+/// A call waiting for the confirmation the robot asked the program for.
+struct Asked {
+    subject: String,
+    call_id: Value,
+    /// subject|idempotency key.
+    key: String,
+}
+
+impl<'a> Connection<'a> {
+    fn new(
+        shared: &'a Shared,
+        robot_id: &'a str,
+        remembered: &'a mut HashMap<String, Value>,
+    ) -> Self {
+        Connection {
+            shared,
+            robot_id,
+            sessions: HashMap::new(),
+            ended: HashSet::new(),
+            seen: Seen::default(),
+            asked: HashMap::new(),
+            remembered,
+        }
+    }
+
+    /// The next frame of its own for every teleop session.
+    fn own_frames(&mut self) -> Vec<String> {
+        let mut out = Vec::new();
+        for (id, session) in self.sessions.iter_mut().filter(|(_, s)| s.teleop) {
+            session.seq += 1;
+            out.push(ice(id, &frame_tag(id, session.seq, 0)));
+        }
+        out
+    }
+
+    /// What the robot sends in answer to one message.
+    fn answer(&mut self, message: &Value) -> Vec<String> {
+        let payload = &message["payload"];
+        let session_id = payload["connectionId"].as_str().unwrap_or("");
+        let role = message["meta"]["session"]["role"].as_str().unwrap_or("");
+        let incoming = Incoming {
+            message,
+            session_id,
+            role,
+            controls: matches!(role, "operator" | "owner"),
+        };
+        match message["type"].as_str().unwrap_or("") {
+            "signalling.offer" => self.on_offer(&incoming),
             "signalling.ice_candidate" => {
                 let candidate = payload["candidate"].as_str().unwrap_or("");
-                if !sessions.contains_key(&session_id) {
-                    if !ended.contains(&session_id) {
-                        books.breach(
-                            "frame_to_a_non_party",
-                            format!("robot {robot_id} got a frame of {session_id}"),
-                        );
-                    }
-                    continue;
-                }
-                match parse_tag(candidate) {
-                    Some((tagged, seq, stamp)) if tagged == session_id => {
-                        books.count("frames.robot_received");
-                        // Echo the client's stamp: its round trip is the relay's.
-                        let echo = ice(&session_id, &frame_tag(&session_id, seq, stamp));
-                        if sink.send(Message::text(echo)).await.is_err() {
-                            return "send_failed";
-                        }
-                    }
-                    _ => books.breach(
-                        "frame_to_a_non_party",
-                        format!("robot {robot_id}, session {session_id}: {candidate}"),
-                    ),
-                }
+                self.on_frame(session_id, candidate).into_iter().collect()
             }
             "signalling.disconnected" => {
                 let reason = payload["details"]["reason"].as_str().unwrap_or("");
-                seen.note(format!("disconnected {session_id} {reason}"));
-                if sessions.remove(&session_id).is_some() {
-                    books.count("sessions.robot_told_end");
+                self.seen
+                    .note(format!("disconnected {session_id} {reason}"));
+                if self.sessions.remove(session_id).is_some() {
+                    self.shared.books.count("sessions.robot_told_end");
                 }
-                ended.insert(session_id);
+                self.ended.insert(session_id.to_string());
+                Vec::new()
             }
-            "arp.frame" => {
-                if !sessions.contains_key(&session_id) {
-                    if ended.contains(&session_id) {
-                        books.count("arp.robot_frame_after_end");
-                        continue;
-                    }
-                    seen.note(format!("arp.frame(new) {session_id} {role}"));
-                    open_session(books, &mut sessions, &session_id, controls, false, &seen);
-                }
-                let answer = arp_answer(shared, robot_id, &message, remembered, &mut asked);
-                for frame in answer {
-                    if sink.send(Message::text(frame.to_string())).await.is_err() {
-                        return "send_failed";
-                    }
-                }
-            }
+            "arp.frame" => self.on_arp_frame(&incoming),
             "signalling.error" => {
                 let code = payload["code"].as_str().unwrap_or("?");
                 let reason = payload["details"]["reason"].as_str().unwrap_or("");
-                books.error(&format!("robot:{code}/{reason}"));
+                self.shared.books.error(&format!("robot:{code}/{reason}"));
+                Vec::new()
             }
-            _ => {}
+            _ => Vec::new(),
+        }
+    }
+
+    fn on_offer(&mut self, incoming: &Incoming) -> Vec<String> {
+        let session_id = incoming.session_id;
+        let books = &self.shared.books;
+        books.count("offers.robot_received");
+        let robot_id = self.robot_id;
+        if incoming.message["payload"]["robotId"]
+            .as_str()
+            .is_some_and(|r| r != robot_id)
+        {
+            books.breach(
+                "offer_for_another_robot",
+                format!("{robot_id}: {}", incoming.message),
+            );
+        }
+        self.seen
+            .note(format!("offer {session_id} {}", incoming.role));
+        self.open_session(session_id, incoming.controls, true);
+        let answer = envelope(
+            "signalling.answer",
+            json!({"connectionId": session_id, "sdpType": "answer", "sdp": "v=0\r\n"}),
+        );
+        vec![answer.to_string()]
+    }
+
+    /// A client's frame: echoed when it is of a session of this robot's, else a breach.
+    fn on_frame(&mut self, session_id: &str, candidate: &str) -> Option<String> {
+        let books = &self.shared.books;
+        let robot_id = self.robot_id;
+        if !self.sessions.contains_key(session_id) {
+            if !self.ended.contains(session_id) {
+                books.breach(
+                    "frame_to_a_non_party",
+                    format!("robot {robot_id} got a frame of {session_id}"),
+                );
+            }
+            return None;
+        }
+        match parse_tag(candidate) {
+            Some((tagged, seq, stamp)) if tagged == session_id => {
+                books.count("frames.robot_received");
+                // Echo the client's stamp: its round trip is the relay's.
+                Some(ice(session_id, &frame_tag(session_id, seq, stamp)))
+            }
+            _ => {
+                books.breach(
+                    "frame_to_a_non_party",
+                    format!("robot {robot_id}, session {session_id}: {candidate}"),
+                );
+                None
+            }
+        }
+    }
+
+    /// An ARP frame: opens the session if it is new, then answers.
+    fn on_arp_frame(&mut self, incoming: &Incoming) -> Vec<String> {
+        let session_id = incoming.session_id;
+        if !self.sessions.contains_key(session_id) {
+            if self.ended.contains(session_id) {
+                self.shared.books.count("arp.robot_frame_after_end");
+                return Vec::new();
+            }
+            self.seen
+                .note(format!("arp.frame(new) {session_id} {}", incoming.role));
+            self.open_session(session_id, incoming.controls, false);
+        }
+        self.arp_answer(incoming.message)
+            .map(|frame| frame.to_string())
+            .into_iter()
+            .collect()
+    }
+
+    fn open_session(&mut self, id: &str, controls: bool, teleop: bool) {
+        let books = &self.shared.books;
+        self.sessions.insert(
+            id.to_string(),
+            Session {
+                controls,
+                teleop,
+                seq: 0,
+            },
+        );
+        let controllers = self.sessions.values().filter(|s| s.controls).count() as u64;
+        books.controllers_seen(controllers);
+        if controllers > 1 {
+            let ids: Vec<&String> = self
+                .sessions
+                .iter()
+                .filter(|(_, s)| s.controls)
+                .map(|(id, _)| id)
+                .collect();
+            books.breach(
+                "two_controllers_of_one_robot",
+                format!("{ids:?}; heard: {:?}", self.seen.events),
+            );
         }
     }
 }
@@ -301,37 +378,6 @@ impl Seen {
     }
 }
 
-fn open_session(
-    books: &super::Books,
-    sessions: &mut HashMap<String, Session>,
-    id: &str,
-    controls: bool,
-    teleop: bool,
-    seen: &Seen,
-) {
-    sessions.insert(
-        id.to_string(),
-        Session {
-            controls,
-            teleop,
-            seq: 0,
-        },
-    );
-    let controllers = sessions.values().filter(|s| s.controls).count() as u64;
-    books.controllers_seen(controllers);
-    if controllers > 1 {
-        let ids: Vec<&String> = sessions
-            .iter()
-            .filter(|(_, s)| s.controls)
-            .map(|(id, _)| id)
-            .collect();
-        books.breach(
-            "two_controllers_of_one_robot",
-            format!("{ids:?}; heard: {:?}", seen.events),
-        );
-    }
-}
-
 fn ice(session: &str, tag: &str) -> String {
     envelope(
         "signalling.ice_candidate",
@@ -340,129 +386,146 @@ fn ice(session: &str, tag: &str) -> String {
     .to_string()
 }
 
-/// The robot's frames in answer to one `arp.frame`.
-fn arp_answer(
-    shared: &Shared,
-    robot_id: &str,
-    message: &Value,
-    remembered: &mut HashMap<String, Value>,
-    asked: &mut HashMap<String, (String, Value, String)>,
-) -> Vec<Value> {
-    let books = &shared.books;
-    let connection = message["payload"]["connectionId"].clone();
-    let frame = &message["payload"]["frame"];
-    let subject = message["meta"]["session"]["subject"]
-        .as_str()
-        .unwrap_or("")
-        .to_string();
-    let reply = |frame: Value, meta: Option<Value>| {
-        let mut answer = envelope(
-            "arp.frame",
-            json!({"connectionId": connection, "frame": frame}),
-        );
-        if let Some(meta) = meta {
-            answer["meta"] = meta;
+impl Connection<'_> {
+    /// The robot's frame in answer to one `arp.frame`, if any.
+    fn arp_answer(&mut self, message: &Value) -> Option<Value> {
+        let connection = &message["payload"]["connectionId"];
+        let frame = &message["payload"]["frame"];
+        if frame.get("method").is_none() {
+            return self.on_confirmation(connection, frame);
         }
-        answer
-    };
-    // An answer to a confirmation this robot asked for.
-    if frame.get("method").is_none() {
-        let Some(request) = frame["id"].as_str() else {
-            return Vec::new();
-        };
-        let Some((call_subject, call_id, key)) = asked.remove(request) else {
+        let id = frame.get("id").cloned()?;
+        let meta = key_exchange(message).map(|half| json!({"ticketKey": half}));
+        Some(match frame["method"].as_str().unwrap_or("") {
+            "arp.initialize" => arp_reply(
+                connection,
+                json!({"jsonrpc": "2.0", "id": id, "result": {
+                    "protocolVersion": "0.1.0",
+                    "serverInfo": {"name": "chaos-robot", "version": "1"},
+                    "capabilities": {"tools": true, "context": true, "constraints": true,
+                                     "planning": false, "confirmation": true}}}),
+                meta,
+            ),
+            "arp.callTool" => {
+                let subject = message["meta"]["session"]["subject"].as_str().unwrap_or("");
+                self.call_tool(connection, frame, subject, id, meta)
+            }
+            _ => arp_reply(
+                connection,
+                json!({"jsonrpc": "2.0", "id": id, "result": {}}),
+                meta,
+            ),
+        })
+    }
+
+    /// An answer to a confirmation this robot asked for: the call runs if it was given.
+    fn on_confirmation(&mut self, connection: &Value, frame: &Value) -> Option<Value> {
+        let books = &self.shared.books;
+        let request = frame["id"].as_str()?;
+        let Some(asked) = self.asked.remove(request) else {
             books.breach(
                 "robot_got_an_unsolicited_answer",
-                format!("{robot_id}: {frame}"),
+                format!("{}: {frame}", self.robot_id),
             );
-            return Vec::new();
+            return None;
         };
         if frame["result"]["confirmed"] != true {
             books.count("arp.confirmations_denied");
-            return vec![reply(
-                json!({"jsonrpc": "2.0", "id": call_id, "error": {"code": -40006, "message": "confirmation denied"}}),
+            return Some(arp_reply(
+                connection,
+                json!({"jsonrpc": "2.0", "id": asked.call_id, "error": {"code": -40006, "message": "confirmation denied"}}),
                 None,
-            )];
+            ));
         }
         books.count("arp.confirmations_given");
         let confirmed_by = frame["result"]["confirmedBy"].as_str().unwrap_or("");
-        if !confirmed_by.ends_with(" via client") || !confirmed_by.starts_with(&call_subject) {
+        if !confirmed_by.ends_with(" via client") || !confirmed_by.starts_with(&asked.subject) {
             books.breach(
                 "confirmation_by_someone_else",
-                format!("{robot_id}: {confirmed_by}"),
+                format!("{}: {confirmed_by}", self.robot_id),
             );
         }
-        return vec![reply(
-            run_call(books, &call_subject, &key, &call_id, remembered),
-            None,
-        )];
+        let answer = run_call(books, &asked.key, &asked.call_id, self.remembered);
+        Some(arp_reply(connection, answer, None))
     }
-    let Some(id) = frame.get("id").cloned() else {
-        return Vec::new();
-    };
-    let method = frame["method"].as_str().unwrap_or("");
-    let meta = key_exchange(message).map(|half| json!({"ticketKey": half}));
-    match method {
-        "arp.initialize" => vec![reply(
-            json!({"jsonrpc": "2.0", "id": id, "result": {
-                "protocolVersion": "0.1.0",
-                "serverInfo": {"name": "chaos-robot", "version": "1"},
-                "capabilities": {"tools": true, "context": true, "constraints": true,
-                                 "planning": false, "confirmation": true}}}),
-            meta,
-        )],
-        "arp.callTool" => {
-            books.count("arp.robot_received");
-            let key = frame["params"]["idempotencyKey"]
-                .as_str()
-                .unwrap_or("")
-                .to_string();
-            let full_key = format!("{subject}|{key}");
-            if let Some(answer) = remembered.get(&full_key) {
-                books.count("arp.robot_replayed_from_key");
-                let mut answer = answer.clone();
-                answer["id"] = id;
-                return vec![reply(answer, meta)];
-            }
-            if frame["params"]["name"] == "navigate_to" {
-                // Ask the program (policy client) before running.
-                let request = format!("confirm-{}", uuid::Uuid::new_v4().simple());
-                asked.insert(request.clone(), (subject.clone(), id, full_key));
-                let mut ask = reply(
-                    json!({"jsonrpc": "2.0", "id": request, "method": "arp.requestConfirmation",
-                           "params": {"action": "navigate_to", "safetyLevel": "medium",
-                                      "details": {"tool": "navigate_to", "arguments": frame["params"]["arguments"]},
-                                      "timeout": 10}}),
-                    None,
-                );
-                let mut meta = meta.unwrap_or_else(|| json!({}));
-                meta["confirmationPolicy"] = json!("client");
-                ask["meta"] = meta;
-                books.count("arp.confirmations_asked");
-                return vec![ask];
-            }
-            let answer = run_call(books, &subject, &full_key, &id, remembered);
-            vec![reply(answer, meta)]
+
+    /// A tool call: answered from its key if it ran, else run, or first confirmed
+    /// (`navigate_to`: the robot asks the program, the policy client, before running it).
+    fn call_tool(
+        &mut self,
+        connection: &Value,
+        frame: &Value,
+        subject: &str,
+        id: Value,
+        meta: Option<Value>,
+    ) -> Value {
+        let books = &self.shared.books;
+        books.count("arp.robot_received");
+        let key = frame["params"]["idempotencyKey"].as_str().unwrap_or("");
+        let full_key = format!("{subject}|{key}");
+        if let Some(answer) = replayed(books, self.remembered, &full_key, &id) {
+            return arp_reply(connection, answer, meta);
         }
-        _ => vec![reply(
-            json!({"jsonrpc": "2.0", "id": id, "result": {}}),
-            meta,
-        )],
+        if frame["params"]["name"] != "navigate_to" {
+            let answer = run_call(books, &full_key, &id, self.remembered);
+            return arp_reply(connection, answer, meta);
+        }
+        let request = format!("confirm-{}", uuid::Uuid::new_v4().simple());
+        let asked = Asked {
+            subject: subject.to_string(),
+            call_id: id,
+            key: full_key,
+        };
+        self.asked.insert(request.clone(), asked);
+        let mut ask = arp_reply(
+            connection,
+            json!({"jsonrpc": "2.0", "id": request, "method": "arp.requestConfirmation",
+                   "params": {"action": "navigate_to", "safetyLevel": "medium",
+                              "details": {"tool": "navigate_to", "arguments": frame["params"]["arguments"]},
+                              "timeout": 10}}),
+            None,
+        );
+        let mut meta = meta.unwrap_or_else(|| json!({}));
+        meta["confirmationPolicy"] = json!("client");
+        ask["meta"] = meta;
+        books.count("arp.confirmations_asked");
+        ask
     }
+}
+
+/// An `arp.frame` to the client of `connection`, with `meta` if any.
+fn arp_reply(connection: &Value, frame: Value, meta: Option<Value>) -> Value {
+    let mut answer = envelope(
+        "arp.frame",
+        json!({"connectionId": connection, "frame": frame}),
+    );
+    if let Some(meta) = meta {
+        answer["meta"] = meta;
+    }
+    answer
+}
+
+/// The answer a call with this key got, again (for the call `id`), if it ran before.
+fn replayed(
+    books: &super::Books,
+    remembered: &HashMap<String, Value>,
+    full_key: &str,
+    id: &Value,
+) -> Option<Value> {
+    let mut answer = remembered.get(full_key)?.clone();
+    books.count("arp.robot_replayed_from_key");
+    answer["id"] = id.clone();
+    Some(answer)
 }
 
 /// Runs a call: counted once per key in the books, remembered for retries.
 fn run_call(
     books: &super::Books,
-    _subject: &str,
     full_key: &str,
     id: &Value,
     remembered: &mut HashMap<String, Value>,
 ) -> Value {
-    if let Some(answer) = remembered.get(full_key) {
-        books.count("arp.robot_replayed_from_key");
-        let mut answer = answer.clone();
-        answer["id"] = id.clone();
+    if let Some(answer) = replayed(books, remembered, full_key, id) {
         return answer;
     }
     books.executed(full_key);

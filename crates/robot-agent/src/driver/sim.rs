@@ -94,55 +94,13 @@ async fn run(mut end: DriverEnd, config: SimConfig, probe: SimProbe) {
             command = end.commands.recv() => {
                 let Some(command) = command else { return };
                 advance(&mut state, &mut moved_until, config.step);
-                match command {
-                    DriverCommand::Move { linear, angular } => {
-                        state.linear = linear;
-                        state.angular = angular;
-                    }
-                    DriverCommand::Stop { reason } => {
-                        state.linear = 0.0;
-                        state.angular = 0.0;
-                        state.last_stop = Some(reason.as_str().to_owned());
-                        goal = None;
-                    }
-                    DriverCommand::Navigate { name, position, orientation, reply } => {
-                        goal = Some(Goal {
-                            name,
-                            position,
-                            yaw: orientation.and_then(|o: Orientation| o.yaw),
-                        });
-                        let _ = reply.send(Ok(()));
-                    }
-                    DriverCommand::CallTool { reply, .. } => {
-                        let _ = reply.send(Err(super::DriverError::Unsupported("tools")));
-                    }
-                    DriverCommand::CancelNavigation { reply } => {
-                        goal = None;
-                        state.linear = 0.0;
-                        state.angular = 0.0;
-                        let _ = reply.send(Ok(()));
-                    }
-                }
+                obey(command, &mut state, &mut goal);
             }
             _ = tick.tick() => {
                 advance(&mut state, &mut moved_until, config.step);
-                if let Some(g) = &goal {
-                    if let Some((linear, angular)) = steer(&state, g, &config) {
-                        state.linear = linear;
-                        state.angular = angular;
-                    } else {
-                        state.linear = 0.0;
-                        state.angular = 0.0;
-                        let name = g.name.clone();
-                        goal = None;
-                        let event = DriverEvent::Navigation {
-                            name,
-                            status: NavigationStatus::Completed,
-                            message: None,
-                        };
-                        if end.events.send(event).await.is_err() {
-                            return;
-                        }
+                if let Some(event) = steer_to_goal(&mut state, &mut goal, &config) {
+                    if end.events.send(event).await.is_err() {
+                        return;
                     }
                 }
             }
@@ -157,6 +115,68 @@ async fn run(mut end: DriverEnd, config: SimConfig, probe: SimProbe) {
             *shared = state.clone();
         }
     }
+}
+
+/// Applies one command to the base and its goal.
+fn obey(command: DriverCommand, state: &mut SimState, goal: &mut Option<Goal>) {
+    match command {
+        DriverCommand::Move { linear, angular } => {
+            state.linear = linear;
+            state.angular = angular;
+        }
+        DriverCommand::Stop { reason } => {
+            state.linear = 0.0;
+            state.angular = 0.0;
+            state.last_stop = Some(reason.as_str().to_owned());
+            *goal = None;
+        }
+        DriverCommand::Navigate {
+            name,
+            position,
+            orientation,
+            reply,
+        } => {
+            *goal = Some(Goal {
+                name,
+                position,
+                yaw: orientation.and_then(|o: Orientation| o.yaw),
+            });
+            let _ = reply.send(Ok(()));
+        }
+        DriverCommand::CallTool { reply, .. } => {
+            let _ = reply.send(Err(super::DriverError::Unsupported("tools")));
+        }
+        DriverCommand::CancelNavigation { reply } => {
+            *goal = None;
+            state.linear = 0.0;
+            state.angular = 0.0;
+            let _ = reply.send(Ok(()));
+        }
+    }
+}
+
+/// Sets the velocity towards the goal, if there is one; once it is reached, stops, drops
+/// the goal and returns the event that says so.
+fn steer_to_goal(
+    state: &mut SimState,
+    goal: &mut Option<Goal>,
+    config: &SimConfig,
+) -> Option<DriverEvent> {
+    let g = goal.as_ref()?;
+    if let Some((linear, angular)) = steer(state, g, config) {
+        state.linear = linear;
+        state.angular = angular;
+        return None;
+    }
+    state.linear = 0.0;
+    state.angular = 0.0;
+    let name = g.name.clone();
+    *goal = None;
+    Some(DriverEvent::Navigation {
+        name,
+        status: NavigationStatus::Completed,
+        message: None,
+    })
 }
 
 /// Velocity towards the goal, or `None` once it is reached.
