@@ -316,30 +316,100 @@ async fn audited(running: &Running, tool: &str, subject: &str, count: usize) -> 
     }
 }
 
-/// Tool-call round trips, the remote endpoint against the ARP gateway, same sitting
-/// (`cargo test --release ... -- --ignored --nocapture`).
+/// Tool-call round trips (`list_locations`), the remote endpoint against the ARP gateway,
+/// same sitting: `cargo test --release -p agent-server-tests --test mcp_endpoint --
+/// --ignored --nocapture`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement, not a check"]
 async fn tool_call_round_trips_endpoint_vs_gateway() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    use tokio_tungstenite::tungstenite::Message;
+    const CALLS: usize = 300;
+    const WARM_UP: usize = 20;
+    // Under the gateway's and the robot's call rates (one call per tick, waited for).
+    let mut pace = tokio::time::interval(Duration::from_millis(40));
     let (running, tokens, agent) = robot_online().await;
+    let quantiles = |mut times: Vec<Duration>| {
+        times.sort();
+        let p = |q: f64| times[((times.len() - 1) as f64 * q) as usize];
+        format!("p50 {:?} p99 {:?} (n={})", p(0.5), p(0.99), times.len())
+    };
+
     let mut operator = Client::new(&running, &tokens.operator);
     operator.initialize().await;
-    let mut times = Vec::new();
-    for i in 0..500 {
+    let mut mcp = Vec::new();
+    for i in 0..CALLS + WARM_UP {
+        pace.tick().await;
         let started = Instant::now();
         let result = operator.call("list_locations", json!({})).await;
-        if i >= 20 {
-            times.push(started.elapsed());
+        if i >= WARM_UP {
+            mcp.push(started.elapsed());
         }
         assert_eq!(result["isError"], false, "{result}");
     }
-    times.sort();
-    let p = |q: f64| times[((times.len() - 1) as f64 * q) as usize];
+    let session = operator.session.clone().expect("session");
+    let ended = running
+        .http
+        .delete(url(&running))
+        .bearer_auth(&tokens.operator)
+        .header("mcp-session-id", session)
+        .send()
+        .await
+        .expect("HTTP");
+    assert_eq!(ended.status(), 204);
+
+    let mut request = (running.base.replace("http://", "ws://")
+        + &format!("/v1/robots/{ROBOT}/arp"))
+        .into_client_request()
+        .expect("request");
+    let bearer = format!("Bearer {}", tokens.operator)
+        .parse()
+        .expect("header");
+    request.headers_mut().insert("authorization", bearer);
+    let (mut ws, _) = tokio_tungstenite::connect_async(request)
+        .await
+        .expect("upgraded");
+    let mut gateway = Vec::new();
+    for id in 0..CALLS + WARM_UP + 1 {
+        let (method, params) = if id == 0 {
+            (
+                "arp.initialize",
+                json!({ "protocolVersion": "0.1.0", "clientInfo": { "name": "bench", "version": "0" } }),
+            )
+        } else {
+            (
+                "arp.callTool",
+                json!({ "name": "list_locations", "arguments": {} }),
+            )
+        };
+        let frame = json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params });
+        pace.tick().await;
+        let started = Instant::now();
+        ws.send(Message::text(frame.to_string()))
+            .await
+            .expect("send");
+        let answer = loop {
+            let Some(Ok(Message::Text(text))) = ws.next().await else {
+                panic!("the gateway closed");
+            };
+            let answer: Value = serde_json::from_str(&text).expect("JSON");
+            if answer["id"] == json!(id) && answer.get("method").is_none() {
+                break answer;
+            }
+        };
+        assert!(answer.get("result").is_some(), "{answer}");
+        if id > WARM_UP {
+            gateway.push(started.elapsed());
+        }
+    }
     println!(
-        "MCP endpoint tools/call list_locations: p50 {:?} p99 {:?} (n={})",
-        p(0.5),
-        p(0.99),
-        times.len()
+        "tools/call list_locations, remote MCP endpoint: {}",
+        quantiles(mcp)
+    );
+    println!(
+        "arp.callTool list_locations, ARP gateway:     {}",
+        quantiles(gateway)
     );
     agent.abort();
 }
