@@ -286,6 +286,49 @@ async fn an_operator_drives_and_a_viewer_is_refused_motion() {
     agent.abort();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_ends_with_its_grant_and_its_token() {
+    let (running, tokens, agent) = robot_online().await;
+    let list = json!({ "jsonrpc": "2.0", "id": 7, "method": "tools/list" });
+    // The grant withdrawn: the gateway session ends, and with it the MCP session.
+    let mut viewer = Client::new(&running, &tokens.viewer);
+    viewer.initialize().await;
+    running
+        .admin(
+            reqwest::Method::DELETE,
+            &format!("/v1/robots/{ROBOT}/grants/mcp-viewer"),
+            None,
+        )
+        .await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let status = viewer.post(list.clone()).await.status();
+        if status == 404 {
+            break;
+        }
+        assert_eq!(status, 200);
+        assert!(Instant::now() < deadline, "the session outlived its grant");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The token revoked: refused (401) before the session is even looked up.
+    let mut operator = Client::new(&running, &tokens.operator);
+    operator.initialize().await;
+    let listed = running
+        .admin(reqwest::Method::GET, "/v1/tokens", None)
+        .await;
+    let token_id = listed
+        .as_array()
+        .and_then(|t| t.iter().find(|t| t["subject"] == "mcp-operator"))
+        .and_then(|t| t["tokenId"].as_str())
+        .unwrap_or_else(|| panic!("the operator's token: {listed}"))
+        .to_string();
+    running
+        .admin(reqwest::Method::DELETE, &format!("/v1/tokens/{token_id}"), None)
+        .await;
+    assert_eq!(operator.post(list).await.status(), 401);
+    agent.abort();
+}
+
 /// The audit records of `tool` called by `subject`, once there are `count` (the log is
 /// written in batches: polled, bounded).
 async fn audited(running: &Running, tool: &str, subject: &str, count: usize) -> Vec<Value> {
