@@ -323,7 +323,11 @@ async fn a_session_ends_with_its_grant_and_its_token() {
         .unwrap_or_else(|| panic!("the operator's token: {listed}"))
         .to_string();
     running
-        .admin(reqwest::Method::DELETE, &format!("/v1/tokens/{token_id}"), None)
+        .admin(
+            reqwest::Method::DELETE,
+            &format!("/v1/tokens/{token_id}"),
+            None,
+        )
         .await;
     assert_eq!(operator.post(list).await.status(), 401);
     agent.abort();
