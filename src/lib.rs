@@ -43,6 +43,7 @@ pub mod ice;
 pub mod identity;
 mod lean_io;
 pub mod logging;
+pub mod mcp;
 pub mod messages;
 pub mod metrics;
 pub mod pki;

@@ -26,10 +26,11 @@ use axum::Router;
 use serde::Deserialize;
 use signalling_protocol::arp::{valid_signature_nonce, MAX_FRAME_BYTES};
 
+use crate::auth::ClientIdentity;
 use crate::http_error;
 use crate::relay::ConnId;
 use crate::state::SharedState;
-use crate::ws::{admit, connection, WsQuery};
+use crate::ws::{admit, connection, in_process, WsQuery};
 
 /// `?signed=<nonce>`: the program wants every frame of the robot signed by it, binding
 /// this nonce (docs/arp.md, "Frames signed by the robot").
@@ -41,6 +42,46 @@ struct SigningQuery {
 /// The gateway's route, merged into the app at the top.
 pub fn router() -> Router<SharedState> {
     Router::new().route("/v1/robots/{id}/arp", get(upgrade))
+}
+
+/// A grant of `subject` on `robot_id`, or the answer without one: 403 (500 when the store
+/// cannot tell). The gateway's upgrade and the MCP endpoint both check it before anything.
+pub(crate) async fn check_grant(
+    state: &SharedState,
+    robot_id: &str,
+    subject: &str,
+) -> Result<(), Response> {
+    match state.store.grant(robot_id, subject).await {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => Err(http_error::response(
+            StatusCode::FORBIDDEN,
+            "FORBIDDEN",
+            &format!("no grant for robot {robot_id}"),
+        )),
+        Err(e) => {
+            tracing::error!(error = %e, "grant lookup failed");
+            Err(http_error::response(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "INTERNAL_ERROR",
+                "internal error",
+            ))
+        }
+    }
+}
+
+/// A gateway session run in this process rather than on a socket (the MCP endpoint,
+/// `crate::mcp`): the same [`gateway::Gateway`], so the same lock, takeover, confirmations,
+/// audit, tickets, limits and metrics; its ARP frames go through the channels returned.
+pub(crate) fn open_in_process(
+    state: &SharedState,
+    opening: connection::Opening,
+    identity: ClientIdentity,
+    robot_id: String,
+) -> in_process::InProcess {
+    let span = tracing::info_span!("arp", conn = %opening.conn, robot = %robot_id);
+    in_process::start(state.clone(), opening, span, move |state, conn, _| {
+        gateway::Gateway::new(state, conn, identity, robot_id, None)
+    })
 }
 
 /// Checks everything that can be checked before the upgrade: the nonce, what every socket
@@ -71,23 +112,8 @@ async fn upgrade(
         // Unreachable: `admit` refuses a socket without a token here.
         return http_error::response(StatusCode::UNAUTHORIZED, "UNAUTHORIZED", "no token");
     };
-    match state.store.grant(&robot_id, &identity.subject).await {
-        Ok(Some(_)) => {}
-        Ok(None) => {
-            return http_error::response(
-                StatusCode::FORBIDDEN,
-                "FORBIDDEN",
-                &format!("no grant for robot {robot_id}"),
-            )
-        }
-        Err(e) => {
-            tracing::error!(error = %e, "grant lookup failed");
-            return http_error::response(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "INTERNAL_ERROR",
-                "internal error",
-            );
-        }
+    if let Err(refused) = check_grant(&state, &robot_id, &identity.subject).await {
+        return refused;
     }
     // Frames over the ARP cap are read and answered -32600 (as robot-agent does); only
     // past twice the cap is the socket closed unread.

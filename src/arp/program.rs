@@ -14,6 +14,13 @@ use crate::messages::SessionKind;
 use crate::relay::{DeliveryError, OpenSession, Outbound, SessionError};
 use crate::store::bounded;
 
+/// The action on record of a call that retries an earlier one (the same idempotency key,
+/// the same subject and robot, within the robot's memory of keys): the robot answers it with
+/// the first run's outcome and runs nothing.
+const REPLAY_ACTION: &str = "tool_call_replay";
+/// How long robot-agent remembers an idempotency key.
+const KEYS_REMEMBERED_MS: i64 = 600_000;
+
 /// `signalling_arp_frames_dropped_total{reason}`: an answer to no request of the robot
 /// that this program was sent.
 const DROPPED_UNSOLICITED_ANSWER: &str = "unsolicited_answer";
@@ -122,7 +129,13 @@ impl Gateway {
             return None;
         }
         let key = id_or_null.to_string();
-        if let Some(record) = self.pending.get(&key).and_then(|p| p.record.clone()) {
+        if let Some(mut record) = self.pending.get(&key).and_then(|p| p.record.clone()) {
+            if self.is_replay(&record).await {
+                record.action = REPLAY_ACTION.into();
+                if let Some(pending) = self.pending.get_mut(&key).and_then(|p| p.record.as_mut()) {
+                    pending.action = REPLAY_ACTION.into();
+                }
+            }
             if !self.state.audit.record_committed(record).await {
                 self.pending.remove(&key);
                 self.state.metrics.audit.refused_calls.inc();
@@ -136,6 +149,24 @@ impl Gateway {
             }
         }
         self.forward(message)
+    }
+
+    /// Whether a keyed call retries one already on record. A store that cannot tell leaves
+    /// it a plain call (the record is still made; only the mark is missing).
+    async fn is_replay(&self, record: &crate::store::AuditRecord) -> bool {
+        let Some(key) = record.idempotency_key.as_deref() else {
+            return false;
+        };
+        let since = record.at - KEYS_REMEMBERED_MS;
+        let seen = self
+            .state
+            .store
+            .audit_key_seen(&self.robot_id, &self.subject, key, since)
+            .await;
+        seen.unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "cannot look up an idempotency key");
+            false
+        })
     }
 
     /// The limits a request must pass; the refusal, if any. An admitted request with an

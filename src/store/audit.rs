@@ -359,6 +359,29 @@ impl Store {
         result
     }
 
+    /// Whether `subject` already called a tool on `robot_id` with idempotency `key` at or
+    /// after `since` (Unix milliseconds): a retry, which the robot answers with the first
+    /// run's outcome.
+    pub async fn audit_key_seen(
+        &self,
+        robot_id: &str,
+        subject: &str,
+        key: &str,
+        since: i64,
+    ) -> Result<bool, StoreError> {
+        let row: Option<(i64,)> = sqlx::query_as(
+            "SELECT at FROM audit_log WHERE robot_id = $1 AND subject = $2 \
+             AND idempotency_key = $3 AND at >= $4 LIMIT 1",
+        )
+        .bind(robot_id)
+        .bind(subject)
+        .bind(key)
+        .bind(since)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.is_some())
+    }
+
     /// One page of a robot's audit log, oldest first.
     pub async fn audit(&self, query: &AuditQuery) -> Result<Vec<AuditRecord>, StoreError> {
         let mut sql = String::from(

@@ -152,7 +152,7 @@ fn recheck_token(state: &SharedState, conn: &ConnId, token_id: String) {
 
 /// Into presence: the socket's mailbox, and the client's token with the re-check a
 /// revocation race calls for.
-fn attach(state: &SharedState, opening: &Opening, mailbox: &Mailbox) {
+pub(super) fn attach(state: &SharedState, opening: &Opening, mailbox: &Mailbox) {
     state.presence.attach(opening.conn.clone(), mailbox.clone());
     let Some(identity) = &opening.client else {
         return;
@@ -384,7 +384,11 @@ pub struct Outbox<'a> {
 }
 
 impl<'a> Outbox<'a> {
-    fn new(state: &'a SharedState, mailbox: &'a Mailbox, kick: &'a KickReceiver) -> Self {
+    pub(super) fn new(
+        state: &'a SharedState,
+        mailbox: &'a Mailbox,
+        kick: &'a KickReceiver,
+    ) -> Self {
         Outbox {
             state,
             mailbox,
@@ -412,6 +416,11 @@ impl<'a> Outbox<'a> {
     /// Closes the socket with this frame, over any asked for before.
     pub fn close_now(&mut self, close: CloseRequest) {
         self.close = Some(close);
+    }
+
+    /// The close asked for, taken once the connection is done.
+    pub(super) fn take_close(&mut self) -> Option<CloseRequest> {
+        self.close.take()
     }
 
     /// Ends the socket without a close frame: nothing more can reach the peer.

@@ -4,6 +4,7 @@
 pub(crate) mod connection;
 mod error;
 pub mod heartbeat;
+pub(crate) mod in_process;
 mod legacy;
 mod protocol;
 mod signalling;
@@ -83,7 +84,7 @@ impl IntoResponse for UpgradeError {
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 pub(crate) struct WsQuery {
     token: Option<String>,
 }

@@ -39,6 +39,10 @@ where
         Err(e) => {
             eprintln!("arp-bridge: {e}");
             emit(&out, not_ready(&config, e.kind(), &e.to_string())).await;
+            if config.mode == Mode::Mcp {
+                let mut intake = intake;
+                mcp::refuse_start(&mut intake, &out, e.kind(), &e.to_string()).await;
+            }
             Exit::StartFailed
         }
         Ok(link) => match config.mode {

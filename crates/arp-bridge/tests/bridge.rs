@@ -535,6 +535,37 @@ async fn a_bad_token_is_refused_before_ready() {
 // ---------------------------------------------------------------------
 // mcp mode.
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_host_learns_why_the_bridge_could_not_start() {
+    let robot = robot(&[]).await;
+    let mut b = Bridge::spawn(
+        &["--mode", "mcp", "--url", &robot.direct_url],
+        Some("wrong-secret"),
+    );
+    let ready = b.read().await;
+    assert_eq!(ready["params"]["ok"], false, "{ready}");
+    // The host's first request is answered with the cause, not a closed pipe.
+    b.send(
+        json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": { "name": "test", "version": "1" } } }),
+    )
+    .await;
+    let answer = b.response(json!(1)).await;
+    assert_eq!(answer["error"]["code"], -32603, "{answer}");
+    assert_eq!(
+        answer["error"]["data"]["reason"], "unauthorized",
+        "{answer}"
+    );
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("unauthorized")),
+        "{answer}"
+    );
+    assert_eq!(b.wait().await.code(), Some(1));
+}
+
 async fn mcp_bridge(url: &str, args: &[&str], token: &str) -> Bridge {
     let mut all = vec!["--mode", "mcp", "--url", url];
     all.extend_from_slice(args);
@@ -576,6 +607,18 @@ async fn tools_and_a_drive(b: &mut Bridge) {
     assert!(drive["inputSchema"]["properties"]["durationSecs"].is_object());
     assert_eq!(drive["inputSchema"]["type"], "object");
     assert_eq!(drive["annotations"]["readOnlyHint"], false);
+    assert_eq!(drive["annotations"]["destructiveHint"], true);
+    // The robot's velocity limit, in the schema.
+    let linear = &drive["inputSchema"]["properties"]["linear"];
+    assert!(
+        linear["maximum"].as_f64().is_some_and(|m| m > 0.0),
+        "{linear}"
+    );
+    let list = tools
+        .iter()
+        .find(|t| t["name"] == "list_locations")
+        .expect("list_locations");
+    assert_eq!(list["annotations"]["readOnlyHint"], true);
     assert!(tools.iter().any(|t| t["name"] == "emergency_stop"));
 
     b.send(

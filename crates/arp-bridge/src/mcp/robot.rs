@@ -2,7 +2,7 @@
 //! answers and notifications (tool progress, context updates, confirmation
 //! requests) to whoever waits for them.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -11,7 +11,9 @@ use serde_json::{json, Value};
 use signalling_protocol::arp::{method, reason};
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::limits::{CONFIRMED_BY, MAX_PENDING, PROGRESS_QUEUE, READ_TIMEOUT, REQUEST_TIMEOUT};
+use super::limits::{
+    CONFIRMED_BY, MAX_PENDING, PROGRESS_QUEUE, READ_TIMEOUT, REQUEST_TIMEOUT, SUBSCRIBE_RATE,
+};
 use crate::jsonrpc::{self, Message, RpcError, INTERNAL_ERROR, METHOD_NOT_FOUND};
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -67,6 +69,13 @@ pub(super) struct Router {
     pub(super) cancels: HashMap<String, watch::Sender<bool>>,
     /// Tool name → whether it reports progress (from the last listing).
     reports_progress: HashMap<String, bool>,
+    /// Where the robot's requests for confirmation go to be put to the client's user
+    /// (elicitation); none: refused at once.
+    confirmer: Option<mpsc::Sender<(Value, Value)>>,
+    /// Context sources the client subscribed to (`resources/subscribe`), and where their
+    /// updates are told.
+    subscriptions: HashSet<String>,
+    updates: Option<mpsc::Sender<String>>,
     closed: bool,
 }
 
@@ -161,6 +170,7 @@ impl Robot {
         &self,
         name: &str,
         arguments: Value,
+        idempotency_key: Option<&str>,
         with_progress: bool,
     ) -> Result<StartedCall, RobotError> {
         let arp_id = self.next_id();
@@ -185,7 +195,10 @@ impl Robot {
                 known: known_tx,
             });
         }
-        let params = json!({ "name": name, "arguments": arguments });
+        let mut params = json!({ "name": name, "arguments": arguments });
+        if let Some(key) = idempotency_key {
+            params["idempotencyKey"] = json!(key);
+        }
         if let Err(e) = self.send(&arp_id, method::CALL_TOOL, params).await {
             self.end_call(&arp_id);
             return Err(e);
@@ -213,7 +226,9 @@ impl Robot {
             if router.closed {
                 return Err(RobotError::Closed);
             }
-            let first = router.reads.get(name).is_none_or(|r| r.readers == 0);
+            // A source the client subscribed to is subscribed already.
+            let first = router.reads.get(name).is_none_or(|r| r.readers == 0)
+                && !router.subscriptions.contains(name);
             let subscribed = if first {
                 if router.pending.len() >= MAX_PENDING {
                     return Err(RobotError::Busy);
@@ -285,7 +300,7 @@ impl Robot {
             return;
         }
         router.reads.remove(name);
-        if !router.closed {
+        if !router.closed && !router.subscriptions.contains(name) {
             // Its answer is not awaited (an unknown id is ignored); if the
             // queue is full the updates go on and are ignored too.
             let id = self.next_id();
@@ -321,9 +336,16 @@ impl Robot {
                     method::TOOL_PROGRESS => self.route_progress(&params),
                     method::CONTEXT_UPDATE => {
                         let name = params.get("name").and_then(Value::as_str).unwrap_or("");
-                        if let Some(reads) = self.router().reads.get_mut(name) {
+                        let mut router = self.router();
+                        if let Some(reads) = router.reads.get_mut(name) {
                             for waiter in reads.waiters.drain(..) {
                                 let _ = waiter.send(Ok(params.clone()));
+                            }
+                        }
+                        if router.subscriptions.contains(name) {
+                            if let Some(updates) = &router.updates {
+                                // A lagging client misses an update, never the next.
+                                let _ = updates.try_send(name.to_owned());
                             }
                         }
                     }
@@ -335,28 +357,26 @@ impl Robot {
                 None
             }
             Message::Request { id, method, params } => {
-                if method == method::REQUEST_CONFIRMATION {
-                    // Fail closed: nobody behind an MCP pipe can be asked
-                    // reliably, and a model must not approve for a human.
-                    eprintln!(
-                        "arp-bridge: refused the robot's confirmation request for {}",
-                        params.pointer("/details/tool").unwrap_or(&Value::Null)
-                    );
-                    Some(jsonrpc::result(
-                        &id,
-                        json!({
-                            "confirmed": false,
-                            "confirmedBy": CONFIRMED_BY,
-                            "timestamp": crate::time::now_rfc3339(),
-                        }),
-                    ))
-                } else {
-                    Some(jsonrpc::error(
+                if method != method::REQUEST_CONFIRMATION {
+                    return Some(jsonrpc::error(
                         &id,
                         METHOD_NOT_FOUND,
                         &format!("{method} is not supported by arp-bridge"),
                         None,
-                    ))
+                    ));
+                }
+                // Put to the client's user where it can be (elicitation); else, or with too
+                // many waiting, refused: fail closed.
+                let confirmer = self.router().confirmer.clone();
+                let Some(confirmer) = confirmer else {
+                    return Some(refuse_confirmation(&id, &params));
+                };
+                match confirmer.try_send((id, params)) {
+                    Ok(()) => None,
+                    Err(e) => {
+                        let (id, params) = e.into_inner();
+                        Some(refuse_confirmation(&id, &params))
+                    }
                 }
             }
             Message::Invalid { why, .. } => {
@@ -407,8 +427,68 @@ impl Robot {
         }
     }
 
+    /// Updates of the sources subscribed to are told on `updates` (their names).
+    pub fn tell_updates(&self, updates: mpsc::Sender<String>) {
+        self.router().updates = Some(updates);
+    }
+
+    /// Subscribes to context source `name` for as long as the client wants it, at most
+    /// [`SUBSCRIBE_RATE`] updates a second.
+    pub(super) async fn subscribe(&self, name: &str) -> Result<(), RobotError> {
+        {
+            let mut router = self.router();
+            if router.closed {
+                return Err(RobotError::Closed);
+            }
+            if !router.subscriptions.insert(name.to_owned()) {
+                return Ok(());
+            }
+        }
+        let params = json!({ "name": name, "maxRate": SUBSCRIBE_RATE });
+        match self.request(method::SUBSCRIBE_CONTEXT, params).await {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                self.router().subscriptions.remove(name);
+                Err(e)
+            }
+        }
+    }
+
+    /// Ends the client's subscription to `name` (the robot's too, unless a read needs it).
+    pub(super) fn unsubscribe(&self, name: &str) {
+        let mut router = self.router();
+        if !router.subscriptions.remove(name) || router.closed {
+            return;
+        }
+        if router.reads.get(name).is_some_and(|r| r.readers > 0) {
+            return;
+        }
+        let id = self.next_id();
+        let frame = jsonrpc::request(
+            &json!(id),
+            method::UNSUBSCRIBE_CONTEXT,
+            json!({ "name": name }),
+        );
+        let _ = self.inner.to_robot.try_send(frame.to_string());
+    }
+
+    /// The robot's requests for confirmation go to `confirmer` from now on.
+    pub fn confirm_through(&self, confirmer: mpsc::Sender<(Value, Value)>) {
+        self.router().confirmer = Some(confirmer);
+    }
+
+    /// Answers a request of the robot.
+    pub async fn answer(&self, id: &Value, result: Value) -> Result<(), RobotError> {
+        let frame = jsonrpc::result(id, result).to_string();
+        self.inner
+            .to_robot
+            .send(frame)
+            .await
+            .map_err(|_| RobotError::Closed)
+    }
+
     /// The connection is gone: every waiter learns it now.
-    pub(super) fn close(&self) {
+    pub fn close(&self) {
         let mut router = self.router();
         router.closed = true;
         for (_, waiter) in router.pending.drain() {
@@ -434,6 +514,25 @@ impl Robot {
             })
             .collect();
     }
+}
+
+/// A request for confirmation nobody here can put to a person: refused at once (a model
+/// must not approve for a human).
+pub(super) fn refuse_confirmation(id: &Value, params: &Value) -> Value {
+    jsonrpc::result(id, refusal(params))
+}
+
+/// The answer that refuses a request for confirmation.
+pub(super) fn refusal(params: &Value) -> Value {
+    eprintln!(
+        "arp-bridge: refused the robot's confirmation request for {}",
+        params.pointer("/details/tool").unwrap_or(&Value::Null)
+    );
+    json!({
+        "confirmed": false,
+        "confirmedBy": CONFIRMED_BY,
+        "timestamp": crate::time::now_rfc3339(),
+    })
 }
 
 struct ReadGuard {

@@ -1,20 +1,18 @@
 //! The MCP side: the session's loop (initialize the robot, then serve the
 //! parent's lines and the robot's frames), and the parent's requests.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::{json, Map, Value};
-use signalling_protocol::arp::{method, ARP_VERSION, MAX_FRAME_BYTES};
-use tokio::sync::{mpsc, watch, Semaphore};
-use tokio::task::JoinSet;
+use serde_json::{json, Value};
+use signalling_protocol::arp::{method, MAX_FRAME_BYTES};
+use tokio::sync::mpsc;
 
-use super::limits::{ESTOP_TOOL, MAX_IN_FLIGHT, PROTOCOL_VERSIONS, RESOURCE_PREFIX};
+use super::limits::{PROTOCOL_VERSIONS, START_ERROR_WAIT};
 use super::robot::{Robot, RobotError};
-use super::tools::{resources_list, resources_read, tools_call, tools_list};
+use super::session::{self, arp_initialize_params, Host, Session};
 use crate::config::{Config, Exit};
 use crate::intake::{Input, Intake};
-use crate::jsonrpc::{self, Message, INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND};
+use crate::jsonrpc::{self, INTERNAL_ERROR};
 use crate::parent::{emit, not_ready, ready_params, CLOSED, DESCRIBE, READY, VERSION};
 use crate::ws::{self, FromRobot, Link};
 
@@ -26,23 +24,14 @@ pub fn describe(config: &Config) -> Value {
         "url": ws::redact(&config.target.url),
         "methods": [
             "initialize", "ping", "tools/list", "tools/call", "resources/list",
-            "resources/read", "resources/templates/list", DESCRIBE,
+            "resources/read", "resources/templates/list", "prompts/list", "prompts/get",
+            DESCRIBE,
         ],
         "notifications": [READY, CLOSED, "notifications/progress"],
         "accepts": ["notifications/initialized", "notifications/cancelled"],
         "protocolVersions": PROTOCOL_VERSIONS,
         "maxFrameBytes": MAX_FRAME_BYTES,
     })
-}
-
-struct Server<'a> {
-    config: &'a Config,
-    robot: Robot,
-    out: &'a mpsc::Sender<String>,
-    /// The robot's `serverInfo`, for `initialize`.
-    robot_info: Value,
-    tasks: JoinSet<()>,
-    slots: Arc<Semaphore>,
 }
 
 pub async fn run(
@@ -52,37 +41,40 @@ pub async fn run(
     out: &mpsc::Sender<String>,
 ) -> Exit {
     let robot = Robot::new(link.to_robot.clone());
-    let Some(robot_info) = initialize_robot(config, &robot, &mut link, out).await else {
-        link.close().await;
-        return Exit::StartFailed;
+    let robot_info = match initialize_robot(config, &robot, &mut link, out).await {
+        Ok(info) => info,
+        Err((reason, why)) => {
+            link.close().await;
+            refuse_start(&mut intake, out, &reason, &why).await;
+            return Exit::StartFailed;
+        }
     };
     emit(
         out,
         jsonrpc::notification(READY, ready_params(config, json!({ "robot": robot_info }))),
     )
     .await;
-    let mut server = Server {
-        config,
-        robot: robot.clone(),
-        out,
-        robot_info,
-        tasks: JoinSet::new(),
-        slots: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
+    let host = Host {
+        name: "arp-bridge".into(),
+        version: VERSION.into(),
+        title_prefix: "ARP bridge to".into(),
+        describe: Some(describe(config)),
     };
+    let mut session = Session::new(host, robot.clone(), out.clone(), robot_info);
     loop {
         tokio::select! {
             input = intake.next() => match input {
-                Input::Object { object, .. } => server.client_object(object).await,
+                Input::Object { object, .. } => session.client_object(object).await,
                 Input::Refused(error) => emit(out, error).await,
                 Input::Blank => {}
                 Input::Failed(e) => {
                     eprintln!("arp-bridge: reading stdin failed: {e}");
-                    server.tasks.abort_all();
+                    session.abort_all();
                     link.close().await;
                     return Exit::Input;
                 }
                 Input::Ended => {
-                    server.tasks.abort_all();
+                    session.abort_all();
                     shut_down(&robot, link).await;
                     return Exit::Eof;
                 }
@@ -94,37 +86,32 @@ pub async fn run(
                     }
                 }
                 Some(FromRobot::Closed { code, reason }) => {
-                    server.closed(code, &reason).await;
+                    closed(&mut session, out, code, &reason).await;
                     return Exit::ConnectionLost;
                 }
                 None => {
-                    server.closed(None, "the connection ended").await;
+                    closed(&mut session, out, None, "the connection ended").await;
                     return Exit::ConnectionLost;
                 }
             },
-            Some(_) = server.tasks.join_next(), if !server.tasks.is_empty() => {}
+            () = session.reap() => {}
         }
     }
 }
 
 /// The bridge is the ARP client: it initializes before saying ready,
 /// dispatching frames meanwhile so the answer can arrive. The robot's
-/// `serverInfo`; `None` (the parent told why) when it failed.
+/// `serverInfo`; else (the parent told why on the ready line) the reason
+/// (`data.reason` of the ARP error, or the kind) and the message.
 async fn initialize_robot(
     config: &Config,
     robot: &Robot,
     link: &mut Link,
     out: &mpsc::Sender<String>,
-) -> Option<Value> {
-    let init = robot.request(
-        method::INITIALIZE,
-        json!({
-            "protocolVersion": ARP_VERSION,
-            "clientInfo": { "name": "arp-bridge", "version": VERSION },
-            // No planning, and no confirmation: see the module's comment.
-            "capabilities": { "planning": false, "confirmation": false },
-        }),
-    );
+) -> Result<Value, (String, String)> {
+    // No confirmation: see the module's comment.
+    let init =
+        session::initialize_robot(robot, arp_initialize_params("arp-bridge", VERSION, false));
     tokio::pin!(init);
     let initialized = loop {
         tokio::select! {
@@ -141,24 +128,66 @@ async fn initialize_robot(
             },
         }
     };
-    match initialized {
-        Ok(result) => Some(result.get("serverInfo").cloned().unwrap_or(Value::Null)),
-        Err(e) => {
-            let kind = match &e {
-                RobotError::Arp(_) => "initialize",
-                _ => "connect",
-            };
-            eprintln!("arp-bridge: arp.initialize failed: {e}");
-            let mut ready = not_ready(config, kind, &e.to_string());
-            if let RobotError::Arp(arp) = &e {
-                ready["params"]["error"]["arp"] = json!({
-                    "code": arp.code, "message": arp.message, "data": arp.data,
-                });
-            }
-            emit(out, ready).await;
-            None
+    let e = match initialized {
+        Ok(info) => return Ok(info),
+        Err(e) => e,
+    };
+    let kind = match &e {
+        RobotError::Arp(_) => "initialize",
+        _ => "connect",
+    };
+    eprintln!("arp-bridge: arp.initialize failed: {e}");
+    let mut ready = not_ready(config, kind, &e.to_string());
+    let mut reason = kind.to_owned();
+    if let RobotError::Arp(arp) = &e {
+        ready["params"]["error"]["arp"] = json!({
+            "code": arp.code, "message": arp.message, "data": arp.data,
+        });
+        if let Some(why) = arp
+            .data
+            .as_ref()
+            .and_then(|d| d.get("reason"))
+            .and_then(Value::as_str)
+        {
+            reason = why.to_owned();
         }
     }
+    emit(out, ready).await;
+    Err((reason, e.to_string()))
+}
+
+/// The bridge could not start: an MCP host learns why from the answer to its first
+/// request (`-32603`, `data.reason`: `unauthorized`, `connect`, `robot_offline`,
+/// `robot_busy`, ...) rather than from a closed pipe. Waits for that request a while.
+pub async fn refuse_start(
+    intake: &mut Intake,
+    out: &mpsc::Sender<String>,
+    reason: &str,
+    why: &str,
+) {
+    let message = format!("arp-bridge could not reach the robot ({reason}): {why}");
+    let answered = async {
+        loop {
+            match intake.next().await {
+                Input::Object { object, .. } => {
+                    let id = object.get("id").filter(|_| object.contains_key("method"));
+                    if let Some(id) = id {
+                        let data = json!({ "reason": reason });
+                        emit(
+                            out,
+                            jsonrpc::error(id, INTERNAL_ERROR, &message, Some(data)),
+                        )
+                        .await;
+                        return;
+                    }
+                }
+                Input::Refused(error) => emit(out, error).await,
+                Input::Blank => {}
+                Input::Failed(_) | Input::Ended => return,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(START_ERROR_WAIT, answered).await;
 }
 
 /// The parent is gone: end the ARP session politely, briefly, then close.
@@ -180,140 +209,11 @@ async fn shut_down(robot: &Robot, mut link: Link) {
     link.close().await;
 }
 
-impl Server<'_> {
-    async fn client_object(&mut self, object: Map<String, Value>) {
-        match Message::from_object(object) {
-            Message::Request { id, method, params } => self.request(id, &method, params).await,
-            Message::Notification { method, params } => {
-                if method == "notifications/cancelled" {
-                    if let Some(id) = params.get("requestId") {
-                        let cancel = self.robot.router().cancels.remove(&jsonrpc::id_key(id));
-                        if let Some(cancel) = cancel {
-                            cancel.send_replace(true);
-                        }
-                    }
-                }
-                // notifications/initialized and the rest need nothing.
-            }
-            // The bridge sends no requests to the client.
-            Message::Response { .. } => {}
-            Message::Invalid { id, why } => {
-                emit(self.out, jsonrpc::error(&id, INVALID_REQUEST, &why, None)).await;
-            }
-        }
-    }
-
-    async fn request(&mut self, id: Value, method: &str, params: Value) {
-        let params = match params {
-            Value::Object(p) => p,
-            _ => {
-                let e = jsonrpc::error(&id, INVALID_PARAMS, "params must be an object", None);
-                emit(self.out, e).await;
-                return;
-            }
-        };
-        let answer = match method {
-            "initialize" => jsonrpc::result(&id, self.initialize(&params)),
-            "ping" => jsonrpc::result(&id, json!({})),
-            DESCRIBE => jsonrpc::result(&id, describe(self.config)),
-            "resources/templates/list" => jsonrpc::result(&id, json!({ "resourceTemplates": [] })),
-            "tools/list" | "tools/call" | "resources/list" | "resources/read" => {
-                return self.spawn(id, method.to_owned(), params).await;
-            }
-            _ => jsonrpc::error(
-                &id,
-                METHOD_NOT_FOUND,
-                &format!("method not found: {method}"),
-                None,
-            ),
-        };
-        emit(self.out, answer).await;
-    }
-
-    fn initialize(&self, params: &Map<String, Value>) -> Value {
-        let asked = params.get("protocolVersion").and_then(Value::as_str);
-        let version = asked
-            .filter(|v| PROTOCOL_VERSIONS.contains(v))
-            .unwrap_or(PROTOCOL_VERSIONS[0]);
-        let robot = self
-            .robot_info
-            .get("name")
-            .and_then(Value::as_str)
-            .unwrap_or("robot");
-        let kind = self
-            .robot_info
-            .get("robotType")
-            .and_then(Value::as_str)
-            .unwrap_or("robot");
-        json!({
-            "protocolVersion": version,
-            "capabilities": {
-                "tools": { "listChanged": false },
-                "resources": { "subscribe": false, "listChanged": false },
-            },
-            "serverInfo": {
-                "name": "arp-bridge",
-                "title": format!("ARP bridge to {robot}"),
-                "version": VERSION,
-            },
-            "instructions": format!(
-                "The tools act on a physical robot ({kind}) through the Autonomous Robot \
-                 Protocol {ARP_VERSION}. Call {ESTOP_TOOL} at once if anything looks unsafe. \
-                 The robot's state (pose, status) is readable as resources \
-                 {RESOURCE_PREFIX}{{name}}."
-            ),
-        })
-    }
-
-    /// Requests that wait on the robot run in tasks of their own, at most
-    /// [`MAX_IN_FLIGHT`]: the loop keeps reading both sides meanwhile.
-    async fn spawn(&mut self, id: Value, method: String, params: Map<String, Value>) {
-        let Ok(permit) = self.slots.clone().try_acquire_owned() else {
-            let e = jsonrpc::over_limit(&id, "too many requests in flight", MAX_IN_FLIGHT);
-            emit(self.out, e).await;
-            return;
-        };
-        let robot = self.robot.clone();
-        let out = self.out.clone();
-        let cancel = if method == "tools/call" {
-            let (tx, rx) = watch::channel(false);
-            robot.router().cancels.insert(jsonrpc::id_key(&id), tx);
-            Some(rx)
-        } else {
-            None
-        };
-        self.tasks.spawn(async move {
-            let _permit = permit;
-            let answer = match method.as_str() {
-                "tools/list" => tools_list(&robot).await,
-                "resources/list" => resources_list(&robot).await,
-                "resources/read" => resources_read(&robot, &params).await,
-                _ => tools_call(&robot, &out, &id, &params, cancel).await,
-            };
-            robot.router().cancels.remove(&jsonrpc::id_key(&id));
-            // `None`: cancelled, and MCP wants no answer then.
-            if let Some(answer) = answer {
-                let message = match answer {
-                    Ok(result) => jsonrpc::result(&id, result),
-                    Err(e) => e.to_response(&id),
-                };
-                emit(&out, message).await;
-            }
-        });
-    }
-
-    async fn closed(&mut self, code: Option<u16>, why: &str) {
-        eprintln!("arp-bridge: the ARP connection closed: {why}");
-        // Every waiting request task answers its MCP request with an
-        // error now; give them a moment to print it.
-        self.robot.close();
-        let unanswered = self.tasks.len();
-        let _ = tokio::time::timeout(Duration::from_secs(2), async {
-            while self.tasks.join_next().await.is_some() {}
-        })
-        .await;
-        self.tasks.abort_all();
-        let params = json!({ "reason": why, "code": code, "unanswered": unanswered });
-        emit(self.out, jsonrpc::notification(CLOSED, params)).await;
-    }
+/// The ARP connection closed under the session: the parent learns why.
+async fn closed(session: &mut Session, out: &mpsc::Sender<String>, code: Option<u16>, why: &str) {
+    eprintln!("arp-bridge: the ARP connection closed: {why}");
+    // Every waiting request task answers its MCP request with an error now.
+    let unanswered = session.closed().await;
+    let params = json!({ "reason": why, "code": code, "unanswered": unanswered });
+    emit(out, jsonrpc::notification(CLOSED, params)).await;
 }

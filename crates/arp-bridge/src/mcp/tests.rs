@@ -1,6 +1,6 @@
 //! The ARP→MCP mapping and the robot side's routing, without a socket.
 
-use serde_json::json;
+use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use super::robot::{Robot, RobotError};
@@ -19,8 +19,12 @@ fn tools_keep_their_schema_and_say_their_safety() {
     let t = mcp_tool(&arp).unwrap();
     assert_eq!(t["name"], "drive");
     assert_eq!(t["inputSchema"], arp["parameters"]);
-    assert_eq!(t["annotations"]["destructiveHint"], false);
+    // Motion: destructive, never read-only, not idempotent.
+    assert_eq!(t["annotations"]["destructiveHint"], true);
+    assert_eq!(t["annotations"]["readOnlyHint"], false);
+    assert_eq!(t["annotations"]["idempotentHint"], false);
     assert_eq!(t["annotations"]["openWorldHint"], true);
+    assert_eq!(t["outputSchema"]["type"], "object");
     assert_eq!(t["_meta"]["arp/safety"]["level"], "elevated");
     let text = t["description"].as_str().unwrap();
     assert!(
@@ -32,6 +36,34 @@ fn tools_keep_their_schema_and_say_their_safety() {
     assert_eq!(t["annotations"]["destructiveHint"], true);
     assert_eq!(t["inputSchema"]["type"], "object");
     assert!(mcp_tool(&json!({ "description": "no name" })).is_none());
+}
+
+#[test]
+fn hints_tell_reads_from_motion() {
+    let safe = |name: &str, level: &str| json!({ "name": name, "safety": { "level": level, "reversible": true } });
+    let hints = |tool: Value| mcp_tool(&tool).unwrap()["annotations"].clone();
+    let read = hints(safe("list_locations", "normal"));
+    assert_eq!(read["readOnlyHint"], true);
+    assert_eq!(read["destructiveHint"], false);
+    assert_eq!(read["idempotentHint"], true);
+    // A `get_` that moves is no read.
+    assert_eq!(hints(safe("get_closer", "elevated"))["readOnlyHint"], false);
+    let stop = hints(safe("stop", "normal"));
+    assert_eq!(stop["readOnlyHint"], false);
+    assert_eq!(stop["destructiveHint"], false);
+    assert_eq!(stop["idempotentHint"], true);
+    assert_eq!(
+        hints(safe("cancel_navigation", "normal"))["idempotentHint"],
+        true
+    );
+    let save = hints(safe("save_location", "normal"));
+    assert_eq!(save["readOnlyHint"], false);
+    assert_eq!(save["idempotentHint"], false);
+    assert_eq!(
+        hints(safe("navigate_to", "elevated"))["destructiveHint"],
+        true
+    );
+    assert_eq!(estop_tool()["annotations"]["idempotentHint"], true);
 }
 
 #[test]
@@ -84,9 +116,17 @@ async fn progress_finds_its_call_and_confirmation_is_refused() {
         json!({ "name": "stop", "estimatedDuration": 0.0 }),
         json!({ "name": "drive" }),
     ]);
-    let mut stop = robot.start_call("stop", json!({}), true).await.unwrap();
-    let mut drive = robot.start_call("drive", json!({}), true).await.unwrap();
+    let mut stop = robot
+        .start_call("stop", json!({}), None, true)
+        .await
+        .unwrap();
+    let mut drive = robot
+        .start_call("drive", json!({}), Some("key-1"), true)
+        .await
+        .unwrap();
     assert!(rx.recv().await.unwrap().contains("arp.callTool"));
+    let keyed = rx.recv().await.unwrap();
+    assert!(keyed.contains("\"idempotencyKey\":\"key-1\""), "{keyed}");
     let progress = json!({ "jsonrpc": "2.0", "method": "arp.toolProgress",
         "params": { "callId": "call-9", "progress": 0.0, "message": "accepted", "state": "running" } });
     assert!(robot.dispatch(&progress.to_string()).is_none());
@@ -107,4 +147,51 @@ async fn progress_finds_its_call_and_confirmation_is_refused() {
     assert_eq!((&mut stop.reply).await.unwrap(), Err(RobotError::Closed));
     assert!(robot.request("arp.listTools", json!({})).await.is_err());
     assert!(robot.dispatch("not json").is_none());
+}
+
+#[test]
+fn velocity_limits_bound_the_drive_schema() {
+    let listed = json!({ "constraints": [
+        { "name": "rate_limit", "type": "rate_limit", "enabled": true, "parameters": {} },
+        { "name": "velocity_limit", "type": "velocity_limit", "enabled": true,
+          "parameters": { "max_linear": 0.5, "max_angular": 1.0 } },
+    ] });
+    let limit = VelocityLimit::from_constraints(&listed).unwrap();
+    assert_eq!(limit.linear, Some(0.5));
+    let mut tool = mcp_tool(
+        &json!({ "name": "drive", "parameters": { "type": "object", "properties": {
+        "linear": { "type": "number", "description": "forward speed" },
+        "angular": { "type": "number" },
+        "durationSecs": { "type": "number" },
+    } } }),
+    )
+    .unwrap();
+    limit.constrain(&mut tool);
+    let p = &tool["inputSchema"]["properties"];
+    assert_eq!(p["linear"]["maximum"], 0.5);
+    assert_eq!(p["linear"]["minimum"], -0.5);
+    assert_eq!(p["angular"]["maximum"], 1.0);
+    assert!(p["durationSecs"].get("maximum").is_none());
+    assert!(p["linear"]["description"]
+        .as_str()
+        .unwrap()
+        .contains("0.5 m/s"));
+    let disabled = json!({ "constraints": [{ "type": "velocity_limit", "enabled": false, "parameters": { "max_linear": 1 } }] });
+    assert!(VelocityLimit::from_constraints(&disabled).is_none());
+}
+
+#[test]
+fn an_image_result_is_image_content() {
+    let arp = json!({ "callId": "c2", "state": "completed", "result": { "image": {
+        "mimeType": "image/jpeg", "width": 320, "height": 240, "data": "/9j/AA==" } } });
+    let r = call_result("capture_image", Ok(arp)).unwrap();
+    assert_eq!(r["content"][0]["type"], "image");
+    assert_eq!(r["content"][0]["mimeType"], "image/jpeg");
+    assert_eq!(r["content"][0]["data"], "/9j/AA==");
+    assert_eq!(r["content"][1]["type"], "text");
+    assert!(!r["content"][1]["text"].as_str().unwrap().contains("/9j/"));
+    assert_eq!(r["structuredContent"]["result"]["image"]["width"], 320);
+    assert!(r["structuredContent"]["result"]["image"]
+        .get("data")
+        .is_none());
 }

@@ -5,19 +5,33 @@ use serde_json::{json, Map, Value};
 use signalling_protocol::arp::{method, ArpCode};
 use tokio::sync::{mpsc, watch};
 
-use super::limits::{CANCEL_WAIT, ESTOP_TOOL, RESOURCE_NOT_FOUND, RESOURCE_PREFIX};
+use super::limits::{
+    CANCEL_WAIT, CONSTRAINTS_URI, ESTOP_TOOL, RESOURCE_NOT_FOUND, RESOURCE_PREFIX,
+};
 use super::robot::{Robot, RobotError, StartedCall};
-use super::shapes::{call_result, error_result, estop_tool, mcp_resource, mcp_tool, text_result};
+use super::shapes::{
+    call_result, constraints_resource, error_result, estop_tool, mcp_resource, mcp_tool,
+    text_result, VelocityLimit,
+};
 use crate::jsonrpc::{self, RpcError, INVALID_PARAMS};
 use crate::parent::emit;
 
 type Answer = Option<Result<Value, RpcError>>;
 
 pub(super) async fn tools_list(robot: &Robot) -> Answer {
-    let listed = match robot.request(method::LIST_TOOLS, json!({})).await {
+    // The limits are read with every listing, so a changed limit shows in the next one.
+    let (listed, constraints) = tokio::join!(
+        robot.request(method::LIST_TOOLS, json!({})),
+        robot.request(method::LIST_CONSTRAINTS, json!({})),
+    );
+    let listed = match listed {
         Ok(listed) => listed,
         Err(e) => return Some(Err(e.to_rpc())),
     };
+    let velocity = constraints
+        .ok()
+        .as_ref()
+        .and_then(VelocityLimit::from_constraints);
     let arp_tools = listed
         .get("tools")
         .and_then(Value::as_array)
@@ -29,6 +43,12 @@ pub(super) async fn tools_list(robot: &Robot) -> Answer {
         // The bridge's own emergency_stop wins over a same-named tool.
         .filter(|t| t.get("name").and_then(Value::as_str) != Some(ESTOP_TOOL))
         .filter_map(mcp_tool)
+        .map(|mut tool| {
+            if let Some(velocity) = &velocity {
+                velocity.constrain(&mut tool);
+            }
+            tool
+        })
         .collect();
     tools.push(estop_tool());
     Some(Ok(json!({ "tools": tools })))
@@ -39,11 +59,12 @@ pub(super) async fn resources_list(robot: &Robot) -> Answer {
         Ok(listed) => listed,
         Err(e) => return Some(Err(e.to_rpc())),
     };
-    let resources: Vec<Value> = listed
+    let mut resources: Vec<Value> = listed
         .get("sources")
         .and_then(Value::as_array)
         .map(|s| s.iter().filter_map(mcp_resource).collect())
         .unwrap_or_default();
+    resources.push(constraints_resource());
     Some(Ok(json!({ "resources": resources })))
 }
 
@@ -54,13 +75,22 @@ pub(super) async fn resources_read(robot: &Robot, params: &Map<String, Value>) -
             "uri: a string is required",
         )));
     };
-    let not_found = || {
-        RpcError::new(RESOURCE_NOT_FOUND, format!("Resource not found: {uri}"))
-            .with_data(json!({ "uri": uri }))
-    };
-    let name = match uri.strip_prefix(RESOURCE_PREFIX) {
-        Some(name) if !name.is_empty() && !name.contains('/') => name,
-        _ => return Some(Err(not_found())),
+    if uri == CONSTRAINTS_URI {
+        return Some(
+            match robot.request(method::LIST_CONSTRAINTS, json!({})).await {
+                Ok(listed) => Ok(json!({
+                    "contents": [{
+                        "uri": uri,
+                        "mimeType": "application/json",
+                        "text": listed.to_string(),
+                    }],
+                })),
+                Err(e) => Err(e.to_rpc()),
+            },
+        );
+    }
+    let Ok(name) = context_name(params) else {
+        return Some(Err(not_found(uri)));
     };
     match robot.read_context(name).await {
         Ok(update) => Some(Ok(json!({
@@ -71,7 +101,39 @@ pub(super) async fn resources_read(robot: &Robot, params: &Map<String, Value>) -
             }],
         }))),
         Err(RobotError::Arp(e)) if e.code == ArpCode::ContextNotFound.code() => {
-            Some(Err(not_found()))
+            Some(Err(not_found(uri)))
+        }
+        Err(e) => Some(Err(e.to_rpc())),
+    }
+}
+
+/// The context source a resource `uri` names (`arp://context/{name}`).
+pub(super) fn context_name(params: &Map<String, Value>) -> Result<&str, RpcError> {
+    let uri = params.get("uri").and_then(Value::as_str).unwrap_or("");
+    match uri.strip_prefix(RESOURCE_PREFIX) {
+        Some(name) if !name.is_empty() && !name.contains('/') => Ok(name),
+        _ => Err(not_found(uri)),
+    }
+}
+
+/// MCP's "resource not found".
+fn not_found(uri: &str) -> RpcError {
+    RpcError::new(RESOURCE_NOT_FOUND, format!("Resource not found: {uri}"))
+        .with_data(json!({ "uri": uri }))
+}
+
+/// `resources/subscribe {uri}`: the source's updates become
+/// `notifications/resources/updated` until `resources/unsubscribe`.
+pub(super) async fn resources_subscribe(robot: &Robot, params: &Map<String, Value>) -> Answer {
+    let name = match context_name(params) {
+        Ok(name) => name,
+        Err(e) => return Some(Err(e)),
+    };
+    match robot.subscribe(name).await {
+        Ok(()) => Some(Ok(json!({}))),
+        Err(RobotError::Arp(e)) if e.code == ArpCode::ContextNotFound.code() => {
+            let uri = params.get("uri").and_then(Value::as_str).unwrap_or("");
+            Some(Err(not_found(uri)))
         }
         Err(e) => Some(Err(e.to_rpc())),
     }
@@ -96,7 +158,16 @@ pub(super) async fn tools_call(
         .and_then(|m| m.get("progressToken"))
         .filter(|t| t.is_string() || t.is_i64() || t.is_u64())
         .cloned();
-    let mut call = match robot.start_call(name, arguments, token.is_some()).await {
+    // A retry with the same key runs once: the robot answers it with the first run's
+    // outcome (ARP's `idempotencyKey`, remembered per subject).
+    let key = params
+        .get("_meta")
+        .and_then(|m| m.get("idempotencyKey"))
+        .and_then(Value::as_str);
+    let mut call = match robot
+        .start_call(name, arguments, key, token.is_some())
+        .await
+    {
         Ok(call) => call,
         Err(e) => return Some(Err(e.to_rpc())),
     };

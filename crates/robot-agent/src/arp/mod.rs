@@ -24,6 +24,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 mod calls;
+pub mod camera;
 pub mod config;
 mod connection;
 pub mod error;
@@ -139,6 +140,8 @@ struct State {
     motion: Option<String>,
     idempotency: Idempotency,
     workspace: Option<Workspace>,
+    /// `capture_image`'s rate bound.
+    shutter: camera::Shutter,
 }
 
 struct Inner {
@@ -232,6 +235,25 @@ impl ArpServer {
 
     fn pose(&self) -> Option<Pose> {
         *self.inner.pose.borrow()
+    }
+
+    /// `capture_image`: one synthetic frame (no camera driver yet), rate-bounded.
+    fn capture_image(&self) -> Result<(&'static str, Option<Value>), ArpError> {
+        if !self.state().shutter.allow(std::time::Instant::now()) {
+            return Err(ArpError::RateLimited(camera::CAPTURES_PER_SECOND));
+        }
+        use base64::Engine as _;
+        let jpeg = camera::jpeg(self.pose());
+        let data = base64::engine::general_purpose::STANDARD.encode(jpeg);
+        Ok((
+            "completed",
+            Some(json!({ "image": {
+                "mimeType": "image/jpeg",
+                "width": camera::WIDTH,
+                "height": camera::HEIGHT,
+                "data": data,
+            } })),
+        ))
     }
 
     fn state(&self) -> MutexGuard<'_, State> {

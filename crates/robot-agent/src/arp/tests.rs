@@ -58,6 +58,7 @@ async fn initialize_comes_first_then_every_listing_method_answers() {
             "cancel_navigation",
             "save_location",
             "list_locations",
+            "capture_image",
             "reset_emergency_stop"
         ]
     );
@@ -821,10 +822,10 @@ async fn an_exec_driver_declares_a_tool_that_is_listed_confirmed_and_run() {
         .collect();
     assert_eq!(
         names.len(),
-        8,
-        "seven built-ins and the valid declared tool: {names:?}"
+        9,
+        "eight built-ins and the valid declared tool: {names:?}"
     );
-    let dock = &list["tools"][7];
+    let dock = &list["tools"][8];
     assert_eq!(dock["name"], "dock");
     assert_eq!(dock["safety"]["level"], "critical");
     assert_eq!(

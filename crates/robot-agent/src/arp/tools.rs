@@ -21,6 +21,8 @@ pub enum ToolKind {
     SaveLocation,
     ListLocations,
     ResetEmergencyStop,
+    /// One frame of the camera, as JPEG (`camera`).
+    CaptureImage,
     /// Declared by the driver (`exec:`), run by it.
     Driver,
 }
@@ -34,7 +36,7 @@ impl ToolKind {
 
     /// Tools a viewer may call: reading only.
     pub fn viewer_may_call(self) -> bool {
-        matches!(self, ToolKind::ListLocations)
+        matches!(self, ToolKind::ListLocations | ToolKind::CaptureImage)
     }
 }
 
@@ -238,6 +240,21 @@ fn other_tools() -> Vec<Tool> {
             requires_confirmation: false,
         },
         Tool {
+            name: "capture_image".into(),
+            kind: ToolKind::CaptureImage,
+            description: "Capture one frame of the robot's camera as a JPEG image \
+                          (result.image: {mimeType, width, height, data (base64)}). Without a \
+                          camera (sim, test pattern) the frame is synthetic: colour bars with \
+                          a marker that follows the pose. At most 5 a second."
+                .into(),
+            parameters: no_arguments(),
+            level: Level::Normal,
+            reversible: true,
+            safety_note: "Reads the camera; does not move".into(),
+            estimated_duration: Some(0.0),
+            requires_confirmation: false,
+        },
+        Tool {
             name: "reset_emergency_stop".into(),
             kind: ToolKind::ResetEmergencyStop,
             description: "Release a latched emergency stop (operator only). Motion is \
@@ -338,6 +355,7 @@ pub fn parse_args(tool: &Tool, arguments: &Value) -> Result<Args, ArpError> {
         ToolKind::Stop
         | ToolKind::CancelNavigation
         | ToolKind::ListLocations
+        | ToolKind::CaptureImage
         | ToolKind::ResetEmergencyStop => {
             let _: NoArgs = parse(arguments)?;
             Args::None

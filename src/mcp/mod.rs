@@ -1,0 +1,33 @@
+//! The remote MCP endpoint: a robot as a Model Context Protocol server at
+//! `/v1/robots/{robotId}/mcp` (Streamable HTTP, MCP 2025-06-18), for hosts that should not
+//! run a bridge per robot. A session is a program's gateway session run in this process
+//! (`arp::open_in_process`: the same grant, role, control lock, takeover, confirmations,
+//! audit, tickets, limits and metrics as on `/v1/robots/{id}/arp`), with arp-bridge's MCP
+//! session on top of it (the same tools, resources and results as `arp-bridge --mode mcp`).
+//! It ends when the client deletes it, when it idles, and when its gateway session ends
+//! (token revoked or expired, grant withdrawn, robot gone). docs/arp.md, "The remote MCP
+//! endpoint".
+//!
+//! `http` is the transport, `registry` the sessions of this node, `session` one session's
+//! task.
+
+mod http;
+mod registry;
+mod session;
+
+use std::sync::Arc;
+
+use axum::routing::post;
+use axum::{Extension, Router};
+
+use crate::state::SharedState;
+
+/// The endpoint's route, merged into the app at the top (with its own session registry).
+pub fn router() -> Router<SharedState> {
+    Router::new()
+        .route(
+            "/v1/robots/{id}/mcp",
+            post(http::post).get(http::get).delete(http::delete),
+        )
+        .layer(Extension(Arc::new(registry::Registry::default())))
+}
