@@ -387,6 +387,7 @@ async fn sessions_can_be_filtered() {
     drop(bob);
     robot.recv_type("signalling.disconnected").await;
     robot.expect_nothing_pending().await;
+    server.ended_record("s-bob").await;
     assert_eq!(server.sessions("").await.len(), 2);
     let alice_sessions = server.sessions("?subject=alice").await;
     assert_eq!(alice_sessions.len(), 1);

@@ -293,6 +293,25 @@ impl TestServer {
         assert_eq!(status, 200, "{body}");
         body.as_array().expect("array").clone()
     }
+
+    /// The record of session `connection_id` once it has ended. A robot hears of an end
+    /// before the record is written (docs/protocol.md), so a test that heard it through
+    /// the robot waits for the record, for 5 s at most.
+    pub async fn ended_record(&self, connection_id: &str) -> Value {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let records = self.sessions("").await;
+            let record = records.iter().find(|r| r["connectionId"] == connection_id);
+            match record {
+                Some(record) if !record["endedAt"].is_null() => return record.clone(),
+                _ => assert!(
+                    std::time::Instant::now() < deadline,
+                    "the record of {connection_id} never ended: {record:?}"
+                ),
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
 }
 
 impl Drop for TestServer {

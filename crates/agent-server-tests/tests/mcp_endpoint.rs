@@ -195,15 +195,7 @@ async fn an_operator_drives_and_a_viewer_is_refused_motion() {
         "{init}"
     );
 
-    let listed = operator.ask("tools/list", json!({})).await;
-    let tools = listed["result"]["tools"].as_array().expect("tools");
-    let names: Vec<&str> = tools.iter().filter_map(|t| t["name"].as_str()).collect();
-    for name in ["drive", "stop", "emergency_stop"] {
-        assert!(names.contains(&name), "{name} in {names:?}");
-    }
-    let resources = operator.ask("resources/list", json!({})).await;
-    let uris = resources["result"]["resources"].to_string();
-    assert!(uris.contains("arp://context/odometry"), "{uris}");
+    lists_the_robots_tools_and_context(&mut operator).await;
 
     let before = operator.odometry_x().await;
     let drive = json!({ "linear": 0.3, "angular": 0.0, "durationSecs": 0.5 });
@@ -216,33 +208,8 @@ async fn an_operator_drives_and_a_viewer_is_refused_motion() {
     let after = operator.odometry_x().await;
     assert!(after > before + 0.05, "the sim moved: {before} -> {after}");
 
-    // Eyes: capture_image is MCP image content, a JPEG.
-    let shot = operator.call("capture_image", json!({})).await;
-    assert_eq!(shot["content"][0]["type"], "image", "{shot}");
-    assert_eq!(shot["content"][0]["mimeType"], "image/jpeg");
-    let jpeg = {
-        use base64::Engine as _;
-        let data = shot["content"][0]["data"].as_str().expect("data");
-        base64::engine::general_purpose::STANDARD
-            .decode(data)
-            .expect("base64")
-    };
-    assert_eq!(&jpeg[..2], &[0xFF, 0xD8]);
-    assert_eq!(&jpeg[jpeg.len() - 2..], &[0xFF, 0xD9]);
-
-    // `_meta.idempotencyKey`: the same key twice runs once, with the same result.
-    let keyed =
-        json!({ "name": "drive", "arguments": drive, "_meta": { "idempotencyKey": "k-1" } });
-    let first = operator.ask("tools/call", keyed.clone()).await;
-    let moved = operator.odometry_x().await;
-    let again = operator.ask("tools/call", keyed).await;
-    let still = operator.odometry_x().await;
-    assert_eq!(first["result"], again["result"]);
-    assert!(moved > after + 0.05, "{after} -> {moved}");
-    assert!(
-        (still - moved).abs() < 0.02,
-        "the retry moved: {moved} -> {still}"
-    );
+    captures_a_jpeg(&mut operator).await;
+    a_keyed_retry_runs_once(&mut operator, &drive, after).await;
 
     // A viewer may read and stop, never move.
     let mut viewer = Client::new(&running, &tokens.viewer);
@@ -271,11 +238,60 @@ async fn an_operator_drives_and_a_viewer_is_refused_motion() {
         "{drives:?}"
     );
 
-    // DELETE ends the session: its id is unknown from then on.
+    delete_ends_the_session(&running, &tokens.operator, &mut operator).await;
+    agent.abort();
+}
+
+async fn lists_the_robots_tools_and_context(operator: &mut Client<'_>) {
+    let listed = operator.ask("tools/list", json!({})).await;
+    let tools = listed["result"]["tools"].as_array().expect("tools");
+    let names: Vec<&str> = tools.iter().filter_map(|t| t["name"].as_str()).collect();
+    for name in ["drive", "stop", "emergency_stop"] {
+        assert!(names.contains(&name), "{name} in {names:?}");
+    }
+    let resources = operator.ask("resources/list", json!({})).await;
+    let uris = resources["result"]["resources"].to_string();
+    assert!(uris.contains("arp://context/odometry"), "{uris}");
+}
+
+/// Eyes: capture_image is MCP image content, a JPEG.
+async fn captures_a_jpeg(operator: &mut Client<'_>) {
+    let shot = operator.call("capture_image", json!({})).await;
+    assert_eq!(shot["content"][0]["type"], "image", "{shot}");
+    assert_eq!(shot["content"][0]["mimeType"], "image/jpeg");
+    let jpeg = {
+        use base64::Engine as _;
+        let data = shot["content"][0]["data"].as_str().expect("data");
+        base64::engine::general_purpose::STANDARD
+            .decode(data)
+            .expect("base64")
+    };
+    assert_eq!(&jpeg[..2], &[0xFF, 0xD8]);
+    assert_eq!(&jpeg[jpeg.len() - 2..], &[0xFF, 0xD9]);
+}
+
+/// `_meta.idempotencyKey`: the same key twice runs once, with the same result.
+async fn a_keyed_retry_runs_once(operator: &mut Client<'_>, drive: &Value, after: f64) {
+    let keyed =
+        json!({ "name": "drive", "arguments": drive, "_meta": { "idempotencyKey": "k-1" } });
+    let first = operator.ask("tools/call", keyed.clone()).await;
+    let moved = operator.odometry_x().await;
+    let again = operator.ask("tools/call", keyed).await;
+    let still = operator.odometry_x().await;
+    assert_eq!(first["result"], again["result"]);
+    assert!(moved > after + 0.05, "{after} -> {moved}");
+    assert!(
+        (still - moved).abs() < 0.02,
+        "the retry moved: {moved} -> {still}"
+    );
+}
+
+/// DELETE ends the session: its id is unknown from then on.
+async fn delete_ends_the_session(running: &Running, token: &str, operator: &mut Client<'_>) {
     let deleted = running
         .http
-        .delete(url(&running))
-        .bearer_auth(&tokens.operator)
+        .delete(url(running))
+        .bearer_auth(token)
         .header("mcp-session-id", operator.session.clone().expect("session"))
         .send()
         .await
@@ -283,7 +299,6 @@ async fn an_operator_drives_and_a_viewer_is_refused_motion() {
     assert_eq!(deleted.status(), 204);
     let list = json!({ "jsonrpc": "2.0", "id": 99, "method": "tools/list" });
     assert_eq!(operator.post(list).await.status(), 404);
-    agent.abort();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -369,55 +384,70 @@ async fn audited(running: &Running, tool: &str, subject: &str, count: usize) -> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement, not a check"]
 async fn tool_call_round_trips_endpoint_vs_gateway() {
-    use futures_util::{SinkExt, StreamExt};
-    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-    use tokio_tungstenite::tungstenite::Message;
-    const CALLS: usize = 300;
-    const WARM_UP: usize = 20;
     // Under the gateway's and the robot's call rates (one call per tick, waited for).
     let mut pace = tokio::time::interval(Duration::from_millis(40));
     let (running, tokens, agent) = robot_online().await;
-    let quantiles = |mut times: Vec<Duration>| {
-        times.sort();
-        let p = |q: f64| times[((times.len() - 1) as f64 * q) as usize];
-        format!("p50 {:?} p99 {:?} (n={})", p(0.5), p(0.99), times.len())
-    };
+    let mcp = round_trips_over_mcp(&running, &tokens.operator, &mut pace).await;
+    let gateway = round_trips_over_the_gateway(&running, &tokens.operator, &mut pace).await;
+    println!(
+        "tools/call list_locations, remote MCP endpoint: {}",
+        quantiles(mcp)
+    );
+    println!(
+        "arp.callTool list_locations, ARP gateway:     {}",
+        quantiles(gateway)
+    );
+    agent.abort();
+}
 
-    let mut operator = Client::new(&running, &tokens.operator);
+const CALLS: usize = 300;
+const WARM_UP: usize = 20;
+
+fn quantiles(mut times: Vec<Duration>) -> String {
+    times.sort();
+    let p = |q: f64| times[((times.len() - 1) as f64 * q) as usize];
+    format!("p50 {:?} p99 {:?} (n={})", p(0.5), p(0.99), times.len())
+}
+
+async fn round_trips_over_mcp(
+    running: &Running,
+    token: &str,
+    pace: &mut tokio::time::Interval,
+) -> Vec<Duration> {
+    let mut operator = Client::new(running, token);
     operator.initialize().await;
-    let mut mcp = Vec::new();
+    let mut times = Vec::new();
     for i in 0..CALLS + WARM_UP {
         pace.tick().await;
         let started = Instant::now();
         let result = operator.call("list_locations", json!({})).await;
         if i >= WARM_UP {
-            mcp.push(started.elapsed());
+            times.push(started.elapsed());
         }
         assert_eq!(result["isError"], false, "{result}");
     }
-    let session = operator.session.clone().expect("session");
-    let ended = running
-        .http
-        .delete(url(&running))
-        .bearer_auth(&tokens.operator)
-        .header("mcp-session-id", session)
-        .send()
-        .await
-        .expect("HTTP");
-    assert_eq!(ended.status(), 204);
+    delete_ends_the_session(running, token, &mut operator).await;
+    times
+}
 
+async fn round_trips_over_the_gateway(
+    running: &Running,
+    token: &str,
+    pace: &mut tokio::time::Interval,
+) -> Vec<Duration> {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    use tokio_tungstenite::tungstenite::Message;
     let mut request = (running.base.replace("http://", "ws://")
         + &format!("/v1/robots/{ROBOT}/arp"))
         .into_client_request()
         .expect("request");
-    let bearer = format!("Bearer {}", tokens.operator)
-        .parse()
-        .expect("header");
+    let bearer = format!("Bearer {token}").parse().expect("header");
     request.headers_mut().insert("authorization", bearer);
     let (mut ws, _) = tokio_tungstenite::connect_async(request)
         .await
         .expect("upgraded");
-    let mut gateway = Vec::new();
+    let mut times = Vec::new();
     for id in 0..CALLS + WARM_UP + 1 {
         let (method, params) = if id == 0 {
             (
@@ -447,18 +477,10 @@ async fn tool_call_round_trips_endpoint_vs_gateway() {
         };
         assert!(answer.get("result").is_some(), "{answer}");
         if id > WARM_UP {
-            gateway.push(started.elapsed());
+            times.push(started.elapsed());
         }
     }
-    println!(
-        "tools/call list_locations, remote MCP endpoint: {}",
-        quantiles(mcp)
-    );
-    println!(
-        "arp.callTool list_locations, ARP gateway:     {}",
-        quantiles(gateway)
-    );
-    agent.abort();
+    times
 }
 
 /// `examples/mcp_remote_host.py --check`: the official MCP Python SDK over Streamable HTTP

@@ -230,30 +230,49 @@ pub async fn run(args: InstructionsArgs) -> anyhow::Result<()> {
         .map(|(op, f)| (op.name().to_string(), f.clone()))
         .collect();
     if let Some(path) = &args.write_baseline {
-        let baseline = Baseline {
-            about: "signalling-bench instructions --write-baseline: the server's marginal \
-                    instructions per operation under callgrind; CI (.ci/run, step bench) fails \
-                    when one is over 10 % above this"
-                .into(),
-            ops: by_name.clone(),
-        };
-        std::fs::write(path, serde_json::to_string_pretty(&baseline)? + "\n")
-            .with_context(|| format!("writing {}", path.display()))?;
-        eprintln!("[instructions] baseline written to {}", path.display());
+        write_baseline(path, &by_name)?;
     }
     if let Some(path) = &args.check {
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let baseline: Baseline = serde_json::from_str(&text)?;
-        let (report, regressed) = check(&baseline.ops, &by_name, args.tolerance);
-        print!("{report}");
-        if regressed {
-            bail!(
-                "instructions per operation regressed by over {:.0} % against {}",
-                args.tolerance * 100.0,
-                path.display()
-            );
-        }
+        check_baseline(path, &by_name, args.tolerance)?;
+    }
+    Ok(())
+}
+
+/// Writes the figures as the committed baseline.
+fn write_baseline(
+    path: &std::path::Path,
+    by_name: &BTreeMap<String, Figures>,
+) -> anyhow::Result<()> {
+    let baseline = Baseline {
+        about: "signalling-bench instructions --write-baseline: the server's marginal \
+                instructions per operation under callgrind; CI (.ci/run, step bench) fails \
+                when one is over 10 % above this"
+            .into(),
+        ops: by_name.clone(),
+    };
+    std::fs::write(path, serde_json::to_string_pretty(&baseline)? + "\n")
+        .with_context(|| format!("writing {}", path.display()))?;
+    eprintln!("[instructions] baseline written to {}", path.display());
+    Ok(())
+}
+
+/// Fails when an operation's instructions are over `tolerance` above the baseline's.
+fn check_baseline(
+    path: &std::path::Path,
+    by_name: &BTreeMap<String, Figures>,
+    tolerance: f64,
+) -> anyhow::Result<()> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let baseline: Baseline = serde_json::from_str(&text)?;
+    let (report, regressed) = check(&baseline.ops, by_name, tolerance);
+    print!("{report}");
+    if regressed {
+        bail!(
+            "instructions per operation regressed by over {:.0} % against {}",
+            tolerance * 100.0,
+            path.display()
+        );
     }
     Ok(())
 }
