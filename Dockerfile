@@ -27,10 +27,12 @@ RUN for member in . crates/protocol crates/robot-agent crates/bench crates/arp-b
         echo 'fn main() {}' >"$member/src/main.rs"; \
     done \
     && cargo build --profile dist --locked -p signalling-server --bin signalling-server \
-    && cargo clean --profile dist -p signalling-server -p signalling-protocol
-# 2. The server: its crate and the protocol crate, the migrations and the browser SDK it
-#    embeds (built and committed in clients/js/dist). The other members keep their stubs.
+    && cargo clean --profile dist -p signalling-server -p signalling-protocol -p arp-bridge
+# 2. The server: its crate, the protocol crate and arp-bridge (whose MCP mapping the remote
+#    MCP endpoint runs), the migrations and the browser SDK it embeds (built and committed
+#    in clients/js/dist). The other members keep their stubs.
 COPY crates/protocol ./crates/protocol
+COPY crates/arp-bridge ./crates/arp-bridge
 COPY src ./src
 COPY migrations ./migrations
 COPY clients/js/dist ./clients/js/dist

@@ -24,7 +24,7 @@ if [[ ",$peers," == *",node,"* ]] && [ ! -d bench/peers/node_modules/ws ]; then
 fi
 if [[ ",$peers," == *",python,"* ]] && [ ! -x "$tools/venv/bin/python" ]; then
     python3 -m venv "$tools/venv"
-    "$tools/venv/bin/pip" install --quiet "websockets==17.*"
+    "$tools/venv/bin/python" -m pip install --quiet "websockets==17.*"
 fi
 if [[ ",$peers," == *",matchbox,"* ]] && [ ! -x "$tools/bin/matchbox_server" ]; then
     cargo install --quiet --locked --root "$tools" matchbox_server
