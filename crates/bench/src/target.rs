@@ -474,6 +474,20 @@ pub fn stamp_of(text: &str) -> Option<u64> {
     rest[..end].parse().ok()
 }
 
+/// Answers a ticket's key exchange (`kx`) as robot-agent does, with a fresh X25519 public
+/// key, so that the server MACs the session's later tickets as it would for a real agent.
+pub fn key_exchange_answer(message: &Value) -> Option<String> {
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let ticket = message.pointer("/meta/session/ticket")?.as_str()?;
+    let claims = URL_SAFE_NO_PAD.decode(ticket.split('.').nth(1)?).ok()?;
+    let claims: Value = serde_json::from_slice(&claims).ok()?;
+    claims.get("kx")?;
+    let rng = ring::rand::SystemRandom::new();
+    let ours =
+        ring::agreement::EphemeralPrivateKey::generate(&ring::agreement::X25519, &rng).ok()?;
+    Some(URL_SAFE_NO_PAD.encode(ours.compute_public_key().ok()?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

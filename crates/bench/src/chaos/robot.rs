@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use base64::Engine;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::Message;
@@ -395,7 +394,8 @@ impl Connection<'_> {
             return self.on_confirmation(connection, frame);
         }
         let id = frame.get("id").cloned()?;
-        let meta = key_exchange(message).map(|half| json!({"ticketKey": half}));
+        let meta =
+            crate::target::key_exchange_answer(message).map(|half| json!({"ticketKey": half}));
         Some(match frame["method"].as_str().unwrap_or("") {
             "arp.initialize" => arp_reply(
                 connection,
@@ -537,17 +537,4 @@ fn run_call(
     }
     remembered.insert(full_key.to_string(), answer.clone());
     answer
-}
-
-/// robot-agent's answer to a ticket's key exchange: a fresh X25519 public key.
-fn key_exchange(message: &Value) -> Option<String> {
-    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-    let ticket = message.pointer("/meta/session/ticket")?.as_str()?;
-    let claims = URL_SAFE_NO_PAD.decode(ticket.split('.').nth(1)?).ok()?;
-    let claims: Value = serde_json::from_slice(&claims).ok()?;
-    claims.get("kx")?;
-    let rng = ring::rand::SystemRandom::new();
-    let ours =
-        ring::agreement::EphemeralPrivateKey::generate(&ring::agreement::X25519, &rng).ok()?;
-    Some(URL_SAFE_NO_PAD.encode(ours.compute_public_key().ok()?))
 }

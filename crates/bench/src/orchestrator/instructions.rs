@@ -884,7 +884,7 @@ async fn stand_in_robot(
             "connectionId": value["payload"]["connectionId"],
             "frame": { "jsonrpc": "2.0", "id": id, "result": result },
         });
-        let meta = key_exchange_answer(&value)
+        let meta = crate::target::key_exchange_answer(&value)
             .map(|half| format!(r#","meta":{}"#, json!({ KEY_EXCHANGE_META_KEY: half })))
             .unwrap_or_default();
         let answer = format!(
@@ -898,21 +898,6 @@ async fn stand_in_robot(
 /// `meta` key of a robot's half of a ticket's key exchange (signalling_protocol's
 /// `ticket::KEY_EXCHANGE_META_KEY`; the bench does not link the protocol crate).
 const KEY_EXCHANGE_META_KEY: &str = "ticketKey";
-
-/// Answers a ticket's key exchange (`kx`) as robot-agent does, with a fresh X25519 public
-/// key, so that the server MACs the session's later tickets as it would for a real agent.
-fn key_exchange_answer(message: &Value) -> Option<String> {
-    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-    use base64::Engine as _;
-    let ticket = message.pointer("/meta/session/ticket")?.as_str()?;
-    let claims = URL_SAFE_NO_PAD.decode(ticket.split('.').nth(1)?).ok()?;
-    let claims: Value = serde_json::from_slice(&claims).ok()?;
-    claims.get("kx")?;
-    let rng = ring::rand::SystemRandom::new();
-    let ours =
-        ring::agreement::EphemeralPrivateKey::generate(&ring::agreement::X25519, &rng).ok()?;
-    Some(URL_SAFE_NO_PAD.encode(ours.compute_public_key().ok()?))
-}
 
 #[cfg(test)]
 mod tests {
