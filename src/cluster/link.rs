@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, BytesMut};
+use futures_util::FutureExt;
 use redis::{ConnectionAddr, ConnectionInfo};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -83,6 +84,22 @@ impl Link {
         Ok(())
     }
 
+    /// Whether the peer closed this link (or sent what nobody asked for) while it sat idle.
+    /// Between two sends a publisher owes no reply, so anything readable means the link is
+    /// dead: Redis restarted while this node had nothing to publish. Writing on it would
+    /// lose the whole next batch (the first frames after a restart) to find that out.
+    fn went_away(&mut self) -> bool {
+        if !self.read.is_empty() {
+            return true;
+        }
+        self.read.reserve(1);
+        // Pending: nothing to read, the link is as good as it was.
+        self.stream
+            .read_buf(&mut self.read)
+            .now_or_never()
+            .is_some()
+    }
+
     /// Reads until a whole reply is buffered, hands it to `read` and drops it.
     async fn next_reply<T>(
         &mut self,
@@ -155,6 +172,12 @@ impl Publisher {
     }
 
     async fn send_on_link(&mut self, out: &Outgoing<'_>) -> Result<usize, ClusterError> {
+        if self.link.as_mut().is_some_and(Link::went_away) {
+            tracing::debug!(
+                "the publisher's link to redis was closed while idle; connecting again"
+            );
+            self.link = None;
+        }
         let link = match &mut self.link {
             Some(link) => link,
             None => {
@@ -240,5 +263,78 @@ impl Subscription {
                 return Ok(message);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use redis::IntoConnectionInfo;
+    use tokio::net::TcpListener;
+
+    /// Serves one PUBLISH as Redis would: its payload, answered `:1`.
+    async fn serve_publish(stream: &mut TcpStream) -> Vec<u8> {
+        let mut buf = BytesMut::new();
+        loop {
+            if let Some((command, _)) = resp::parse(&buf).expect("RESP") {
+                let payload = match command {
+                    Reply::Array(items) => match items.as_slice() {
+                        [Reply::Bulk(Some(b"PUBLISH")), _, Reply::Bulk(Some(payload))] => {
+                            payload.to_vec()
+                        }
+                        other => panic!("not a PUBLISH: {other:?}"),
+                    },
+                    other => panic!("not a command: {other:?}"),
+                };
+                stream.write_all(b":1\r\n").await.expect("answer");
+                return payload;
+            }
+            assert!(stream.read_buf(&mut buf).await.expect("read") > 0, "closed");
+        }
+    }
+
+    fn publish(payload: &[u8]) -> Outgoing<'_> {
+        let mut out = Outgoing::new(Vec::new());
+        out.command(&[b"PUBLISH", b"p:node:n1", payload]);
+        out
+    }
+
+    #[tokio::test]
+    async fn the_first_publish_after_redis_restarts_is_sent() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let info = format!("redis://{}", listener.local_addr().expect("addr"))
+            .into_connection_info()
+            .expect("url");
+        let mut publisher = Publisher::new(info);
+        let first = tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.expect("accept");
+            let payload = serve_publish(&mut stream).await;
+            (listener, stream, payload)
+        });
+        assert_eq!(publisher.send(&publish(b"one")).await.expect("sent"), 0);
+        let (listener, stream, payload) = first.await.expect("served");
+        assert_eq!(payload, b"one");
+
+        // Redis goes away while this node has nothing to publish, and comes back.
+        drop(stream);
+        let link = publisher.link.as_mut().expect("kept");
+        let seen =
+            tokio::time::timeout(Duration::from_secs(5), link.stream.read_buf(&mut link.read));
+        assert_eq!(
+            seen.await
+                .expect("the close reaches the node")
+                .expect("EOF"),
+            0
+        );
+        let second = tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.expect("accept");
+            serve_publish(&mut stream).await
+        });
+        let sent = publisher.send(&publish(b"two")).await;
+        assert_eq!(
+            sent.expect("the first publish after the restart is not lost"),
+            0
+        );
+        assert_eq!(second.await.expect("served"), b"two");
     }
 }
