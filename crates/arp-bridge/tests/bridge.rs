@@ -570,18 +570,17 @@ async fn mcp_bridge(url: &str, args: &[&str], token: &str) -> Bridge {
     let mut all = vec!["--mode", "mcp", "--url", url];
     all.extend_from_slice(args);
     let mut b = Bridge::spawn(&all, Some(token));
+    // The bridge initializes ARP once the host's initialize says what it can do, and says
+    // ready before it answers.
+    b.send(json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": { "name": "test", "version": "1" } } }))
+    .await;
     let ready = b.read().await;
     assert_eq!(ready["method"], "arp-bridge.ready", "{ready}");
     assert_eq!(ready["params"]["ok"], true, "{ready}");
     assert_eq!(ready["params"]["robot"]["name"], "robot-agent");
-    let init = b
-        .result(
-            json!(1),
-            "initialize",
-            json!({ "protocolVersion": "2025-06-18", "capabilities": {},
-                    "clientInfo": { "name": "test", "version": "1" } }),
-        )
-        .await;
+    let init = b.response(json!(1)).await["result"].clone();
     assert_eq!(init["protocolVersion"], "2025-06-18");
     assert!(init["capabilities"]["tools"].is_object());
     assert!(init["capabilities"]["resources"].is_object());

@@ -454,6 +454,11 @@ impl Robot {
         }
     }
 
+    /// The context sources the client subscribed to.
+    pub(super) fn subscribed(&self) -> Vec<String> {
+        self.router().subscriptions.iter().cloned().collect()
+    }
+
     /// Ends the client's subscription to `name` (the robot's too, unless a read needs it).
     pub(super) fn unsubscribe(&self, name: &str) {
         let mut router = self.router();
