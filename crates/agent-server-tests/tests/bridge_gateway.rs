@@ -1,8 +1,11 @@
-//! arp-bridge `--mode mcp --token-file` against the real server's gateway and the real
-//! robot-agent (sim): a token that ends (revoked here; expiry closes the same way, 4003)
-//! does not end the bridge. The host's calls meanwhile fail naming the cause
-//! (`unauthorized`); once the file holds a fresh token, the next call connects again with
-//! it and works. The bridge is the library the binary runs, on an in-memory stdin/stdout.
+//! arp-bridge `--mode mcp` against the real server's gateway and the real robot-agent (sim),
+//! the bridge being the library the binary runs, on an in-memory stdin/stdout:
+//! - `--token-file`: a token that ends (revoked here; expiry closes the same way, 4003) does
+//!   not end the bridge. The host's calls meanwhile fail naming the cause (`unauthorized`);
+//!   once the file holds a fresh token, the next call connects again with it and works.
+//! - elicitation: a host that can ask its user confirms a call the robot wants confirmed
+//!   (policy `client`); the confirmer on record is the authenticated subject, set by the
+//!   server.
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -13,6 +16,7 @@ use arp_bridge::token::TokenSource;
 use arp_bridge::ws::Target;
 use arp_bridge::{Config, Exit, Mode};
 use serde_json::{json, Value};
+use signalling_protocol::arp::ConfirmationPolicy;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, DuplexStream, Lines};
 
 const ADMIN: &str = "bridge-token-admin";
@@ -172,4 +176,86 @@ async fn a_revoked_token_is_replaced_through_the_file_without_ending_the_bridge(
         .expect("joined");
     assert_eq!(exit, Exit::Eof);
     agent.abort();
+}
+
+/// The host declares elicitation; the robot asks a person before save_location and lets the
+/// client answer: declined, the call fails (-40006); accepted, it runs, and the audit names
+/// the subject the server authenticated as the confirmer (not what the bridge says).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_confirmation_through_the_bridge_is_on_record_as_the_subject() {
+    let running = server::start(ADMIN, |_, _| {}).await;
+    let (config_dir, _) = running.enroll(ROBOT).await;
+    let token = running.client_token(ROBOT, SUBJECT, "operator").await;
+    let agent = running.agent(ROBOT, config_dir, |c| {
+        c.arp.confirm.policy = ConfirmationPolicy::Client;
+        c.arp.confirm.tools.insert("save_location".into(), true);
+    });
+    running.wait_online(ROBOT).await;
+    let token_file = running.dir().join("arp-token");
+    write_token(&token_file, &token);
+    let mut host = Host::start(&running, &token_file);
+    let init = json!({ "protocolVersion": "2025-06-18", "capabilities": { "elicitation": {} },
+                       "clientInfo": { "name": "bridge_gateway.rs", "version": "0" } });
+    host.call(1, "initialize", init).await;
+
+    let save = json!({ "name": "save_location", "arguments": { "name": "dock" } });
+    for (id, accept) in [(2, false), (3, true)] {
+        host.send(json!({ "jsonrpc": "2.0", "id": id, "method": "tools/call", "params": save }))
+            .await;
+        let asked = host
+            .find(|v| v["method"] == "elicitation/create" && v.get("id").is_some())
+            .await;
+        let message = asked["params"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("save_location"), "{asked}");
+        let result = if accept {
+            json!({ "action": "accept", "content": { "confirm": true } })
+        } else {
+            json!({ "action": "decline" })
+        };
+        host.send(json!({ "jsonrpc": "2.0", "id": asked["id"], "result": result }))
+            .await;
+        let answer = host
+            .find(|v| v["id"] == json!(id) && v.get("method").is_none())
+            .await;
+        let result = &answer["result"];
+        assert_eq!(result["isError"], !accept, "{answer}");
+        if !accept {
+            assert_eq!(
+                result["structuredContent"]["error"]["code"], -40006,
+                "{answer}"
+            );
+        }
+    }
+    let record = confirmed_record(&running, "save_location").await;
+    assert_eq!(
+        record["confirmedBy"],
+        format!("{SUBJECT} via client"),
+        "{record}"
+    );
+    drop(host.stdin);
+    agent.abort();
+}
+
+/// The audit record of a completed, confirmed call of `tool` (written in batches: polled,
+/// bounded).
+async fn confirmed_record(running: &Running, tool: &str) -> Value {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let path = format!("/v1/robots/{ROBOT}/audit?limit=100");
+        let audit = running.admin(reqwest::Method::GET, &path, None).await;
+        let found = audit["records"].as_array().and_then(|records| {
+            records
+                .iter()
+                .find(|r| r["tool"] == tool && r["confirmedBy"].is_string())
+                .cloned()
+        });
+        if let Some(record) = found {
+            return record;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no confirmed {tool}: {audit}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
