@@ -21,7 +21,7 @@ pub fn router(state: SharedState) -> Router {
         .merge(api::router())
         .merge(crate::ws::router())
         .merge(crate::arp::router())
-        .merge(crate::mcp::router())
+        .merge(crate::mcp::router(&state))
         .merge(crate::console::router())
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
         .method_not_allowed_fallback(|| async {

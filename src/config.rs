@@ -161,6 +161,13 @@ pub struct Config {
     #[arg(long, env = "SIGNALLING_TURN_TTL", default_value_t = 600)]
     pub turn_ttl: u64,
 
+    /// A browser origin (`http(s)://host[:port]`) allowed to call the remote MCP endpoint
+    /// besides the server's own; repeatable or comma separated. Any other page's `Origin` is
+    /// refused with 403 (DNS rebinding); programs send none and pass.
+    #[arg(long = "allow-origin", env = "SIGNALLING_ALLOW_ORIGINS", value_name = "ORIGIN",
+          value_delimiter = ',', value_parser = crate::mcp::parse_allowed_origin)]
+    pub allow_origins: Vec<String>,
+
     #[arg(long, env = "SIGNALLING_TLS_CERT", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
     #[arg(long, env = "SIGNALLING_TLS_KEY", requires = "tls_cert")]

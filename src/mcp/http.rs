@@ -1,8 +1,9 @@
 //! The endpoint's HTTP side, MCP's Streamable HTTP transport (2025-06-18): `POST` one
 //! JSON-RPC message (a request is answered in JSON; anything else 202), `GET` the stream
-//! of what the server sends unasked (SSE), `DELETE` the session. Every request passes what
-//! the gateway's upgrade checks first (`ws::admit`: capacity, a client token, 401), and
-//! `initialize` a grant on the robot (403), before any MCP exchange.
+//! of what the server sends unasked (SSE), `DELETE` the session. Every request passes the
+//! `Origin` check (`super::origin`, a layer, 403) and then what the gateway's upgrade checks
+//! (`ws::admit`: capacity, a client token, 401), and `initialize` a grant on the robot
+//! (403), before any MCP exchange.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

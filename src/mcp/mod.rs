@@ -8,26 +8,31 @@
 //! (token revoked or expired, grant withdrawn, robot gone). docs/arp.md, "The remote MCP
 //! endpoint".
 //!
-//! `http` is the transport, `registry` the sessions of this node, `session` one session's
-//! task.
+//! `http` is the transport, `origin` the check of a browser's `Origin` every request passes
+//! first, `registry` the sessions of this node, `session` one session's task.
 
 mod http;
+mod origin;
 mod registry;
 mod session;
+
+pub use origin::parse_allowed as parse_allowed_origin;
 
 use std::sync::Arc;
 
 use axum::routing::post;
-use axum::{Extension, Router};
+use axum::{middleware, Extension, Router};
 
 use crate::state::SharedState;
 
 /// The endpoint's route, merged into the app at the top (with its own session registry).
-pub fn router() -> Router<SharedState> {
+/// The `Origin` check wraps every method of it, so it runs before anything else does.
+pub fn router(state: &SharedState) -> Router<SharedState> {
     Router::new()
         .route(
             "/v1/robots/{id}/mcp",
             post(http::post).get(http::get).delete(http::delete),
         )
         .layer(Extension(Arc::new(registry::Registry::default())))
+        .route_layer(middleware::from_fn_with_state(state.clone(), origin::check))
 }

@@ -11,6 +11,8 @@ use signalling_protocol::arp::ConfirmationPolicy;
 
 const ADMIN: &str = "mcp-endpoint-admin";
 const ROBOT: &str = "robot-mcp-1";
+/// The one browser origin the server is told to let in (`--allow-origin`).
+const ALLOWED_ORIGIN: &str = "https://console.example.com";
 
 struct Tokens {
     operator: String,
@@ -20,7 +22,10 @@ struct Tokens {
 }
 
 async fn robot_online() -> (Running, Tokens, tokio::task::AbortHandle) {
-    let running = server::start(ADMIN, |_, _| {}).await;
+    let running = server::start(ADMIN, |config, _| {
+        config.allow_origins = vec![ALLOWED_ORIGIN.into()];
+    })
+    .await;
     let (config_dir, _) = running.enroll(ROBOT).await;
     let operator = running
         .client_token(ROBOT, "mcp-operator", "operator")
@@ -181,6 +186,79 @@ async fn the_endpoint_refuses_before_any_mcp_exchange() {
     viewer.initialize().await;
     operator.session = viewer.session.clone();
     assert_eq!(operator.post(list).await.status(), 404);
+    agent.abort();
+}
+
+/// DNS rebinding (MCP's Streamable HTTP transport: servers MUST validate `Origin`): a web
+/// page's request from an origin not allowed is 403, in the API's JSON error shape, before
+/// the token is even looked at; the listed origin, the server's own address and programs
+/// (no `Origin`) pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_web_page_of_another_origin_is_refused() {
+    let (running, tokens, agent) = robot_online().await;
+    let init = json!({
+        "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": { "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": { "name": "t", "version": "0" } },
+    });
+    let send = |method: reqwest::Method, origin: Option<&str>, token: Option<&str>| {
+        let mut request = running
+            .http
+            .request(method, url(&running))
+            .header("accept", "application/json, text/event-stream")
+            .json(&init);
+        if let Some(origin) = origin {
+            request = request.header("origin", origin);
+        }
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        async move {
+            tokio::time::timeout(Duration::from_secs(40), request.send())
+                .await
+                .expect("an answer in time")
+                .expect("HTTP")
+        }
+    };
+    let post = reqwest::Method::POST;
+    let operator = Some(tokens.operator.as_str());
+    for (method, origin, token) in [
+        (post.clone(), "https://evil.example", operator),
+        (post.clone(), "https://evil.example", None),
+        (post.clone(), "null", operator),
+        (reqwest::Method::GET, "https://evil.example", operator),
+        (reqwest::Method::DELETE, "http://127.0.0.2:1", operator),
+    ] {
+        let refused = send(method.clone(), Some(origin), token).await;
+        assert_eq!(refused.status(), 403, "{method} from {origin}");
+        let body: Value = refused.json().await.expect("a JSON body");
+        assert_eq!(body["error"], "FORBIDDEN", "{body}");
+        assert!(body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("origin")));
+    }
+    // Rebinding proper: the attacker's name in Host too is no "own origin".
+    let rebound = running
+        .http
+        .post(url(&running))
+        .header("host", "rebind.evil.example")
+        .header("origin", "http://rebind.evil.example")
+        .bearer_auth(&tokens.operator)
+        .json(&init)
+        .send()
+        .await
+        .expect("HTTP");
+    assert_eq!(rebound.status(), 403);
+    // Let in: the listed origin, the server's own address, and no Origin at all. (The
+    // viewer's sessions: viewers take no control lock.)
+    let own = running.base.clone();
+    for origin in [Some(ALLOWED_ORIGIN), Some(own.as_str()), None] {
+        let viewer = Some(tokens.viewer.as_str());
+        let answer = send(post.clone(), origin, viewer).await;
+        assert_eq!(answer.status(), 200, "from {origin:?}");
+        assert!(answer.headers().contains_key("mcp-session-id"));
+        let body: Value = answer.json().await.expect("JSON");
+        assert_eq!(body["result"]["protocolVersion"], "2025-06-18", "{body}");
+    }
     agent.abort();
 }
 

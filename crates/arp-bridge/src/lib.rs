@@ -19,6 +19,7 @@ mod parent;
 pub mod relay;
 pub mod stdio;
 mod time;
+pub mod token;
 pub mod ws;
 
 pub use config::{Config, Exit, Mode};

@@ -7,7 +7,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{bail, Context};
+use anyhow::bail;
+use arp_bridge::token::{self, TokenSource};
 use arp_bridge::{ws::Target, Config, Mode};
 use clap::{Parser, ValueEnum};
 
@@ -51,38 +52,29 @@ struct Args {
     connect_timeout: f64,
 }
 
-/// The token: --token-file, then --token, then ARP_TOKEN; none is fine
+/// The token: --token-file (read now, so a bad file stops the start, and
+/// again at every connection), then --token, then ARP_TOKEN; none is fine
 /// (robot-agent's socket with --arp-no-token takes loopback clients).
-fn token(args: &Args) -> anyhow::Result<Option<String>> {
-    let token = if let Some(path) = &args.token_file {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read the token file {}", path.display()))?;
-        Some(without_role(text.trim()).to_owned())
-    } else if let Some(token) = &args.token {
+fn token(args: &Args) -> anyhow::Result<TokenSource> {
+    if let Some(path) = &args.token_file {
+        token::read_file(path)?;
+        return Ok(TokenSource::File(path.clone()));
+    }
+    let token = if let Some(token) = &args.token {
         // Never the token itself: stderr may reach a log.
         eprintln!(
             "arp-bridge: warning: --token is visible to every user of this machine (ps, \
              /proc/PID/cmdline); use --token-file or ARP_TOKEN"
         );
-        Some(token.clone())
+        token.clone()
+    } else if let Ok(token) = std::env::var("ARP_TOKEN") {
+        token
     } else {
-        std::env::var("ARP_TOKEN").ok()
+        return Ok(TokenSource::None);
     };
-    match token.map(|t| t.trim().to_owned()) {
-        // Never echo the token: a message may reach a log.
-        Some(t) if t.is_empty() => bail!("the token is empty"),
-        Some(t) if t.chars().any(char::is_whitespace) => bail!("the token contains whitespace"),
-        other => Ok(other),
-    }
-}
-
-/// robot-agent's token files hold `ROLE:SECRET` (`enroll` writes
-/// `operator:SECRET`); the secret is what a client presents.
-fn without_role(text: &str) -> &str {
-    ["viewer:", "operator:", "owner:"]
-        .iter()
-        .find_map(|role| text.strip_prefix(role))
-        .unwrap_or(text)
+    let fixed = TokenSource::Fixed(token);
+    fixed.current()?;
+    Ok(fixed)
 }
 
 fn config(args: &Args) -> anyhow::Result<Config> {

@@ -17,6 +17,8 @@ use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::{self, Message};
 use tokio_tungstenite::{Connector, MaybeTlsStream, WebSocketStream};
 
+use crate::token::{TokenError, TokenSource};
+
 type Socket = WebSocketStream<MaybeTlsStream<tokio::net::TcpStream>>;
 
 /// Capacity of the frame channels, each way.
@@ -30,6 +32,8 @@ pub enum WsError {
     Url(String),
     #[error("the token is not a valid HTTP header value")]
     BadToken,
+    #[error("{0}")]
+    Token(#[from] TokenError),
     #[error("the ARP endpoint refused the credentials (HTTP {0})")]
     Unauthorized(u16),
     #[error("the ARP endpoint answered HTTP {0} instead of upgrading")]
@@ -47,7 +51,9 @@ impl WsError {
     pub fn kind(&self) -> &'static str {
         match self {
             WsError::Unauthorized(_) => "unauthorized",
-            WsError::Url(_) | WsError::BadToken | WsError::CaFile { .. } => "config",
+            WsError::Url(_) | WsError::BadToken | WsError::Token(_) | WsError::CaFile { .. } => {
+                "config"
+            }
             WsError::Http(_) | WsError::Timeout(_) | WsError::Connect(_) => "connect",
         }
     }
@@ -57,7 +63,8 @@ impl WsError {
 #[derive(Clone)]
 pub struct Target {
     pub url: String,
-    pub token: Option<String>,
+    /// Read again at every connection (a token file may have changed).
+    pub token: TokenSource,
     pub ca_file: Option<PathBuf>,
     pub connect_timeout: Duration,
 }
@@ -67,7 +74,7 @@ impl std::fmt::Debug for Target {
         // Never print the token.
         f.debug_struct("Target")
             .field("url", &redact(&self.url))
-            .field("token", &self.token.as_ref().map(|_| "***"))
+            .field("token", &self.token)
             .field("ca_file", &self.ca_file)
             .finish()
     }
@@ -101,12 +108,19 @@ pub enum FromRobot {
 pub struct Link {
     pub to_robot: mpsc::Sender<String>,
     pub from_robot: mpsc::Receiver<FromRobot>,
+    /// The token this connection presented.
+    token: Option<String>,
     shutdown: Option<oneshot::Sender<()>>,
     reader: JoinHandle<()>,
     writer: JoinHandle<()>,
 }
 
 impl Link {
+    /// The token this connection presented (a later one differs if the file changed).
+    pub fn token(&self) -> Option<&str> {
+        self.token.as_deref()
+    }
+
     /// A clean end: the close frame is sent (by the writer, once every
     /// sender is gone) and the endpoint's answer awaited, briefly.
     pub async fn close(mut self) {
@@ -161,14 +175,15 @@ fn tls_connector(path: &Path) -> Result<Connector, WsError> {
     Ok(Connector::Rustls(Arc::new(config)))
 }
 
-/// Connects and starts the frame pumps.
+/// Connects (with the token as of now) and starts the frame pumps.
 pub async fn connect(target: &Target) -> Result<Link, WsError> {
+    let token = target.token.current()?;
     let mut request = target
         .url
         .as_str()
         .into_client_request()
         .map_err(|e| WsError::Url(format!("{}: {e}", redact(&target.url))))?;
-    if let Some(token) = &target.token {
+    if let Some(token) = &token {
         let value =
             HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| WsError::BadToken)?;
         request.headers_mut().insert("authorization", value);
@@ -206,6 +221,7 @@ pub async fn connect(target: &Target) -> Result<Link, WsError> {
     Ok(Link {
         to_robot,
         from_robot,
+        token,
         shutdown: Some(shutdown),
         reader,
         writer,
@@ -289,7 +305,7 @@ mod tests {
         assert_eq!(redact("ws://127.0.0.1:7700"), "ws://127.0.0.1:7700");
         let t = Target {
             url: "ws://h/?token=secret".into(),
-            token: Some("secret".into()),
+            token: TokenSource::Fixed("secret".into()),
             ca_file: None,
             connect_timeout: Duration::from_secs(1),
         };

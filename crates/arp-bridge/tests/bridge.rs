@@ -570,18 +570,19 @@ async fn mcp_bridge(url: &str, args: &[&str], token: &str) -> Bridge {
     let mut all = vec!["--mode", "mcp", "--url", url];
     all.extend_from_slice(args);
     let mut b = Bridge::spawn(&all, Some(token));
+    // The bridge initializes ARP once the host's initialize says what it can do, and says
+    // ready before it answers.
+    b.send(
+        json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": { "name": "test", "version": "1" } } }),
+    )
+    .await;
     let ready = b.read().await;
     assert_eq!(ready["method"], "arp-bridge.ready", "{ready}");
     assert_eq!(ready["params"]["ok"], true, "{ready}");
     assert_eq!(ready["params"]["robot"]["name"], "robot-agent");
-    let init = b
-        .result(
-            json!(1),
-            "initialize",
-            json!({ "protocolVersion": "2025-06-18", "capabilities": {},
-                    "clientInfo": { "name": "test", "version": "1" } }),
-        )
-        .await;
+    let init = b.response(json!(1)).await["result"].clone();
     assert_eq!(init["protocolVersion"], "2025-06-18");
     assert!(init["capabilities"]["tools"].is_object());
     assert!(init["capabilities"]["resources"].is_object());
@@ -844,6 +845,56 @@ async fn mcp_mode_reports_a_forbidden_call_as_a_tool_error() {
     assert_eq!(b.eof().await.code(), Some(0));
     let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(robot.probe.state().x, 0.0, "a viewer moved nothing");
+    robot.proxy.assert_valid();
+}
+
+/// The official MCP Python SDK as the host, arp-bridge its stdio server
+/// (`examples/mcp_stdio_host.py --check`): capture_image is a JPEG that decodes, and a call
+/// the robot wants confirmed is put to the host's user through elicitation (declined: the
+/// call fails -40006; accepted: it runs). Skipped, saying so, without python3 and `mcp`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_mcp_sdk_over_stdio_confirms_and_sees() {
+    let check = Command::new("python3")
+        .args(["-c", "import mcp.client.stdio"])
+        .output()
+        .await;
+    if !check.is_ok_and(|o| o.status.success()) {
+        eprintln!("SKIPPED: python3 with the mcp package is not installed (pip install mcp)");
+        return;
+    }
+    let robot = robot(&["save_location"]).await;
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../examples/mcp_stdio_host.py"
+    );
+    let run = Command::new("python3")
+        .arg(script)
+        .args(["--check", "--bridge", env!("CARGO_BIN_EXE_arp-bridge")])
+        .args(["--url", &robot.url])
+        .env("ARP_TOKEN", OPERATOR)
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("the check finishes in time")
+        .expect("python3 runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    println!("{stdout}");
+    assert!(
+        output.status.success(),
+        "the MCP SDK check failed:\n{stdout}\n{stderr}"
+    );
+    assert!(stdout.contains(" 0 failed"), "{stdout}");
+    // The bridge declared confirmation (its host can elicit) and answered the robot's
+    // requests: once no, once yes.
+    let answers: Vec<bool> = robot.proxy.seen(|s| {
+        s.from_bridge
+            .iter()
+            .filter_map(|v| v["result"]["confirmed"].as_bool())
+            .collect()
+    });
+    assert_eq!(answers, [false, true]);
     robot.proxy.assert_valid();
 }
 

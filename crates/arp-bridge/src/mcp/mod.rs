@@ -20,6 +20,7 @@
 
 mod limits;
 mod prompts;
+mod reconnect;
 mod robot;
 mod server;
 mod session;
@@ -30,6 +31,7 @@ pub use limits::{
     CONFIRMED_BY, CONSTRAINTS_URI, ESTOP_TOOL, MAX_IN_FLIGHT, PROTOCOL_VERSIONS,
     RESOURCE_NOT_FOUND, RESOURCE_PREFIX,
 };
+pub use reconnect::TOKEN_ENDED;
 pub use robot::{Robot, RobotError};
 pub use server::{describe, refuse_start, run};
 pub use session::{

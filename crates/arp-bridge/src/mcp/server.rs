@@ -3,11 +3,12 @@
 
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 use signalling_protocol::arp::{method, MAX_FRAME_BYTES};
 use tokio::sync::mpsc;
 
 use super::limits::{PROTOCOL_VERSIONS, START_ERROR_WAIT};
+use super::reconnect;
 use super::robot::{Robot, RobotError};
 use super::session::{self, arp_initialize_params, Host, Session};
 use crate::config::{Config, Exit};
@@ -40,12 +41,28 @@ pub async fn run(
     mut intake: Intake,
     out: &mpsc::Sender<String>,
 ) -> Exit {
+    // The host's first message (its `initialize`) says whether it can ask its user
+    // (elicitation), which the ARP session must declare at its own initialize.
+    let first = match first_object(&mut intake, out).await {
+        Ok(first) => first,
+        Err(exit) => {
+            link.close().await;
+            return exit;
+        }
+    };
+    let elicits = first.get("method").and_then(Value::as_str) == Some("initialize")
+        && first
+            .get("params")
+            .and_then(Value::as_object)
+            .is_some_and(session::client_elicits);
     let robot = Robot::new(link.to_robot.clone());
-    let robot_info = match initialize_robot(config, &robot, &mut link, out).await {
+    let robot_info = match initialize_robot(config, &robot, &mut link, out, elicits).await {
         Ok(info) => info,
         Err((reason, why)) => {
             link.close().await;
-            refuse_start(&mut intake, out, &reason, &why).await;
+            if !answer_with(&first, out, &reason, &why).await {
+                refuse_start(&mut intake, out, &reason, &why).await;
+            }
             return Exit::StartFailed;
         }
     };
@@ -60,7 +77,49 @@ pub async fn run(
         title_prefix: "ARP bridge to".into(),
         describe: Some(describe(config)),
     };
-    let mut session = Session::new(host, robot.clone(), out.clone(), robot_info);
+    let mut session = Session::new(host, robot, out.clone(), robot_info);
+    session.client_object(first).await;
+    loop {
+        let (code, why, token) = match serve(&mut session, link, &mut intake, out).await {
+            Served::Exit(exit) => return exit,
+            Served::Lost { code, why, token } => (code, why, token),
+        };
+        let rejoins = reconnect::token_ended(code);
+        closed(&mut session, out, code, &why, rejoins).await;
+        if !rejoins {
+            return Exit::ConnectionLost;
+        }
+        let offline = reconnect::Offline::new(config, elicits, token, why);
+        link = match offline.serve(&mut session, &mut intake, out).await {
+            Ok(link) => link,
+            Err(exit) => return exit,
+        };
+    }
+}
+
+/// How serving one connection ended.
+enum Served {
+    Exit(Exit),
+    /// The ARP connection closed under the session.
+    Lost {
+        code: Option<u16>,
+        why: String,
+        token: Option<String>,
+    },
+}
+
+/// Serves the host's lines and the robot's frames over one connection.
+async fn serve(
+    session: &mut Session,
+    mut link: Link,
+    intake: &mut Intake,
+    out: &mpsc::Sender<String>,
+) -> Served {
+    let lost = |code, why: &str, link: &Link| Served::Lost {
+        code,
+        why: why.to_owned(),
+        token: link.token().map(str::to_owned),
+    };
     loop {
         tokio::select! {
             input = intake.next() => match input {
@@ -71,47 +130,84 @@ pub async fn run(
                     eprintln!("arp-bridge: reading stdin failed: {e}");
                     session.abort_all();
                     link.close().await;
-                    return Exit::Input;
+                    return Served::Exit(Exit::Input);
                 }
                 Input::Ended => {
                     session.abort_all();
+                    let robot = session.robot().clone();
                     shut_down(&robot, link).await;
-                    return Exit::Eof;
+                    return Served::Exit(Exit::Eof);
                 }
             },
             frame = link.from_robot.recv() => match frame {
                 Some(FromRobot::Frame(text)) => {
-                    if let Some(answer) = robot.dispatch(&text) {
+                    if let Some(answer) = session.robot().dispatch(&text) {
                         let _ = link.to_robot.send(answer.to_string()).await;
                     }
                 }
-                Some(FromRobot::Closed { code, reason }) => {
-                    closed(&mut session, out, code, &reason).await;
-                    return Exit::ConnectionLost;
-                }
-                None => {
-                    closed(&mut session, out, None, "the connection ended").await;
-                    return Exit::ConnectionLost;
-                }
+                Some(FromRobot::Closed { code, reason }) => return lost(code, &reason, &link),
+                None => return lost(None, "the connection ended", &link),
             },
             () = session.reap() => {}
         }
     }
 }
 
+/// The host's first JSON object (framing errors answered meanwhile); else how the bridge
+/// ends.
+async fn first_object(
+    intake: &mut Intake,
+    out: &mpsc::Sender<String>,
+) -> Result<Map<String, Value>, Exit> {
+    loop {
+        match intake.next().await {
+            Input::Object { object, .. } => return Ok(object),
+            Input::Refused(error) => emit(out, error).await,
+            Input::Blank => {}
+            Input::Failed(e) => {
+                eprintln!("arp-bridge: reading stdin failed: {e}");
+                return Err(Exit::Input);
+            }
+            Input::Ended => return Err(Exit::Eof),
+        }
+    }
+}
+
+/// Answers `object`, if it is a request, with why the robot cannot be reached (`-32603`,
+/// `data.reason`). Whether it was one.
+pub(super) async fn answer_with(
+    object: &Map<String, Value>,
+    out: &mpsc::Sender<String>,
+    reason: &str,
+    why: &str,
+) -> bool {
+    let Some(id) = object.get("id").filter(|_| object.contains_key("method")) else {
+        return false;
+    };
+    let message = format!("arp-bridge could not reach the robot ({reason}): {why}");
+    let data = json!({ "reason": reason });
+    emit(
+        out,
+        jsonrpc::error(id, INTERNAL_ERROR, &message, Some(data)),
+    )
+    .await;
+    true
+}
+
 /// The bridge is the ARP client: it initializes before saying ready,
 /// dispatching frames meanwhile so the answer can arrive. The robot's
 /// `serverInfo`; else (the parent told why on the ready line) the reason
 /// (`data.reason` of the ARP error, or the kind) and the message.
-async fn initialize_robot(
+pub(super) async fn initialize_robot(
     config: &Config,
     robot: &Robot,
     link: &mut Link,
     out: &mpsc::Sender<String>,
+    elicits: bool,
 ) -> Result<Value, (String, String)> {
-    // No confirmation: see the module's comment.
-    let init =
-        session::initialize_robot(robot, arp_initialize_params("arp-bridge", VERSION, false));
+    // Confirmation only for a host that can ask its user: see the module's comment.
+    let params = arp_initialize_params("arp-bridge", VERSION, elicits);
+    let init = session::initialize_robot(robot, params);
     tokio::pin!(init);
     let initialized = loop {
         tokio::select! {
@@ -165,19 +261,11 @@ pub async fn refuse_start(
     reason: &str,
     why: &str,
 ) {
-    let message = format!("arp-bridge could not reach the robot ({reason}): {why}");
     let answered = async {
         loop {
             match intake.next().await {
                 Input::Object { object, .. } => {
-                    let id = object.get("id").filter(|_| object.contains_key("method"));
-                    if let Some(id) = id {
-                        let data = json!({ "reason": reason });
-                        emit(
-                            out,
-                            jsonrpc::error(id, INTERNAL_ERROR, &message, Some(data)),
-                        )
-                        .await;
+                    if answer_with(&object, out, reason, why).await {
                         return;
                     }
                 }
@@ -209,11 +297,20 @@ async fn shut_down(robot: &Robot, mut link: Link) {
     link.close().await;
 }
 
-/// The ARP connection closed under the session: the parent learns why.
-async fn closed(session: &mut Session, out: &mpsc::Sender<String>, code: Option<u16>, why: &str) {
+/// The ARP connection closed under the session: the parent learns why, and whether the
+/// bridge stays to connect again (`rejoins`: the token ended, a new one may come).
+async fn closed(
+    session: &mut Session,
+    out: &mpsc::Sender<String>,
+    code: Option<u16>,
+    why: &str,
+    rejoins: bool,
+) {
     eprintln!("arp-bridge: the ARP connection closed: {why}");
     // Every waiting request task answers its MCP request with an error now.
     let unanswered = session.closed().await;
-    let params = json!({ "reason": why, "code": code, "unanswered": unanswered });
+    let params = json!({
+        "reason": why, "code": code, "unanswered": unanswered, "reconnects": rejoins,
+    });
     emit(out, jsonrpc::notification(CLOSED, params)).await;
 }

@@ -105,6 +105,26 @@ impl Session {
         &self.robot
     }
 
+    /// The ARP connection was made again (a new token): requests go to `robot` from now on,
+    /// and the client's subscriptions are renewed on it.
+    pub fn reconnected(&mut self, robot: Robot) {
+        let (confirmer, confirmations) = mpsc::channel(CONFIRMATIONS);
+        robot.confirm_through(confirmer);
+        let (told, updates) = mpsc::channel(UPDATES_QUEUE);
+        robot.tell_updates(told);
+        self.confirmations = confirmations;
+        self.updates = updates;
+        let old = std::mem::replace(&mut self.robot, robot);
+        for name in old.subscribed() {
+            let robot = self.robot.clone();
+            self.tasks.spawn(async move {
+                if let Err(e) = robot.subscribe(&name).await {
+                    eprintln!("arp-bridge: renewing the subscription to {name} failed: {e}");
+                }
+            });
+        }
+    }
+
     /// One message of the client.
     pub async fn client_object(&mut self, object: Map<String, Value>) {
         match Message::from_object(object) {
