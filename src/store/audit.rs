@@ -2,7 +2,8 @@
 //! every takeover. Appended in batches by one writer per node; the API only reads it.
 //!
 //! Nothing runs that is not on record: a tool call's request is committed (with the batch
-//! it joined, group commit) before the gateway forwards it, or the call is refused. Records
+//! it joined, group commit) before the gateway forwards it, or the call is refused. A
+//! call's outcome waits up to [`LINGER`] to share a later request's commit. Records
 //! that nobody waits for (a call's outcome, an emergency stop) are never dropped: when the
 //! database refuses them after retries they go to an append-only spill file (JSON lines,
 //! fsync'd) and are loaded back once the database takes writes again; when even the file
