@@ -172,7 +172,7 @@ impl Gateway {
             if let Some(mut record) = pending.record {
                 record.outcome = "unanswered".into();
                 record.duration_ms = Some(pending.started.elapsed().as_millis() as i64);
-                self.state.audit.record(record);
+                self.state.audit.record_outcome(record);
             }
         }
     }

@@ -217,7 +217,7 @@ impl Gateway {
                     .to_string();
             }
         }
-        self.state.audit.record(record);
+        self.state.audit.record_outcome(record);
     }
 
     /// The robot asks for a person's approval and the program did not say it answers them

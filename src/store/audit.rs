@@ -2,7 +2,8 @@
 //! every takeover. Appended in batches by one writer per node; the API only reads it.
 //!
 //! Nothing runs that is not on record: a tool call's request is committed (with the batch
-//! it joined, group commit) before the gateway forwards it, or the call is refused. Records
+//! it joined, group commit) before the gateway forwards it, or the call is refused. A
+//! call's outcome waits up to [`LINGER`] to share a later request's commit. Records
 //! that nobody waits for (a call's outcome, an emergency stop) are never dropped: when the
 //! database refuses them after retries they go to an append-only spill file (JSON lines,
 //! fsync'd) and are loaded back once the database takes writes again; when even the file
@@ -10,8 +11,6 @@
 //! `signalling_audit_spilled_records` counts them. Writes are upserts on the record's id,
 //! so a call's outcome replaces its request, and loading a spill twice changes nothing.
 
-use std::collections::HashSet;
-use std::fmt::Write;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -19,8 +18,12 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
 
+mod insert;
 mod spill;
+
+use insert::{append_audit_on, Placeholders};
 
 use spill::Spill;
 
@@ -39,6 +42,12 @@ const BATCH: usize = 256;
 const ATTEMPT: Duration = Duration::from_secs(1);
 /// Pauses before the retries of a batch that failed, before it is spilled.
 const RETRY_PAUSES: [Duration; 2] = [Duration::from_millis(100), Duration::from_millis(300)];
+/// Longest a record nobody waits for (a call's outcome) is held back for a record that
+/// somebody waits for (a later call's request) to share its commit: while calls keep
+/// coming, a call costs one commit, not two (issue 44). Only outcomes wait so: e-stops and
+/// takeovers are written at once. Outcomes were in memory until their commit before too;
+/// this only makes that moment up to this much longer.
+const LINGER: Duration = Duration::from_millis(50);
 /// How often spilled records are offered to the database again.
 const RELOAD_EVERY: Duration = Duration::from_secs(1);
 /// Most records kept in memory when neither the database nor the spill file takes them.
@@ -109,6 +118,15 @@ pub fn bounded(text: &str, max: usize) -> String {
 struct Queued {
     record: AuditRecord,
     committed: Option<oneshot::Sender<bool>>,
+    /// May wait up to [`LINGER`] for a record that somebody waits for.
+    linger: bool,
+}
+
+impl Queued {
+    /// Whether its batch should be written now.
+    fn urgent(&self) -> bool {
+        self.committed.is_some() || !self.linger
+    }
 }
 
 /// The node's way into the audit log: a bounded queue in front of one writer task that
@@ -163,13 +181,25 @@ impl AuditLog {
         self.queue.capacity() > 0
     }
 
-    /// Queues a record that nobody waits for (an outcome, an emergency stop): the writer
-    /// retries and spills it rather than drop it; past a full queue it waits beside it.
-    /// False (and logged) only when even that is full or the writer is gone.
+    /// Queues a record that nobody waits for (an emergency stop, a takeover), to be
+    /// written at once: the writer retries and spills it rather than drop it; past a full
+    /// queue it waits beside it. False (and logged) only when even that is full or the
+    /// writer is gone.
     pub fn record(&self, record: AuditRecord) -> bool {
+        self.queue_unwaited(record, false)
+    }
+
+    /// As [`AuditLog::record`], for a tool call's outcome: written with the next record
+    /// somebody waits for, or after [`LINGER`] at the latest.
+    pub fn record_outcome(&self, record: AuditRecord) -> bool {
+        self.queue_unwaited(record, true)
+    }
+
+    fn queue_unwaited(&self, record: AuditRecord, linger: bool) -> bool {
         let queued = Queued {
             record,
             committed: None,
+            linger,
         };
         match self.queue.try_send(queued) {
             Ok(()) => true,
@@ -198,6 +228,7 @@ impl AuditLog {
         let queued = Queued {
             record,
             committed: Some(committed),
+            linger: false,
         };
         if self.queue.try_send(queued).is_err() {
             return false;
@@ -216,34 +247,59 @@ impl AuditWriter {
     /// (or spilled).
     pub async fn run(mut self, mut stop: StopSignal) {
         let mut batch = Vec::with_capacity(BATCH);
-        let mut next_reload = tokio::time::Instant::now() + RELOAD_EVERY;
+        // When the records held in `batch` (outcomes only) are written at the latest.
+        let mut due: Option<Instant> = None;
+        let mut next_reload = Instant::now() + RELOAD_EVERY;
         loop {
             // Records first: a call waiting for its request to be on record must not wait
             // behind reloads of the spill (each may take an attempt's whole deadline).
+            let far = Instant::now() + RELOAD_EVERY;
+            // Below BATCH: a batch that full is written at once.
+            let room = BATCH - batch.len();
             tokio::select! {
                 biased;
                 _ = stop.stopped() => {
                     while let Ok(queued) = self.queue.try_recv() {
                         batch.push(queued);
                     }
-                    self.take_overflow(&mut batch);
-                    self.write(&mut batch).await;
+                    self.flush(&mut batch).await;
                     return;
                 }
-                n = self.queue.recv_many(&mut batch, BATCH) => {
+                n = self.queue.recv_many(&mut batch, room) => {
                     if n == 0 {
+                        self.flush(&mut batch).await;
                         return;
                     }
-                    self.take_overflow(&mut batch);
-                    self.write(&mut batch).await;
+                    let fresh = &batch[batch.len() - n..];
+                    if batch.len() >= BATCH || fresh.iter().any(Queued::urgent) {
+                        self.flush(&mut batch).await;
+                        due = None;
+                    } else {
+                        due.get_or_insert_with(|| Instant::now() + LINGER);
+                    }
+                }
+                _ = tokio::time::sleep_until(due.unwrap_or(far)), if due.is_some() => {
+                    self.flush(&mut batch).await;
+                    due = None;
                 }
                 _ = tokio::time::sleep_until(next_reload), if self.spill.waiting() > 0 => {}
             }
-            // Under a steady stream of records the reload still gets its turn.
-            if self.spill.waiting() > 0 && tokio::time::Instant::now() >= next_reload {
+            // Under a steady stream of records the reload still gets its turn (after the
+            // records held back: they were queued first).
+            if self.spill.waiting() > 0 && Instant::now() >= next_reload {
+                self.flush(&mut batch).await;
+                due = None;
                 self.reload().await;
-                next_reload = tokio::time::Instant::now() + RELOAD_EVERY;
+                next_reload = Instant::now() + RELOAD_EVERY;
             }
+        }
+    }
+
+    /// Writes `batch` and what waits in the overflow, if there is anything.
+    async fn flush(&mut self, batch: &mut Vec<Queued>) {
+        self.take_overflow(batch);
+        if !batch.is_empty() {
+            self.write(batch).await;
         }
     }
 
@@ -252,6 +308,7 @@ impl AuditWriter {
         batch.extend(overflow.drain(..).map(|record| Queued {
             record,
             committed: None,
+            linger: false,
         }));
     }
 
@@ -332,19 +389,6 @@ impl AuditWriter {
     }
 }
 
-/// The last of each id's records, in order (a batch may carry a record twice: a spill
-/// loaded back beside the same records held in memory).
-fn latest_per_id(records: &[AuditRecord]) -> Vec<&AuditRecord> {
-    let mut seen = HashSet::with_capacity(records.len());
-    let mut latest: Vec<&AuditRecord> = records
-        .iter()
-        .rev()
-        .filter(|r| seen.insert(r.id.as_str()))
-        .collect();
-    latest.reverse();
-    latest
-}
-
 impl Store {
     /// Appends records in one statement per [`BATCH`] records: one round trip for a
     /// batch, where a statement per record made PostgreSQL the gateway's limit (about
@@ -352,7 +396,12 @@ impl Store {
     /// An id already on record is updated (a call's outcome after its request).
     pub async fn append_audit(&self, records: &[AuditRecord]) -> Result<(), StoreError> {
         let mut conn = self.writer.acquire().await?;
-        let result = append_audit_on(&mut conn, records).await;
+        let placeholders = if self.is_sqlite {
+            Placeholders::Anonymous
+        } else {
+            Placeholders::Numbered
+        };
+        let result = append_audit_on(&mut conn, records, placeholders).await;
         if result.is_err() {
             super::discard_after_failed_write(&mut conn);
         }
@@ -421,82 +470,6 @@ impl Store {
         }
         Ok(q.bind(query.limit).fetch_all(&self.pool).await?)
     }
-}
-
-/// `INSERT INTO audit_log (...) VALUES ($1, ..., $15), ($16, ...)` for `rows` records
-/// (numbered placeholders: both SQLite and PostgreSQL read them).
-///
-/// The text for a batch of up to [`CACHED_ROWS`] records is made once: at a low rate every
-/// call is a batch of its own, and formatting 15 placeholders cost a tool call through the
-/// gateway some 12,000 instructions (issue 44).
-fn insert_rows(rows: usize) -> std::borrow::Cow<'static, str> {
-    static CACHED: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
-    if (1..=CACHED_ROWS).contains(&rows) {
-        let cached = CACHED.get_or_init(|| (1..=CACHED_ROWS).map(make_insert_rows).collect());
-        return std::borrow::Cow::Borrowed(cached[rows - 1].as_str());
-    }
-    std::borrow::Cow::Owned(make_insert_rows(rows))
-}
-
-/// Batches whose statement text [`insert_rows`] keeps.
-const CACHED_ROWS: usize = 8;
-
-fn make_insert_rows(rows: usize) -> String {
-    const COLUMNS: usize = 15;
-    let mut sql = String::from(
-        "INSERT INTO audit_log (id, at, robot_id, subject, role, node, action, tool, params, \
-         outcome, error_code, duration_ms, idempotency_key, confirmed_by, session_id) VALUES ",
-    );
-    for row in 0..rows {
-        sql.push_str(if row == 0 { "(" } else { ", (" });
-        for column in 0..COLUMNS {
-            let separator = if column > 0 { ", " } else { "" };
-            // Writing into a String cannot fail.
-            let _ = write!(sql, "{separator}${}", row * COLUMNS + column + 1);
-        }
-        sql.push(')');
-    }
-    sql.push_str(
-        " ON CONFLICT (id) DO UPDATE SET outcome = excluded.outcome, \
-         error_code = excluded.error_code, duration_ms = excluded.duration_ms, \
-         confirmed_by = excluded.confirmed_by",
-    );
-    sql
-}
-
-/// [`Store::append_audit`] on one connection, in one transaction.
-async fn append_audit_on(
-    conn: &mut sqlx::AnyConnection,
-    records: &[AuditRecord],
-) -> Result<(), StoreError> {
-    use sqlx::Connection as _;
-    let latest = latest_per_id(records);
-    let mut tx = conn.begin().await?;
-    for chunk in latest.chunks(BATCH) {
-        let sql = insert_rows(chunk.len());
-        let mut query = sqlx::query(&sql);
-        for r in chunk {
-            query = query
-                .bind(&r.id)
-                .bind(r.at)
-                .bind(&r.robot_id)
-                .bind(&r.subject)
-                .bind(&r.role)
-                .bind(&r.node)
-                .bind(&r.action)
-                .bind(&r.tool)
-                .bind(&r.params)
-                .bind(&r.outcome)
-                .bind(r.error_code)
-                .bind(r.duration_ms)
-                .bind(&r.idempotency_key)
-                .bind(&r.confirmed_by)
-                .bind(&r.session_id);
-        }
-        query.execute(&mut *tx).await?;
-    }
-    tx.commit().await?;
-    Ok(())
 }
 
 #[cfg(test)]
@@ -578,6 +551,38 @@ mod tests {
             .expect("read");
         let _ = std::fs::remove_file(&file);
         assert_eq!(read, vec![outcome]);
+    }
+
+    #[tokio::test]
+    async fn an_outcome_held_back_is_on_record_with_the_next_request_or_at_the_stop() {
+        let dir = std::env::temp_dir().join(format!("audit-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let url = format!("sqlite://{}/a.db", dir.display());
+        let store = Store::connect(&url).await.expect("store");
+        let (log, writer) = AuditLog::new(store.clone(), dir.join("spill"), Metrics::new());
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(writer.run(StopSignal::new(stopped)));
+        let read = |store: Store| async move {
+            let query = AuditQuery {
+                robot_id: "robot-1".into(),
+                limit: 10,
+                ..AuditQuery::default()
+            };
+            store.audit(&query).await.expect("read")
+        };
+        // An outcome queued before a request is committed no later than the request.
+        assert!(log.record_outcome(record(1)));
+        assert!(log.record_committed(record(2)).await);
+        assert_eq!(read(store.clone()).await, vec![record(1), record(2)]);
+        // One held back when the node stops is still written.
+        assert!(log.record_outcome(record(3)));
+        stop.send(true).expect("stop");
+        tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("the writer stops")
+            .expect("writer");
+        assert_eq!(read(store).await, vec![record(1), record(2), record(3)]);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
