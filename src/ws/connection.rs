@@ -280,12 +280,15 @@ fn run<H: Handler>(mut socket: Socket<H>) -> impl Future<Output = ()> + Send {
         Box::pin(handler.leave(&mut out)).await;
         let close = out.close.take();
         drop(out);
-        drop(socket.mailbox);
         if !writer_done {
             let write_timeout = socket.state.config.socket_limits().write_timeout;
             let closing = Closing::new(close, socket.close_tx, peer_closed, write_timeout);
             Box::pin(closing.run(&mut socket.stream, &mut socket.writer)).await;
         }
+        // The queue closes only once the close was asked for: a writer (on another thread)
+        // that saw its queue close first ended without the close frame, and the peer got an
+        // end of stream with no code (seen once in the cluster suite: a revoked robot).
+        drop(socket.mailbox);
         drop(socket.handler);
         drop(socket.guard);
         // The socket's place is free once everything above is done.
