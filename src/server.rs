@@ -13,14 +13,14 @@ use crate::http_serve;
 use crate::lean_io::LeanAcceptor;
 
 use crate::auth::{random_token, sha256_hex, ClientAuthenticator, JwtConfig, JwtVerifier};
-use crate::cluster::{Cluster, ClusterConfig};
+use crate::cluster::ClusterConfig;
 use crate::config::Config;
 use crate::delivery::Kick;
 use crate::ice::IceConfig;
 use crate::identity::{Identity, IdentityConfig};
 use crate::metrics::Metrics;
 use crate::pki::{CertificateAuthority, SigningKeys, TrustStore};
-use crate::relay::Peers;
+use crate::relay::{self, LoginCheck, Router};
 use crate::state::{AppState, Components, SharedState};
 use crate::store::{AuditLog, Store, StoreError};
 use crate::tasks::{self, Tasks};
@@ -140,55 +140,30 @@ fn build_identity(config: &Config, store: &Store) -> Result<Identity, StartError
     })
 }
 
-/// The link to the other nodes, with `--redis-url`.
-async fn connect_cluster(
-    config: &Config,
-    node_id: &str,
-    metrics: &Metrics,
-) -> Result<Option<Arc<Cluster>>, StartError> {
-    let cluster = match &config.redis_url {
-        Some(url) => {
-            let cluster = Cluster::new(
-                ClusterConfig {
-                    url: url.clone(),
-                    prefix: config.redis_prefix.clone(),
-                    node_id: node_id.to_string(),
-                    node_ttl: Duration::from_secs(config.node_ttl_secs.max(1)),
-                    lock_ttl: Duration::from_secs(config.lock_ttl_secs.max(1)),
-                },
-                metrics.clone(),
-            )?;
-            // Not fatal: the node serves what is local and reports not ready until
-            // Redis answers.
-            if let Err(e) = cluster.ping().await {
-                tracing::error!(error = %e, "redis does not answer at start; retrying in the background");
-            }
-            Some(cluster)
-        }
-        None => None,
+/// How the relay reaches sockets: this node's alone, or the other nodes' too through Redis
+/// (`--redis-url`).
+fn router(config: &Config, node_id: &str, metrics: &Metrics) -> Result<Router, StartError> {
+    let Some(url) = &config.redis_url else {
+        return Ok(Router::local());
     };
-    Ok(cluster)
+    Ok(Router::clustered(
+        ClusterConfig {
+            url: url.clone(),
+            prefix: config.redis_prefix.clone(),
+            node_id: node_id.to_string(),
+            node_ttl: Duration::from_secs(config.node_ttl_secs.max(1)),
+            lock_ttl: Duration::from_secs(config.lock_ttl_secs.max(1)),
+        },
+        metrics,
+    )?)
 }
 
 /// The background work of a node: the cluster's writer, listener and heartbeat, the end of
 /// sessions not resumed in time, and the CRL watcher.
 async fn spawn_background(state: &SharedState, tasks: &mut Tasks) -> Result<(), StartError> {
-    if let Some(cluster) = state.cluster.clone() {
-        let writer = cluster.clone();
-        tasks.spawn("cluster-writer", move |stop| writer.run_writer(stop));
-        let peers = Arc::new(Peers::new(
-            &state.presence,
-            &state.sessions,
-            cluster.clone(),
-        ));
-        let listener = cluster.clone();
-        tasks.spawn("cluster-listen", move |stop| {
-            crate::cluster::inbound::listen(listener, peers, stop)
-        });
-        let beating = state.clone();
-        tasks.spawn("cluster-heartbeat", move |stop| {
-            tasks::heartbeat::heartbeat(beating, cluster, stop)
-        });
+    let logins: Arc<dyn LoginCheck> = state.clone();
+    for worker in relay::workers(&state.presence, &state.sessions, logins) {
+        tasks.spawn(worker.name, worker.run);
     }
     let renewing = state.clone();
     let every = std::time::Duration::from_secs(state.config.ticket_renew_secs);
@@ -273,7 +248,7 @@ impl Server {
         }
 
         let metrics = Metrics::new();
-        let cluster = connect_cluster(&config, &node_id, &metrics).await?;
+        let router = router(&config, &node_id, &metrics)?;
         let ice = ice_config(&config);
         let clients = ClientAuthenticator::new(store.clone(), jwt);
 
@@ -303,7 +278,7 @@ impl Server {
             ice,
             tickets,
             admin_token_hash,
-            cluster,
+            router,
         }));
         spawn_background(&state, &mut tasks).await?;
         Ok(Server {
@@ -374,13 +349,8 @@ impl Server {
 
 async fn drain(state: &SharedState) {
     state.begin_shutdown();
-    if let Some(cluster) = &state.cluster {
-        // Peers stop routing new sessions here; what is open ends below, each end told.
-        match cluster.leave().await {
-            Ok(()) => tracing::info!("left the cluster: peers told"),
-            Err(e) => tracing::warn!(error = %e, "cannot tell peers this node is leaving"),
-        }
-    }
+    // Peers stop routing new sessions here; what is open ends below, each end told.
+    state.sessions.leave_peers().await;
     state.sessions.end_all().await;
     let sockets = state.presence.close_all(Kick::Shutdown);
     tracing::info!(sockets, "shutting down: closing sockets");

@@ -1,5 +1,7 @@
 //! What every request handler and socket shares.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,21 +10,18 @@ use tokio::sync::Notify;
 
 use crate::admission::Admission;
 use crate::auth::ClientAuthenticator;
-use crate::cluster::Cluster;
 use crate::config::Config;
 use crate::ice::IceConfig;
 use crate::identity::Identity;
 use crate::metrics::Metrics;
-use crate::relay::{self, HubLimits, Presence, Sessions};
-use crate::store::{AuditLog, Store};
+use crate::relay::{self, HubLimits, LoggedInWith, LoginCheck, Presence, Router, Sessions};
+use crate::store::{AuditLog, Store, StoreError};
 use crate::tickets::Tickets;
 
 pub struct AppState {
     pub config: Config,
     pub node_id: String,
     pub store: Store,
-    /// The other nodes, when several share a Redis.
-    pub cluster: Option<Arc<Cluster>>,
     /// Sockets and robots online here, and closing them (the relay's first door).
     pub presence: Presence,
     /// A session's life and its messages (the relay's second door).
@@ -58,8 +57,9 @@ pub struct Components {
     pub ice: IceConfig,
     pub tickets: Tickets,
     pub admin_token_hash: String,
-    /// The other nodes (multi-node, with `--redis-url`).
-    pub cluster: Option<Arc<Cluster>>,
+    /// How the relay reaches sockets: this node's alone, or the other nodes' too (with
+    /// `--redis-url`).
+    pub router: Router,
 }
 
 impl AppState {
@@ -75,7 +75,7 @@ impl AppState {
         let (presence, sessions) = relay::build(
             limits,
             parts.metrics.clone(),
-            parts.cluster.clone(),
+            parts.router,
             parts.store.clone(),
             parts.node_id.clone(),
         );
@@ -97,7 +97,6 @@ impl AppState {
             ice: parts.ice,
             tickets: parts.tickets,
             admin_token_hash: parts.admin_token_hash,
-            cluster: parts.cluster,
             shutting_down: AtomicBool::new(false),
             open_sockets: AtomicUsize::new(0),
             sockets_closed: Notify::new(),
@@ -129,6 +128,31 @@ impl AppState {
             }
             notified.await;
         }
+    }
+}
+
+/// After a lapse of the cluster bus, the relay checks its sockets' logins again here: robot
+/// credentials through identity, client tokens in the store.
+impl LoginCheck for AppState {
+    fn still_stands<'a>(
+        &'a self,
+        login: &'a LoggedInWith,
+    ) -> Pin<Box<dyn Future<Output = Result<bool, StoreError>> + Send + 'a>> {
+        Box::pin(async move {
+            match login {
+                LoggedInWith::Robot {
+                    robot_id,
+                    credentials,
+                } => {
+                    self.identity
+                        .login_still_stands(robot_id, credentials)
+                        .await
+                }
+                LoggedInWith::Token(token_id) => {
+                    Ok(!self.store.client_token_withdrawn(token_id).await?)
+                }
+            }
+        })
     }
 }
 

@@ -22,17 +22,10 @@ pub async fn readyz(State(state): State<SharedState>) -> Result<Json<Health>, Ap
     if state.is_shutting_down() {
         return Err(ApiError::Unavailable("shutting down".into()));
     }
-    if let Some(cluster) = &state.cluster {
-        // Without Redis this node cannot see the others: take it out of rotation until it
-        // answers again (it keeps serving the sockets it has).
-        if let Err(e) = cluster.ping().await {
-            return Err(ApiError::Unavailable(format!("redis: {e}")));
-        }
-        if !cluster.is_healthy() {
-            return Err(ApiError::Unavailable(
-                "redis: the cluster bus subscription is down".into(),
-            ));
-        }
+    // Without Redis this node cannot see the others: take it out of rotation until it
+    // answers again (it keeps serving the sockets it has).
+    if let Err(e) = state.sessions.routing_ready().await {
+        return Err(ApiError::Unavailable(e));
     }
     // Audit records outside the database: reported, not fatal. The node still refuses
     // every call it cannot put on record, and its emergency stops must stay reachable.

@@ -1,6 +1,6 @@
 //! What other nodes send to this one: one subscription for the node (its own channel and the
 //! broadcasts), opened again after Redis comes back, handed to the node's [`PeerHandler`]
-//! (the relay's, [`crate::relay::Peers`]).
+//! (the relay's routing applies it).
 
 use std::future::Future;
 use std::pin::Pin;

@@ -342,7 +342,7 @@ mod tests {
     }
 
     #[test]
-    fn frames_and_controls_round_trip() {
+    fn frames_round_trip() {
         let from = ConnId::from("c1");
         let to = ConnId::from("r1");
         let text = "{\"type\":\"signalling.answer\",\n\"x\":1}";
@@ -360,6 +360,20 @@ mod tests {
             decode(&encoded(None, &to, "x")).unwrap(),
             PeerMessage::Frames(frames) if frames[0].from.is_none()
         ));
+        assert_eq!(
+            frame_id(r#"{"type":"signalling.ice_candidate","id":"m1","payload":{}}"#),
+            Some("m1".into())
+        );
+        assert_eq!(frame_id("not json"), None);
+        assert_eq!(frame_id(r#"{"type":"x"}"#), None);
+        assert!(decode(b"").is_err());
+        assert!(decode(b"Fonly").is_err());
+        assert!(decode(b"Fc1\nr1\nno session line").is_err());
+        assert!(decode(b"J{").is_err());
+    }
+
+    #[test]
+    fn controls_round_trip() {
         let control = Control::EndSessionsOf {
             robot_id: "r".into(),
             subject: "s".into(),
@@ -420,16 +434,10 @@ mod tests {
                 control: throttled
             }
         );
-        assert_eq!(
-            frame_id(r#"{"type":"signalling.ice_candidate","id":"m1","payload":{}}"#),
-            Some("m1".into())
-        );
-        assert_eq!(frame_id("not json"), None);
-        assert_eq!(frame_id(r#"{"type":"x"}"#), None);
-        assert!(decode(b"").is_err());
-        assert!(decode(b"Fonly").is_err());
-        assert!(decode(b"Fc1\nr1\nno session line").is_err());
-        assert!(decode(b"J{").is_err());
+    }
+
+    #[test]
+    fn kicks_round_trip_under_every_name() {
         for reason in [
             Kick::Replaced,
             Kick::Revoked,

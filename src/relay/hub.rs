@@ -6,13 +6,12 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use super::routing::Router;
+use super::routing::{MirrorSession, RemoteRobot, Router};
 use super::table::{
     ConnKind, EndedSession, FrameShare, GrantScope, HubLimits, OpenSession, Route, SessionOpened,
     State,
 };
 use super::RelayError;
-use crate::cluster::{MirrorSession, RemoteRobot};
 use crate::delivery::{ConnId, Outbound};
 use crate::metrics::Metrics;
 use crate::store::Role;
@@ -325,7 +324,7 @@ impl Hub {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::delivery::{Kick, LocalBus, Mailbox, MailboxReceiver, Outbound, QueueLimits};
+    use crate::delivery::{Kick, Mailbox, MailboxReceiver, Outbound, QueueLimits};
     use crate::messages::ViewerCap;
     use crate::relay::presence::RobotVerified;
     use crate::relay::Presence;
@@ -399,7 +398,7 @@ mod tests {
     }
 
     fn hub_with(limits: HubLimits) -> TestHub {
-        let router = Router::local(Arc::new(LocalBus::default()));
+        let router = Router::local();
         let hub = Arc::new(Hub::new(router, Metrics::new(), limits));
         TestHub {
             presence: Presence::new(hub.clone()),

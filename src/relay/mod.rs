@@ -8,13 +8,12 @@
 //! - `table`: the session table itself (grace period, resume, mirrors of other nodes'
 //!   sessions), plain data with no I/O;
 //! - `routing`: the seam between this node and the others. Local routing delivers to
-//!   sockets here ([`crate::delivery`]); cluster routing wraps it and reaches other nodes
-//!   through [`crate::cluster`];
-//! - `peers`: what other nodes tell this one, applied here.
+//!   sockets here ([`crate::delivery`]); cluster routing wraps it, reaches other nodes
+//!   through [`crate::cluster`], applies what they tell this one and owns the node's life
+//!   among them (lease, locks, dead nodes; [`workers`] for the server to run).
 
 mod error;
 mod hub;
-mod peers;
 mod presence;
 mod routing;
 mod sessions;
@@ -28,31 +27,26 @@ pub use crate::delivery::{
 };
 pub use crate::messages::ViewerCap;
 pub use error::{RelayError, SessionError};
-pub use peers::Peers;
 pub use presence::{LoggedInWith, Presence, RobotDeclared, RobotVerified};
+pub use routing::lifecycle::LoginCheck;
+pub use routing::workers::{workers, Worker};
+pub use routing::{PresenceWritten, Router};
 pub use sessions::{EndReason, Sessions};
 pub use table::{
     EndedSession, FrameShare, GrantScope, HubLimits, OpenSession, Route, SessionOpened,
 };
 
-use crate::cluster::Cluster;
 use crate::metrics::Metrics;
 use crate::store::Store;
 
-/// Builds the relay of a node: its two doors over one hub, routing to other nodes through
-/// `cluster` when there is one.
+/// Builds the relay of a node: its two doors over one hub and `router`.
 pub fn build(
     limits: HubLimits,
     metrics: Metrics,
-    cluster: Option<Arc<Cluster>>,
+    router: Router,
     store: Store,
     node_id: String,
 ) -> (Presence, Sessions) {
-    let bus: Arc<dyn Bus> = Arc::new(LocalBus::default());
-    let router = match cluster {
-        Some(cluster) => routing::Router::clustered(bus, cluster),
-        None => routing::Router::local(bus),
-    };
     let hub = Arc::new(hub::Hub::new(router, metrics, limits));
     (
         Presence::new(hub.clone()),

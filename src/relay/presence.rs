@@ -6,8 +6,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use super::hub::Hub;
+use super::routing::{Cut, PresenceWritten};
 use super::table::{ConnEntry, ConnKind};
-use crate::cluster::Control;
 use crate::delivery::{ConnId, Kick, Mailbox, Outbound};
 
 /// How a socket proved who it is, for checking it again (see [`Presence::local_logins`]).
@@ -33,7 +33,7 @@ pub struct RobotDeclared {
 #[derive(Debug)]
 pub struct RobotVerified {
     /// Resolves once the robot's presence is in the cluster's directory (with a cluster).
-    pub presence: Option<tokio::sync::oneshot::Receiver<()>>,
+    pub presence: Option<PresenceWritten>,
     /// A cut of access happened since the login read [`Presence::access_cuts`].
     pub cut_since: bool,
 }
@@ -94,7 +94,7 @@ impl Presence {
 
     /// Marks the socket as the verified connection of `robot_id`; an older connection of the
     /// same robot is closed. In a cluster, the answer's `presence` resolves once every node
-    /// can find the robot (see [`crate::cluster::Cluster::presence_up`]).
+    /// can find the robot (see [`super::Router::presence_up`]).
     ///
     /// A cut either finds the robot registered, or happened after the login read
     /// `cuts_seen` and the answer's `cut_since` says so: the login must then check again
@@ -217,7 +217,7 @@ impl Presence {
 
     /// Closes the robot's live connection, on whichever node it is; true if it was here.
     pub fn kick_robot(&self, robot_id: &str, reason: Kick) -> bool {
-        self.hub.router.announce(&Control::KickRobot {
+        self.hub.router.announce(Cut::Robot {
             robot_id: robot_id.to_string(),
             reason,
         });
@@ -243,7 +243,7 @@ impl Presence {
     /// Closes robots whose credential is among `revoked` (e.g. serials a new CRL lists),
     /// on every node; returns how many were here.
     pub fn kick_robots_with_credentials(&self, revoked: &[String], reason: Kick) -> usize {
-        self.hub.router.announce(&Control::KickCredentials {
+        self.hub.router.announce(Cut::Credentials {
             credentials: revoked.to_vec(),
             reason,
         });
@@ -260,7 +260,7 @@ impl Presence {
     /// Closes every connection that logged in with this opaque token, on every node;
     /// returns how many were here.
     pub fn kick_token(&self, token_id: &str) -> usize {
-        self.hub.router.announce(&Control::KickToken {
+        self.hub.router.announce(Cut::Token {
             token_id: token_id.to_string(),
         });
         self.kick_token_here(token_id)
@@ -294,7 +294,7 @@ impl Presence {
     /// E-stops the robot through its ARP server, on whichever node it is; true if it is
     /// here and serves ARP (another node that has it does the same).
     pub fn emergency_stop(&self, robot_id: &str, subject: &str) -> bool {
-        self.hub.router.announce(&Control::EmergencyStop {
+        self.hub.router.announce(Cut::EmergencyStop {
             robot_id: robot_id.to_string(),
             subject: subject.to_string(),
         });

@@ -1,6 +1,7 @@
 //! Background work that lives as long as the server: the CRL watcher, the JWKS refresh,
-//! the end of sessions not resumed in time, the renewal of session tickets and, on several nodes, the cluster's writer,
-//! subscription and heartbeat.
+//! the end of sessions not resumed in time, the renewal of session tickets and, on several
+//! nodes, the workers the relay's cluster routing hands over (its bus writer, subscription
+//! and heartbeat: [`crate::relay::workers`]).
 //!
 //! Every task is started through [`Tasks`], which owns it: [`Tasks::stop`] tells the tasks
 //! to finish through a shared stop signal and waits for them, and dropping `Tasks` aborts
@@ -8,7 +9,6 @@
 //! outlives the server that started it.
 
 pub mod crl;
-pub mod heartbeat;
 pub mod jwks;
 pub mod resume;
 pub mod tickets;

@@ -2,15 +2,12 @@
 
 use std::time::Instant;
 
-use tokio::sync::oneshot;
-
 use signalling_protocol::{Envelope, PkiResponsePayload, RegisterPayload};
 
 use super::{Peer, Protocol, WANTS_WELCOME};
-use crate::cluster::PRESENCE_WAIT;
 use crate::identity::{Challenge, IdentityError, VerifiedRobot};
 use crate::messages;
-use crate::relay::{ConnId, RobotDeclared};
+use crate::relay::{ConnId, PresenceWritten, RobotDeclared};
 use crate::state::SharedState;
 use crate::ws::error::WsError;
 
@@ -130,7 +127,7 @@ impl Protocol {
         // presence is in Redis before the answer goes out (bounded: a slow Redis delays
         // the login, it does not block it).
         if let Some(written) = presence {
-            let _ = tokio::time::timeout(PRESENCE_WAIT, written).await;
+            written.wait().await;
         }
         tracing::info!(robot = %verified.robot_id, credential = verified.credential_kind, "robot verified");
         self.replies
@@ -162,7 +159,7 @@ async fn verify_login(
     challenge: Option<Challenge>,
     correlation_id: Option<&str>,
     signature: &str,
-) -> Result<(VerifiedRobot, Option<oneshot::Receiver<()>>), IdentityError> {
+) -> Result<(VerifiedRobot, Option<PresenceWritten>), IdentityError> {
     let challenge = challenge.ok_or(IdentityError::NoChallenge)?;
     let cuts_seen = challenge.access_cuts_seen;
     let verified = state

@@ -8,13 +8,13 @@ use std::sync::Arc;
 
 use axum::extract::ws::Utf8Bytes;
 
-use super::hub::Hub;
-use super::{EndReason, GrantScope, Presence, RelayError, Sessions};
 use crate::cluster::inbound::PeerHandler;
 use crate::cluster::message::{frame_id, Refusal};
 use crate::cluster::{Cluster, Control, MirrorSession, RelayedFrame};
 use crate::delivery::{ConnId, DeliveryError, Outbound};
 use crate::messages;
+use crate::relay::hub::Hub;
+use crate::relay::{EndReason, GrantScope, Presence, RelayError, Sessions};
 
 /// The relay's side of the cluster bus.
 pub struct Peers {
@@ -25,7 +25,7 @@ pub struct Peers {
 }
 
 impl Peers {
-    pub fn new(presence: &Presence, sessions: &Sessions, cluster: Arc<Cluster>) -> Peers {
+    pub(super) fn new(presence: &Presence, sessions: &Sessions, cluster: Arc<Cluster>) -> Peers {
         Peers {
             hub: sessions.hub().clone(),
             presence: presence.clone(),

@@ -5,12 +5,14 @@
 //! change the hub, then write the record, then tell the remaining ends. Whoever hears of an
 //! end therefore finds the record already ended. Other nodes are reached through the router.
 
+mod nodes;
+
 use std::sync::Arc;
 
 use super::hub::Hub;
+use super::routing::{Cut, MirrorSession};
 use super::table::{EndedSession, GrantScope, OpenSession, Route, SessionOpened, TicketRenewal};
 use super::{RelayError, SessionError};
-use crate::cluster::{Control, MirrorSession};
 use crate::delivery::{ConnId, DeliveryError, Outbound, Sender};
 use crate::messages;
 use crate::store::{Role, Store, StoreError};
@@ -125,9 +127,9 @@ impl Sessions {
                 // robot, and never learns of one that already ended.
                 let still_open = self.hub.if_open(request.session_id, &record_id, || {
                     if let Some(robot) = &elsewhere {
-                        self.hub.router.tell(
+                        self.hub.router.open_remote(
                             &robot.node,
-                            &Control::Open(MirrorSession {
+                            MirrorSession {
                                 session_id: request.session_id.to_string(),
                                 record_id: record_id.clone(),
                                 robot_id: request.robot_id.to_string(),
@@ -138,7 +140,7 @@ impl Sessions {
                                 role: request.role,
                                 offer_id: Some(request.offer_id.to_string()),
                                 kind: request.kind,
-                            }),
+                            },
                         );
                     }
                 });
@@ -291,7 +293,7 @@ impl Sessions {
     /// Ends the driving sessions with `robot_id` on every node (both ends told,
     /// `preempted`; the robot stops when its session ends). Returns how many were here.
     pub async fn preempt(&self, robot_id: &str) -> usize {
-        self.hub.router.announce(&Control::Preempt {
+        self.hub.router.announce(Cut::Preempt {
             robot_id: robot_id.to_string(),
         });
         self.preempt_here(robot_id).await
@@ -309,76 +311,6 @@ impl Sessions {
     /// Releases the control locks of ended sessions.
     async fn release_locks(&self, ended: &[EndedSession]) {
         self.hub.router.release_locks(ended).await;
-    }
-
-    /// The control lock `value` of `robot_id` was found held by someone else (this node could
-    /// not renew it in time, and another session took it): the session that held it here
-    /// ends at once (`preempted`, both ends told), or the robot would have two controllers.
-    /// Returns whether one ended.
-    pub async fn lock_lost(&self, robot_id: &str, value: &str) -> bool {
-        let Some(session_id) = self.hub.router.session_of_lock(robot_id, value) else {
-            return false;
-        };
-        let ended = self.hub.end_one(&session_id, EndReason::Preempted.as_str());
-        self.finish(&ended, EndReason::Preempted).await;
-        !ended.is_empty()
-    }
-
-    /// The control locks to renew: (robot id, value).
-    pub fn held_locks(&self) -> Vec<(String, String)> {
-        self.hub.router.held_locks()
-    }
-
-    /// The robot's node learns from `origin` of a session opened there (see
-    /// [`super::peers`]).
-    pub(super) fn open_mirror(&self, mirror: &MirrorSession) -> Result<(), RelayError> {
-        self.hub.open_mirror(mirror)
-    }
-
-    /// The robot's node refused a session opened here (its id is another's there): it
-    /// ends without a notice; returns the client's socket, to be told why.
-    pub async fn refused_by_peer(&self, origin: &str, session_id: &str) -> Option<ConnId> {
-        self.end_from_peer_with(origin, session_id, None).await
-    }
-
-    /// The node `origin` ended its side: end ours (record, lock), then tell the local end.
-    pub async fn end_from_peer(&self, origin: &str, session_id: &str, notice: Option<String>) {
-        self.end_from_peer_with(origin, session_id, notice).await;
-    }
-
-    async fn end_from_peer_with(
-        &self,
-        origin: &str,
-        session_id: &str,
-        notice: Option<String>,
-    ) -> Option<ConnId> {
-        let ended = self.hub.end_session_from_peer(session_id, origin, notice)?;
-        if let Err(e) = self
-            .store
-            .end_session(&ended.record_id, EndReason::Closed.as_str())
-            .await
-        {
-            tracing::error!(session = %session_id, error = %e, "cannot end session record");
-        }
-        self.release_locks(std::slice::from_ref(&ended)).await;
-        // A client here hears of it now (a robot here already has).
-        for (to, text) in &ended.notices {
-            let _ = self
-                .hub
-                .router
-                .deliver_here(None, to, Outbound::text(text.as_str()));
-        }
-        ended.local_end().cloned()
-    }
-
-    /// A node died: the sessions with an end there end (records first, then the local ends
-    /// are told).
-    pub async fn node_gone(&self, node: &str) -> usize {
-        let ended = self
-            .hub
-            .end_sessions_with_node(node, EndReason::NodeDown.as_str());
-        self.finish(&ended, EndReason::NodeDown).await;
-        ended.len()
     }
 
     /// Where a message about `session_id` from `sender` goes; only the two ends may talk.
@@ -421,16 +353,6 @@ impl Sessions {
     /// what a grant check must allow.
     pub fn session_roles(&self, scope: GrantScope) -> Vec<(String, Arc<str>, Role)> {
         self.hub.session_roles(scope)
-    }
-
-    /// The other nodes that sessions here have an end on.
-    pub fn remote_nodes(&self) -> Vec<String> {
-        self.hub.router.remote_nodes()
-    }
-
-    /// Forgets sockets on other nodes that no session, live or in its grace period, names.
-    pub fn sweep_remote(&self) {
-        self.hub.sweep_remote();
     }
 
     /// The robot said the WebRTC link is up.
@@ -482,7 +404,7 @@ impl Sessions {
         allowed: Option<Role>,
         reason: EndReason,
     ) -> Result<usize, StoreError> {
-        self.hub.router.announce(&Control::EndSessionsOf {
+        self.hub.router.announce(Cut::SessionsOf {
             robot_id: robot_id.to_string(),
             subject: subject.to_string(),
             allowed,
