@@ -166,13 +166,19 @@ async fn run_and_answer(
             tracing::info!(call = %call_id, tool, error = %e, "ARP tool call failed")
         }
     }
-    link.send(render(&request_id, &outcome)).await;
-    outcome_tx.send_replace(Some(outcome));
-    let mut state = server.state();
-    state.calls.remove(&call_id);
-    if state.motion.as_deref() == Some(call_id.as_str()) {
-        state.motion = None;
+    // The call's place is free before its answer leaves: a client may start the next
+    // motion the moment it reads the answer, and must not find this one still in the way
+    // (it did, now and then, on a busy machine: `tool_busy` for a call already answered).
+    {
+        let mut state = server.state();
+        state.calls.remove(&call_id);
+        if state.motion.as_deref() == Some(call_id.as_str()) {
+            state.motion = None;
+        }
     }
+    let answer = render(&request_id, &outcome);
+    outcome_tx.send_replace(Some(outcome));
+    link.send(answer).await;
 }
 
 fn render(id: &Value, outcome: &Outcome) -> Value {
