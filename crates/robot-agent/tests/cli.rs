@@ -12,7 +12,6 @@ use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpListener;
 use tokio::process::{Child, Command};
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
 /// Longest wait for any one thing.
 const WAIT: Duration = Duration::from_secs(20);
@@ -142,23 +141,9 @@ async fn start(dir: &Path, args: &[&str]) -> Running {
 
 /// The HTTP status of a WebSocket upgrade (101 when it upgraded).
 async fn upgrade(addr: &str, headers: &[(&str, &str)]) -> u16 {
-    let mut request = format!("ws://{addr}/")
-        .into_client_request()
-        .expect("request");
-    for (name, value) in headers {
-        request.headers_mut().insert(
-            tokio_tungstenite::tungstenite::http::HeaderName::from_bytes(name.as_bytes())
-                .expect("header name"),
-            value.parse().expect("header"),
-        );
-    }
-    match tokio::time::timeout(WAIT, tokio_tungstenite::connect_async(request))
-        .await
-        .expect("an answer in time")
-    {
-        Ok((_, response)) => response.status().as_u16(),
-        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => response.status().as_u16(),
-        Err(e) => panic!("no HTTP answer: {e}"),
+    match robot_agent::testutil::ws_upgrade(addr, headers).await {
+        Ok(_) => 101,
+        Err(status) => status,
     }
 }
 

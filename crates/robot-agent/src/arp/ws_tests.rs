@@ -9,9 +9,7 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::time::Instant;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 use super::*;
 use crate::arp::config::ListenConfig;
@@ -19,7 +17,7 @@ use crate::arp::ArpOptions;
 use crate::testutil::arp::{fixture, Client, Fixture, OPERATOR};
 use crate::testutil::WAIT;
 
-type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
+type Ws = crate::testutil::WsClient;
 
 /// A second listener on 127.0.0.1:0 for the fixture's ARP server.
 async fn listen(
@@ -39,26 +37,7 @@ async fn listen(
 /// Opens a WebSocket with these extra headers; `Err(status)` when the
 /// upgrade is refused.
 async fn open(addr: SocketAddr, headers: &[(&str, &str)]) -> Result<Ws, u16> {
-    let mut request = format!("ws://{addr}/")
-        .into_client_request()
-        .expect("request");
-    for (name, value) in headers {
-        request.headers_mut().insert(
-            tokio_tungstenite::tungstenite::http::HeaderName::from_bytes(name.as_bytes())
-                .expect("header name"),
-            value.parse().expect("header value"),
-        );
-    }
-    match tokio::time::timeout(WAIT, tokio_tungstenite::connect_async(request))
-        .await
-        .expect("an answer in time")
-    {
-        Ok((ws, _)) => Ok(ws),
-        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
-            Err(response.status().as_u16())
-        }
-        Err(e) => panic!("neither upgraded nor refused with a status: {e}"),
-    }
+    crate::testutil::ws_upgrade(&addr.to_string(), headers).await
 }
 
 async fn rpc(ws: &mut Ws, id: &str, method: &str, params: Value) -> Value {

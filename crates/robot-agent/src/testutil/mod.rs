@@ -27,6 +27,33 @@ use crate::settings::Settings;
 /// Upper bound of any wait in a test; never used as synchronisation.
 pub const WAIT: Duration = Duration::from_secs(10);
 
+/// A WebSocket opened by [`ws_upgrade`].
+pub type WsClient =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// Opens a WebSocket to `ws://{addr}/` with these extra headers: the socket, or the HTTP
+/// status the upgrade was refused with.
+pub async fn ws_upgrade(addr: &str, headers: &[(&str, &str)]) -> Result<WsClient, u16> {
+    use tokio_tungstenite::tungstenite::{client::IntoClientRequest, http, Error};
+    let mut request = format!("ws://{addr}/")
+        .into_client_request()
+        .expect("request");
+    for (name, value) in headers {
+        request.headers_mut().insert(
+            http::HeaderName::from_bytes(name.as_bytes()).expect("header name"),
+            value.parse().expect("header value"),
+        );
+    }
+    match tokio::time::timeout(WAIT, tokio_tungstenite::connect_async(request))
+        .await
+        .expect("an answer in time")
+    {
+        Ok((ws, _)) => Ok(ws),
+        Err(Error::Http(response)) => Err(response.status().as_u16()),
+        Err(e) => panic!("neither upgraded nor refused with a status: {e}"),
+    }
+}
+
 /// A fresh, empty directory under the system temp dir.
 pub fn temp_dir(tag: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!(
