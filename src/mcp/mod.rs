@@ -19,6 +19,7 @@ mod replay;
 mod session;
 
 pub use origin::parse_allowed as parse_allowed_origin;
+pub(crate) use origin::{allowed as origin_allowed, refused as origin_refused};
 
 use std::sync::Arc;
 
