@@ -488,3 +488,52 @@ pub fn initialize_result(host: &Host, robot_info: &Value, params: &Map<String, V
         ),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn running(id: u64, name: &str, arguments: Value) -> Running {
+        Running {
+            id: json!(id),
+            name: name.into(),
+            arguments,
+        }
+    }
+
+    /// ARP's request for confirmation names a tool and its arguments, not the call: it is
+    /// the call with both, else of that tool, else the only one running.
+    #[test]
+    fn a_confirmation_is_related_to_the_call_it_asks_about() {
+        let ask = |tool: &str, arguments: Value| json!({ "action": "x", "details": { "tool": tool, "arguments": arguments } });
+        let mut relations = Relations {
+            calls: vec![
+                running(1, "save_location", json!({ "name": "a" })),
+                running(2, "save_location", json!({ "name": "b" })),
+                running(3, "drive", json!({})),
+            ],
+            ..Relations::default()
+        };
+        let of = |r: &Relations, params: Value| r.call_confirmed(&params);
+        assert_eq!(
+            of(&relations, ask("save_location", json!({ "name": "b" }))),
+            Some(json!(2))
+        );
+        assert_eq!(
+            of(&relations, ask("save_location", json!({ "name": "c" }))),
+            Some(json!(1))
+        );
+        assert_eq!(
+            of(&relations, ask("dock", json!({}))),
+            None,
+            "several calls, none of it"
+        );
+        relations.calls.truncate(1);
+        assert_eq!(of(&relations, ask("dock", json!({}))), Some(json!(1)));
+        assert_eq!(
+            of(&relations, json!({ "action": "x" })),
+            None,
+            "no tool named"
+        );
+    }
+}
