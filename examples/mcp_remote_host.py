@@ -17,12 +17,9 @@ without a grant 403 (the tokens in MCP_TOKEN, MCP_VIEWER_TOKEN, MCP_STRANGER_TOK
 
 import argparse
 import asyncio
-import base64
 import contextlib
-import io
 import json
 import os
-import re
 import sys
 import urllib.error
 import urllib.parse
@@ -31,14 +28,9 @@ import urllib.request
 from mcp import ClientSession, types
 from mcp.client import streamable_http
 
+from mcp_host_kit import Checks, declines_then_confirms, decodes, error_code, g, image_of
+
 DRIVE = {"linear": 0.3, "angular": 0.0, "durationSecs": 0.5}
-
-
-def g(obj, name):
-    """Attribute `name` (camelCase, as MCP spells it) of an SDK object: SDK 2.x names it in
-    snake_case, 1.x as MCP does."""
-    snake = re.sub(r"(?<!^)([A-Z])", r"_\1", name).lower()
-    return getattr(obj, snake) if hasattr(obj, snake) else getattr(obj, name)
 
 
 def endpoint(server, robot_id):
@@ -47,9 +39,22 @@ def endpoint(server, robot_id):
 
 
 @contextlib.asynccontextmanager
-async def session(url, token):
+async def session(url, token, get_stream=True):
     """The Streamable HTTP transport with the token, on SDK 1.x and 2.x alike: its (read,
-    write) streams."""
+    write) streams. `get_stream=False`: a host that opens no GET stream (what the server
+    sends it must come on its requests' own SSE streams)."""
+    if not get_stream:
+        async def no_get_stream(*_args, **_kwargs):
+            return None
+
+        transport = streamable_http.StreamableHTTPTransport
+        opened, transport.handle_get_stream = transport.handle_get_stream, no_get_stream
+        try:
+            async with session(url, token) as streams:
+                yield streams
+        finally:
+            transport.handle_get_stream = opened
+        return
     headers = {"Authorization": f"Bearer {token}"}
     if hasattr(streamable_http, "streamablehttp_client"):
         async with streamable_http.streamablehttp_client(url, headers=headers) as (read, write, _):
@@ -97,42 +102,18 @@ async def show(url, token, drive):
                 print("  (no call made: --drive makes one, and the audit shows it)")
 
 
-def decodes(image):
-    """The image content is a 320x240 JPEG (decoded with Pillow where installed)."""
-    raw = base64.b64decode(image.data)
-    if g(image, "mimeType") != "image/jpeg" or raw[:2] != b"\xff\xd8":
-        return False
-    try:
-        from PIL import Image
-    except ImportError:
-        print("  (Pillow not installed: the JPEG's markers checked, not decoded)")
-        return raw[-2:] == b"\xff\xd9"
-    with Image.open(io.BytesIO(raw)) as picture:
-        picture.load()
-        return picture.size == (320, 240) and picture.format == "JPEG"
-
-
 async def keyed_call(s, name, arguments, key):
     """`tools/call` with `_meta.idempotencyKey` (a retry with the same key runs once)."""
     return await s.call_tool(name, arguments, meta={"idempotencyKey": key})
 
 
 async def check(url, operator, viewer, stranger):
-    results = []
-
-    def expect(name, ok, detail=""):
-        results.append(ok)
-        print(f"{'ok  ' if ok else 'FAIL'} {name}{'' if ok else ': ' + str(detail)}")
-
+    checks = Checks("mcp check")
+    expect = checks.expect
     # The robot asks a person before save_location (policy `client`): this host's user
     # answers through elicitation, first declining, then confirming.
     answers = []
-
-    async def elicit(context, params):
-        answers.append(params.message)
-        if len(answers) == 1:
-            return types.ElicitResult(action="decline")
-        return types.ElicitResult(action="accept", content={"confirm": True})
+    elicit = declines_then_confirms(answers)
 
     # What the server sends unasked: resource updates of a subscription.
     updated = asyncio.Event()
@@ -167,8 +148,9 @@ async def check(url, operator, viewer, stranger):
                    g(drive, "inputSchema")["properties"]["linear"].get("maximum") == 0.5, g(drive, "inputSchema"))
             # Eyes: one frame, as MCP image content that decodes.
             shot = await s.call_tool("capture_image", {})
-            image = next((c for c in shot.content if c.type == "image"), None)
-            expect("capture_image is a JPEG that decodes", image is not None and decodes(image), shot)
+            image = image_of(shot)
+            expect("capture_image is a 320x240 JPEG that decodes",
+                   image is not None and decodes(image, (320, 240)), shot)
             # A retry with the same key moves the robot once.
             first = await keyed_call(s, "drive", DRIVE, "retry-1")
             moved = await pose_x(s)
@@ -195,12 +177,27 @@ async def check(url, operator, viewer, stranger):
                    and "dock" in prompt.messages[0].content.text, (prompts, prompt))
             # Confirmation through elicitation: declined, then confirmed.
             declined = await s.call_tool("save_location", {"name": "dock"})
-            code = (g(declined, "structuredContent") or {}).get("error", {}).get("code")
             expect("a declined elicitation refuses the call (-40006)",
-                   g(declined, "isError") and code == -40006 and len(answers) == 1, (declined, answers))
+                   g(declined, "isError") and error_code(declined) == -40006 and len(answers) == 1,
+                   (declined, answers))
             confirmed = await s.call_tool("save_location", {"name": "dock"})
             expect("a confirmed elicitation runs the call", not g(confirmed, "isError") and len(answers) == 2,
                    (confirmed, answers))
+    # A host with no GET stream is asked on its call's own stream (SSE); declining there
+    # refuses the call all the same.
+    asked = []
+
+    async def decline(context, params):
+        asked.append(params.message)
+        return types.ElicitResult(action="decline")
+
+    async with session(url, operator, get_stream=False) as (read, write):
+        async with ClientSession(read, write, elicitation_callback=decline) as s:
+            await s.initialize()
+            declined = await asyncio.wait_for(s.call_tool("save_location", {"name": "dock"}), 20)
+            expect("without a GET stream, asked on the call's stream; declined: -40006",
+                   g(declined, "isError") and error_code(declined) == -40006 and len(asked) == 1,
+                   (declined, asked))
     async with session(url, viewer) as (read, write):
         async with ClientSession(read, write) as s:
             await s.initialize()
@@ -215,9 +212,7 @@ async def check(url, operator, viewer, stranger):
     expect("no token: 401", anonymous == 401, anonymous)
     denied = await asyncio.to_thread(status_of, url, init, stranger)
     expect("no grant: 403", denied == 403, denied)
-    failed = results.count(False)
-    print(f"mcp check: {len(results) - failed} passed, {failed} failed")
-    return 1 if failed else 0
+    return checks.summary()
 
 
 def main():

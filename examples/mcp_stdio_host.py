@@ -14,34 +14,13 @@ declined first (the call fails, -40006) and then accepted (it runs).
 import argparse
 import asyncio
 import base64
-import io
 import os
-import re
 import sys
 
-from mcp import ClientSession, types
+from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
-
-def g(obj, name):
-    """Attribute `name` (camelCase, as MCP spells it): SDK 2.x names it in snake_case."""
-    snake = re.sub(r"(?<!^)([A-Z])", r"_\1", name).lower()
-    return getattr(obj, snake) if hasattr(obj, snake) else getattr(obj, name)
-
-
-def decodes(image):
-    """The image content is a JPEG that decodes (with Pillow where installed)."""
-    raw = base64.b64decode(image.data)
-    if g(image, "mimeType") != "image/jpeg" or raw[:2] != b"\xff\xd8":
-        return False
-    try:
-        from PIL import Image
-    except ImportError:
-        print("  (Pillow not installed: the JPEG's markers checked, not decoded)")
-        return raw[-2:] == b"\xff\xd9"
-    with Image.open(io.BytesIO(raw)) as picture:
-        picture.load()
-        return picture.format == "JPEG" and picture.size[0] > 0
+from mcp_host_kit import Checks, declines_then_confirms, decodes, error_code, g, image_of
 
 
 def bridge(path, url):
@@ -52,44 +31,31 @@ def bridge(path, url):
 
 
 async def check(params):
-    results = []
-
-    def expect(name, ok, detail=""):
-        results.append(ok)
-        print(f"{'ok  ' if ok else 'FAIL'} {name}{'' if ok else ': ' + str(detail)}")
-
+    checks = Checks("mcp stdio check")
+    expect = checks.expect
     asked = []
-
-    async def elicit(context, request):
-        asked.append(request.message)
-        if len(asked) == 1:
-            return types.ElicitResult(action="decline")
-        return types.ElicitResult(action="accept", content={"confirm": True})
-
     async with stdio_client(params) as (read, write):
-        async with ClientSession(read, write, elicitation_callback=elicit) as s:
+        async with ClientSession(read, write, elicitation_callback=declines_then_confirms(asked)) as s:
             init = await s.initialize()
             expect("initialize", g(init, "serverInfo").name == "arp-bridge", init)
             names = {t.name for t in (await s.list_tools()).tools}
             expect("tools/list has capture_image and save_location",
                    {"capture_image", "save_location", "emergency_stop"} <= names, names)
             shot = await s.call_tool("capture_image", {})
-            image = next((c for c in shot.content if c.type == "image"), None)
+            image = image_of(shot)
             expect("capture_image is a JPEG that decodes",
                    not g(shot, "isError") and image is not None and decodes(image), shot)
             declined = await s.call_tool("save_location", {"name": "dock"})
-            code = (g(declined, "structuredContent") or {}).get("error", {}).get("code")
             expect("a declined elicitation fails the call (-40006)",
-                   g(declined, "isError") and code == -40006 and len(asked) == 1, (declined, asked))
+                   g(declined, "isError") and error_code(declined) == -40006 and len(asked) == 1,
+                   (declined, asked))
             expect("the question names the tool", asked and "save_location" in asked[0], asked)
             confirmed = await s.call_tool("save_location", {"name": "dock"})
             expect("an accepted elicitation runs the call",
                    not g(confirmed, "isError") and len(asked) == 2, (confirmed, asked))
             saved = await s.call_tool("list_locations", {})
             expect("the confirmed call took effect", "dock" in str(g(saved, "structuredContent")), saved)
-    failed = results.count(False)
-    print(f"mcp stdio check: {len(results) - failed} passed, {failed} failed")
-    return 1 if failed else 0
+    return checks.summary()
 
 
 async def show(params):
@@ -99,8 +65,7 @@ async def show(params):
             print(f"{g(init, 'serverInfo').title}")
             for tool in (await s.list_tools()).tools:
                 print(f"  tool {tool.name}")
-            shot = await s.call_tool("capture_image", {})
-            image = next((c for c in shot.content if c.type == "image"), None)
+            image = image_of(await s.call_tool("capture_image", {}))
             if image is not None:
                 print(f"  capture_image: {len(base64.b64decode(image.data))} bytes of {g(image, 'mimeType')}")
 

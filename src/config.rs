@@ -162,8 +162,8 @@ pub struct Config {
     pub turn_ttl: u64,
 
     /// A browser origin (`http(s)://host[:port]`) allowed to call the remote MCP endpoint
-    /// besides the server's own; repeatable or comma separated. Any other page's `Origin` is
-    /// refused with 403 (DNS rebinding); programs send none and pass.
+    /// and open the ARP gateway besides the server's own; repeatable or comma separated. Any
+    /// other page's `Origin` is refused with 403 (DNS rebinding); programs send none and pass.
     #[arg(long = "allow-origin", env = "SIGNALLING_ALLOW_ORIGINS", value_name = "ORIGIN",
           value_delimiter = ',', value_parser = crate::mcp::parse_allowed_origin)]
     pub allow_origins: Vec<String>,

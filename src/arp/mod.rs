@@ -84,8 +84,11 @@ pub(crate) fn open_in_process(
     })
 }
 
-/// Checks everything that can be checked before the upgrade: the nonce, what every socket
-/// passes (`ws::admit`: capacity, a client token) and a grant on the robot (403 without one).
+/// Checks everything that can be checked before the upgrade: first a browser's `Origin`
+/// (the MCP endpoint's check and `--allow-origin`: browsers let any page open a WebSocket
+/// anywhere, so a page of another origin is refused 403 before its token is looked at),
+/// the nonce, what every socket passes (`ws::admit`: capacity, a client token) and a grant
+/// on the robot (403 without one).
 async fn upgrade(
     State(state): State<SharedState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
@@ -95,6 +98,10 @@ async fn upgrade(
     headers: HeaderMap,
     ws: WebSocketUpgrade,
 ) -> Response {
+    if !crate::mcp::origin_allowed(&headers, &state.config.allow_origins) {
+        tracing::debug!(robot = %robot_id, "ARP upgrade from a web origin not allowed");
+        return crate::mcp::origin_refused();
+    }
     if let Some(nonce) = signing.signed.as_deref() {
         if !valid_signature_nonce(nonce) {
             return http_error::response(

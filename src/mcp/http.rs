@@ -1,6 +1,8 @@
 //! The endpoint's HTTP side, MCP's Streamable HTTP transport (2025-06-18): `POST` one
-//! JSON-RPC message (a request is answered in JSON; anything else 202), `GET` the stream
-//! of what the server sends unasked (SSE), `DELETE` the session. Every request passes the
+//! JSON-RPC message (a request is answered in JSON, or a `tools/call` of a client that
+//! accepts `text/event-stream` by an SSE stream of its own: its progress and questions,
+//! then its answer; anything else 202), `GET` the stream of what the server sends unasked
+//! (SSE; with `Last-Event-ID`, the rest of a lost stream), `DELETE` the session. Every request passes the
 //! `Origin` check (`super::origin`, a layer, 403) and then what the gateway's upgrade checks
 //! (`ws::admit`: capacity, a client token, 401), and `initialize` a grant on the robot
 //! (403), before any MCP exchange.
@@ -22,7 +24,7 @@ use serde_json::{json, Map, Value};
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{mpsc, oneshot};
 
-use super::registry::{Handle, Input, Registry};
+use super::registry::{Answer, Event as Sent, Handle, Input, Registry};
 use super::session;
 use crate::http_error;
 use crate::relay::ConnId;
@@ -31,10 +33,12 @@ use crate::ws::{admit, Admitted, WsQuery};
 
 pub const SESSION_HEADER: &str = "mcp-session-id";
 pub const VERSION_HEADER: &str = "mcp-protocol-version";
+const LAST_EVENT_ID: &str = "last-event-id";
 /// Longest a request waits for its answer: the robot bounds its calls (30 s drives, 300 s
 /// other tools and confirmations), so this is only a backstop.
 const ANSWER_WAIT: Duration = Duration::from_secs(330);
-/// Lines a `GET` stream may have queued.
+/// Events an SSE stream may have queued; past it the stream ends and the client resumes
+/// it (`Last-Event-ID`).
 const STREAM_QUEUE: usize = 64;
 /// SSE comments on a quiet stream, so proxies keep it and a gone client is noticed.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
@@ -71,6 +75,12 @@ pub async fn post(
     let is_request = object.contains_key("method") && object.contains_key("id");
     if is_request {
         let id = object.get("id").cloned().unwrap_or(Value::Null);
+        // Only a tool call has messages of its own before its answer (progress, the
+        // question of a confirmation); a client that takes SSE gets them on its stream.
+        let calls = object.get("method").and_then(Value::as_str) == Some("tools/call");
+        if calls && accepts_sse(&headers) {
+            return ask_streamed(&handle, id, object);
+        }
         return ask(&handle, id, object).await;
     }
     match handle.inputs.try_send(Input::Message(object)) {
@@ -139,12 +149,7 @@ pub async fn get(
         Ok(admitted) => admitted,
         Err(refused) => return refused,
     };
-    let accepts_sse = headers
-        .get_all(header::ACCEPT)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .any(|v| v.contains("text/event-stream"));
-    if !accepts_sse {
+    if !accepts_sse(&headers) {
         return http_error::response(
             StatusCode::NOT_ACCEPTABLE,
             "NOT_ACCEPTABLE",
@@ -162,16 +167,40 @@ pub async fn get(
         Ok(handle) => handle,
         Err(refused) => return *refused,
     };
-    let (tx, rx) = mpsc::channel::<String>(STREAM_QUEUE);
-    if let Err(e) = handle.inputs.try_send(Input::Stream(tx)) {
+    let last_event_id = headers
+        .get(LAST_EVENT_ID)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let (tx, rx) = mpsc::channel(STREAM_QUEUE);
+    let input = Input::Stream {
+        events: tx,
+        last_event_id,
+    };
+    if let Err(e) = handle.inputs.try_send(input) {
         return input_refused(e);
     }
     // The stream holds a place as a socket does, for as long as it is open.
-    let permit = admitted.permit;
-    let events = futures_util::stream::unfold((rx, permit), |(mut rx, permit)| async move {
-        let line = rx.recv().await?;
-        let event = Event::default().event("message").data(line);
-        Some((Ok::<_, Infallible>(event), (rx, permit)))
+    sse(rx, admitted.permit)
+}
+
+fn accepts_sse(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains("text/event-stream"))
+}
+
+/// An SSE response of the events on `rx`, until the session lets it go; `hold` lives as
+/// long as the stream.
+fn sse<T: Send + 'static>(rx: mpsc::Receiver<Sent>, hold: T) -> Response {
+    let events = futures_util::stream::unfold((rx, hold), |(mut rx, hold)| async move {
+        let sent = rx.recv().await?;
+        let event = Event::default()
+            .event("message")
+            .id(sent.id)
+            .data(sent.line);
+        Some((Ok::<_, Infallible>(event), (rx, hold)))
     });
     Sse::new(events)
         .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
@@ -276,13 +305,29 @@ fn parse(body: &[u8]) -> Result<Map<String, Value>, Box<Response>> {
     Err(Box::new(response))
 }
 
+/// A request for the session's task, answered by an SSE stream of its own: the messages
+/// related to it, then its answer. The session's task ends the stream (and bounds the
+/// wait: the robot bounds its calls, and the session ending answers every request).
+fn ask_streamed(handle: &Handle, id: Value, object: Map<String, Value>) -> Response {
+    let (tx, rx) = mpsc::channel(STREAM_QUEUE);
+    let input = Input::Request {
+        id,
+        object,
+        answer: Answer::Events(tx),
+    };
+    if let Err(e) = handle.inputs.try_send(input) {
+        return input_refused(e);
+    }
+    sse(rx, ())
+}
+
 /// A request for the session's task; its answer, in JSON.
 async fn ask(handle: &Handle, id: Value, object: Map<String, Value>) -> Response {
     let (answer, answered) = oneshot::channel();
     let input = Input::Request {
         id: id.clone(),
         object,
-        answer,
+        answer: Answer::Json(answer),
     };
     if let Err(e) = handle.inputs.try_send(input) {
         return input_refused(e);

@@ -9,14 +9,17 @@
 //! endpoint".
 //!
 //! `http` is the transport, `origin` the check of a browser's `Origin` every request passes
-//! first, `registry` the sessions of this node, `session` one session's task.
+//! first, `registry` the sessions of this node, `session` one session's task, `replay` the
+//! SSE events it keeps for a client that resumes a lost stream.
 
 mod http;
 mod origin;
 mod registry;
+mod replay;
 mod session;
 
 pub use origin::parse_allowed as parse_allowed_origin;
+pub(crate) use origin::{allowed as origin_allowed, refused as origin_refused};
 
 use std::sync::Arc;
 

@@ -1,7 +1,8 @@
 //! The `Origin` check of the remote MCP endpoint (MCP 2025-06-18, Streamable HTTP, "Security
-//! Warning": servers MUST validate `Origin`, against DNS rebinding). It runs on every request
-//! to the endpoint before anything else (before the token is looked at, before any MCP
-//! exchange): a request without `Origin` (a program: MCP hosts, SDKs, curl) passes; a
+//! Warning": servers MUST validate `Origin`, against DNS rebinding), and of the ARP gateway's
+//! upgrade (`crate::arp`: browsers let any page open a WebSocket to any address). It runs on
+//! every request to the endpoint before anything else (before the token is looked at, before
+//! any MCP exchange): a request without `Origin` (a program: MCP hosts, SDKs, curl) passes; a
 //! browser's passes only from the server's own origin or one listed with `--allow-origin`;
 //! anything else is 403 in the API's JSON error shape.
 //!
@@ -24,6 +25,11 @@ pub async fn check(State(state): State<SharedState>, request: Request, next: Nex
         return next.run(request).await;
     }
     tracing::debug!(path = %request.uri().path(), "MCP request from a web origin not allowed");
+    refused()
+}
+
+/// The answer to a request from a web origin not allowed: 403 in the API's JSON shape.
+pub fn refused() -> Response {
     http_error::response(
         StatusCode::FORBIDDEN,
         "FORBIDDEN",

@@ -12,18 +12,40 @@ pub const PER_SUBJECT: usize = 16;
 /// Messages a session may have queued for its task at once; more are refused (429).
 pub const QUEUED: usize = 64;
 
+/// One SSE event of a session: its id (`<stream>-<sequence>`, for `Last-Event-ID`) and one
+/// JSON-RPC message.
+#[derive(Debug, Clone)]
+pub struct Event {
+    pub id: String,
+    pub line: String,
+}
+
+/// Where a request's answer goes.
+pub enum Answer {
+    /// The answer alone, as `application/json`.
+    Json(oneshot::Sender<String>),
+    /// An SSE stream of its own: the messages related to the request, then its answer, and
+    /// the stream ends.
+    Events(mpsc::Sender<Event>),
+}
+
 /// What a request hands its session's task.
 pub enum Input {
     /// A request of the client: its answer comes back on `answer`.
     Request {
         id: Value,
         object: Map<String, Value>,
-        answer: oneshot::Sender<String>,
+        answer: Answer,
     },
     /// A notification or a response of the client: nothing comes back.
     Message(Map<String, Value>),
-    /// A `GET` stream for what the server sends unasked (a newer one replaces it).
-    Stream(mpsc::Sender<String>),
+    /// A `GET` stream: with no `Last-Event-ID`, for what the server sends unasked (a newer
+    /// one replaces it); with one, it resumes the stream that event was on, replaying what
+    /// came after it.
+    Stream {
+        events: mpsc::Sender<Event>,
+        last_event_id: Option<String>,
+    },
 }
 
 /// A live session, as requests see it.

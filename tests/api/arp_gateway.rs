@@ -346,6 +346,71 @@ async fn the_upgrade_needs_a_token_and_a_grant() {
     server.shutdown().await;
 }
 
+/// Browsers let any page open a WebSocket to any address, token and all (and under DNS
+/// rebinding with the page's own name in `Host`): a page from an origin not allowed is
+/// refused 403, in the API's JSON error shape, before the token or the grant is looked at
+/// and before any ARP exchange, as on the MCP endpoint. The listed origin
+/// (`--allow-origin`), the server's own address (a page using the SDK it serves at `/sdk/`)
+/// and programs (no `Origin`) pass.
+#[tokio::test]
+async fn a_web_page_of_another_origin_is_refused_before_any_arp_exchange() {
+    const ALLOWED: &str = "https://console.example.com";
+    let server = TestServer::start_with(|c| c.allow_origins = vec![ALLOWED.into()]).await;
+    server.create_robot("robot-1").await;
+    let token = server.client_token("planner").await;
+    server.grant("robot-1", "planner", "operator").await;
+    let url = server.ws_url().replace("/ws", "/v1/robots/robot-1/arp");
+    let upgrade = |origin: Option<&str>, host: Option<&str>, token: Option<&str>| {
+        let mut request = url.as_str().into_client_request().expect("request");
+        let headers = request.headers_mut();
+        if let Some(origin) = origin {
+            headers.insert("origin", HeaderValue::from_str(origin).expect("header"));
+        }
+        if let Some(host) = host {
+            headers.insert("host", HeaderValue::from_str(host).expect("header"));
+        }
+        if let Some(token) = token {
+            let bearer = HeaderValue::from_str(&format!("Bearer {token}")).expect("header");
+            headers.insert("authorization", bearer);
+        }
+        async move { tokio::time::timeout(WAIT, tokio_tungstenite::connect_async(request)).await }
+    };
+    for (origin, host, token) in [
+        ("https://evil.example", None, Some(token.as_str())),
+        ("https://evil.example", None, None),
+        ("null", None, Some(token.as_str())),
+        ("http://127.0.0.2:1", None, Some(token.as_str())),
+        // Rebinding: the attacker's name in Host too is no "own origin".
+        (
+            "http://rebind.evil.example",
+            Some("rebind.evil.example"),
+            Some(token.as_str()),
+        ),
+    ] {
+        let answer = upgrade(Some(origin), host, token).await.expect("in time");
+        let Err(tokio_tungstenite::tungstenite::Error::Http(refused)) = answer else {
+            panic!("a page from {origin} was let in");
+        };
+        assert_eq!(refused.status(), 403, "{origin}");
+        let body: Value =
+            serde_json::from_slice(refused.body().as_deref().unwrap_or_default()).expect("JSON");
+        assert_eq!(body["error"], "FORBIDDEN", "{body}");
+        assert!(
+            body["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("origin")),
+            "{body}"
+        );
+    }
+    let own = format!("http://{}", server.addr);
+    for origin in [Some(ALLOWED), Some(own.as_str()), None] {
+        let answer = upgrade(origin, None, Some(&token)).await.expect("in time");
+        let (_, response) = answer.unwrap_or_else(|e| panic!("{origin:?} refused: {e}"));
+        assert_eq!(response.status(), 101, "{origin:?}");
+    }
+    server.shutdown().await;
+}
+
 #[tokio::test]
 async fn an_offline_robot_is_said_at_initialize_not_a_hang() {
     let server = TestServer::start().await;

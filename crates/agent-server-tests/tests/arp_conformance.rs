@@ -8,6 +8,9 @@ use agent_server_tests::arp_runner as runner;
 use robot_agent::arp::ArpOptions;
 use robot_agent::testutil::arp::{fixture, secret, OPERATOR, VIEWER};
 
+#[path = "../../arp-bridge/tests/support/python.rs"]
+mod python;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_robot_agent_passes_the_arp_conformance_run() {
     let agent = fixture(ArpOptions::default()).await;
@@ -31,40 +34,21 @@ async fn the_robot_agent_passes_the_arp_conformance_run() {
 /// Skipped, saying so, where python3 or its `websockets` package is missing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_example_drives_a_square_and_e_stops() {
-    let check = tokio::process::Command::new("python3")
-        .args(["-c", "import websockets"])
-        .output()
-        .await;
-    if !check.is_ok_and(|o| o.status.success()) {
-        eprintln!("SKIPPED: python3 with the websockets package is not installed");
+    if !python::has_module("websockets", "pip install websockets").await {
         return;
     }
     let agent = fixture(ArpOptions::default()).await;
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/arp_square.py");
-    let run = tokio::process::Command::new("python3")
-        .arg(script)
-        .arg(&agent.url)
-        .args([
-            "--token",
-            secret(OPERATOR),
-            "--side",
-            "0.3",
-            "--speed",
-            "0.3",
-        ])
-        .kill_on_drop(true)
-        .output();
-    let output = tokio::time::timeout(Duration::from_secs(120), run)
-        .await
-        .expect("the example finishes in time")
-        .expect("python3 runs");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    println!("{stdout}");
-    assert!(
-        output.status.success(),
-        "example failed:\n{stdout}\n{stderr}"
-    );
+    let args = [
+        agent.url.as_str(),
+        "--token",
+        secret(OPERATOR),
+        "--side",
+        "0.3",
+        "--speed",
+        "0.3",
+    ];
+    let stdout = python::run(script, &args, &[], Duration::from_secs(120)).await;
     assert!(stdout.contains("emergency stop latched"), "{stdout}");
     let s = agent.probe.state();
     // Four sides and four quarter turns: back near the start.

@@ -9,6 +9,9 @@ use agent_server_tests::server::{self, Running};
 use serde_json::{json, Value};
 use signalling_protocol::arp::ConfirmationPolicy;
 
+#[path = "../../arp-bridge/tests/support/python.rs"]
+mod python;
+
 const ADMIN: &str = "mcp-endpoint-admin";
 const ROBOT: &str = "robot-mcp-1";
 /// The one browser origin the server is told to let in (`--allow-origin`).
@@ -76,12 +79,17 @@ impl<'a> Client<'a> {
     }
 
     async fn post(&self, body: Value) -> reqwest::Response {
+        self.post_accepting(body, "application/json, text/event-stream")
+            .await
+    }
+
+    async fn post_accepting(&self, body: Value, accept: &str) -> reqwest::Response {
         let mut request = self
             .running
             .http
             .post(url(self.running))
             .bearer_auth(&self.token)
-            .header("accept", "application/json, text/event-stream")
+            .header("accept", accept)
             .json(&body);
         if let Some(session) = &self.session {
             request = request
@@ -94,7 +102,7 @@ impl<'a> Client<'a> {
             .expect("HTTP")
     }
 
-    /// A request; its JSON-RPC answer.
+    /// A request; its JSON-RPC answer (in JSON, or the last event of its SSE stream).
     async fn ask(&mut self, method: &str, params: Value) -> Value {
         let id = self.next;
         self.next += 1;
@@ -108,18 +116,33 @@ impl<'a> Client<'a> {
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_string);
         }
-        let answer: Value = response.json().await.expect("JSON");
+        let answer = if is_sse(&response) {
+            let mut events = Events::new(response);
+            loop {
+                let (_, message) = events.next().await.expect("the answer before the end");
+                if message.get("method").is_none() {
+                    break message;
+                }
+            }
+        } else {
+            response.json().await.expect("JSON")
+        };
         assert_eq!(answer["id"], json!(id), "{answer}");
         answer
     }
 
     async fn initialize(&mut self) -> Value {
+        self.initialize_with(json!({})).await
+    }
+
+    /// `initialize` declaring `capabilities`.
+    async fn initialize_with(&mut self, capabilities: Value) -> Value {
         let answer = self
             .ask(
                 "initialize",
                 json!({
                     "protocolVersion": "2025-06-18",
-                    "capabilities": {},
+                    "capabilities": capabilities,
                     "clientInfo": { "name": "mcp_endpoint.rs", "version": "0" },
                 }),
             )
@@ -149,6 +172,58 @@ impl<'a> Client<'a> {
             .unwrap_or_else(|| panic!("no pose: {read}"));
         let update: Value = serde_json::from_str(text).expect("JSON");
         update["data"]["position"]["x"].as_f64().expect("x")
+    }
+}
+
+fn is_sse(response: &reqwest::Response) -> bool {
+    response
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"))
+}
+
+/// The events of an SSE response, as they come.
+struct Events {
+    response: reqwest::Response,
+    buffer: String,
+}
+
+impl Events {
+    fn new(response: reqwest::Response) -> Events {
+        assert!(is_sse(&response), "{:?}", response.headers());
+        Events {
+            response,
+            buffer: String::new(),
+        }
+    }
+
+    /// The next event's id and message; `None` once the stream has ended.
+    async fn next(&mut self) -> Option<(Option<String>, Value)> {
+        loop {
+            if let Some(end) = self.buffer.find("\n\n") {
+                let block: String = self.buffer.drain(..end + 2).collect();
+                let mut id = None;
+                let mut data = String::new();
+                for line in block.lines() {
+                    if let Some(v) = line.strip_prefix("id:") {
+                        id = Some(v.trim().to_string());
+                    } else if let Some(v) = line.strip_prefix("data:") {
+                        data.push_str(v.strip_prefix(' ').unwrap_or(v));
+                    }
+                }
+                // A keep-alive comment carries no message.
+                if !data.is_empty() {
+                    return Some((id, serde_json::from_str(&data).expect("JSON")));
+                }
+                continue;
+            }
+            let chunk = tokio::time::timeout(Duration::from_secs(40), self.response.chunk())
+                .await
+                .expect("an event in time")
+                .expect("HTTP")?;
+            self.buffer.push_str(&String::from_utf8_lossy(&chunk));
+        }
     }
 }
 
@@ -317,6 +392,110 @@ async fn an_operator_drives_and_a_viewer_is_refused_motion() {
     );
 
     delete_ends_the_session(&running, &tokens.operator, &mut operator).await;
+    agent.abort();
+}
+
+/// MCP's Streamable HTTP: a tool call of a client that takes SSE is answered on a stream of
+/// its own, carrying the question of its confirmation (`elicitation/create`) and then its
+/// answer, so a client with no `GET` stream open is asked too. Declined there, the call
+/// fails (-40006). A client that takes JSON only gets JSON.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_call_streams_its_question_and_then_its_answer() {
+    let (running, tokens, agent) = robot_online().await;
+    let mut operator = Client::new(&running, &tokens.operator);
+    operator.initialize_with(json!({ "elicitation": {} })).await;
+    let call = json!({
+        "jsonrpc": "2.0", "id": "save-1", "method": "tools/call",
+        "params": { "name": "save_location", "arguments": { "name": "dock" } },
+    });
+    let response = operator.post(call).await;
+    assert_eq!(response.status(), 200);
+    let mut events = Events::new(response);
+    let (asked_id, asked) = events.next().await.expect("the question");
+    assert_eq!(asked["method"], "elicitation/create", "{asked}");
+    assert!(asked_id.is_some(), "events have ids");
+    let decline = json!({ "jsonrpc": "2.0", "id": asked["id"], "result": { "action": "decline" } });
+    assert_eq!(operator.post(decline).await.status(), 202);
+    let (_, answer) = events.next().await.expect("the answer");
+    assert_eq!(answer["id"], "save-1", "{answer}");
+    assert_eq!(answer["result"]["isError"], true, "{answer}");
+    assert_eq!(
+        answer["result"]["structuredContent"]["error"]["code"], -40006,
+        "{answer}"
+    );
+    assert!(
+        events.next().await.is_none(),
+        "the stream ends with the answer"
+    );
+
+    let listing = json!({
+        "jsonrpc": "2.0", "id": 60, "method": "tools/call",
+        "params": { "name": "list_locations", "arguments": {} },
+    });
+    let json_only = operator.post_accepting(listing, "application/json").await;
+    assert!(!is_sse(&json_only));
+    let answer: Value = json_only.json().await.expect("JSON");
+    assert_eq!(answer["result"]["isError"], false, "{answer}");
+    agent.abort();
+}
+
+/// A client that lost a call's stream resumes it (`GET` with `Last-Event-ID`): the events
+/// it missed, then the rest as they come, then the answer, and the stream ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_stream_resumes_from_its_last_event_id() {
+    let (running, tokens, agent) = robot_online().await;
+    let mut operator = Client::new(&running, &tokens.operator);
+    operator.initialize().await;
+    let drive = json!({
+        "jsonrpc": "2.0", "id": 70, "method": "tools/call",
+        "params": {
+            "name": "drive",
+            "arguments": { "linear": 0.2, "angular": 0.0, "durationSecs": 1.0 },
+            "_meta": { "progressToken": "p-70" },
+        },
+    });
+    let mut events = Events::new(operator.post(drive).await);
+    let (last_id, first) = events.next().await.expect("progress");
+    assert_eq!(first["method"], "notifications/progress", "{first}");
+    assert_eq!(first["params"]["progressToken"], "p-70");
+    let first_progress = first["params"]["progress"].as_f64().expect("progress");
+    // The connection goes, with the rest of the call's events.
+    drop(events);
+    let resumed = running
+        .http
+        .get(url(&running))
+        .bearer_auth(&tokens.operator)
+        .header("accept", "text/event-stream")
+        .header("mcp-session-id", operator.session.clone().expect("session"))
+        .header("last-event-id", last_id.expect("an event id"))
+        .send()
+        .await
+        .expect("HTTP");
+    assert_eq!(resumed.status(), 200);
+    let mut events = Events::new(resumed);
+    let mut progress = vec![first_progress];
+    let answer = loop {
+        let (_, message) = events.next().await.expect("the answer before the end");
+        if message["method"] == "notifications/progress" {
+            progress.push(message["params"]["progress"].as_f64().expect("progress"));
+        } else {
+            break message;
+        }
+    };
+    assert_eq!(answer["id"], 70, "{answer}");
+    assert_eq!(
+        answer["result"]["structuredContent"]["state"], "completed",
+        "{answer}"
+    );
+    assert!(
+        progress.windows(2).all(|w| w[0] < w[1]),
+        "none twice, none out of order: {progress:?}"
+    );
+    assert!(progress.len() > 1, "the missed progress came: {progress:?}");
+    assert!(
+        events.next().await.is_none(),
+        "the stream ends with the answer"
+    );
     agent.abort();
 }
 
@@ -566,12 +745,7 @@ async fn round_trips_over_the_gateway(
 /// motion, 401 and 403). Skipped, saying so, where python3 or its `mcp` package is missing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_mcp_sdk_drives_the_robot() {
-    let check = tokio::process::Command::new("python3")
-        .args(["-c", "import mcp.client.streamable_http"])
-        .output()
-        .await;
-    if !check.is_ok_and(|o| o.status.success()) {
-        eprintln!("SKIPPED: python3 with the mcp package is not installed (pip install mcp)");
+    if !python::has_module("mcp.client.streamable_http", "pip install mcp").await {
         return;
     }
     let (running, tokens, agent) = robot_online().await;
@@ -579,25 +753,13 @@ async fn the_official_mcp_sdk_drives_the_robot() {
         env!("CARGO_MANIFEST_DIR"),
         "/../../examples/mcp_remote_host.py"
     );
-    let run = tokio::process::Command::new("python3")
-        .arg(script)
-        .args(["--check", "--url", &url(&running)])
-        .env("MCP_TOKEN", &tokens.operator)
-        .env("MCP_VIEWER_TOKEN", &tokens.viewer)
-        .env("MCP_STRANGER_TOKEN", &tokens.stranger)
-        .kill_on_drop(true)
-        .output();
-    let output = tokio::time::timeout(Duration::from_secs(60), run)
-        .await
-        .expect("the check finishes in time")
-        .expect("python3 runs");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    println!("{stdout}");
-    assert!(
-        output.status.success(),
-        "the MCP SDK check failed:\n{stdout}\n{stderr}"
-    );
+    let env = [
+        ("MCP_TOKEN", tokens.operator.as_str()),
+        ("MCP_VIEWER_TOKEN", tokens.viewer.as_str()),
+        ("MCP_STRANGER_TOKEN", tokens.stranger.as_str()),
+    ];
+    let args = ["--check", "--url", &url(&running)];
+    let stdout = python::run(script, &args, &env, Duration::from_secs(60)).await;
     assert!(stdout.contains(" 0 failed"), "{stdout}");
     agent.abort();
 }

@@ -28,6 +28,9 @@ use tokio::sync::Notify;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
 
+#[path = "support/python.rs"]
+mod python;
+
 const OPERATOR: &str = "bridge-operator-secret";
 const VIEWER: &str = "bridge-viewer-secret";
 /// Longest wait for any one thing.
@@ -854,12 +857,7 @@ async fn mcp_mode_reports_a_forbidden_call_as_a_tool_error() {
 /// call fails -40006; accepted: it runs). Skipped, saying so, without python3 and `mcp`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_mcp_sdk_over_stdio_confirms_and_sees() {
-    let check = Command::new("python3")
-        .args(["-c", "import mcp.client.stdio"])
-        .output()
-        .await;
-    if !check.is_ok_and(|o| o.status.success()) {
-        eprintln!("SKIPPED: python3 with the mcp package is not installed (pip install mcp)");
+    if !python::has_module("mcp.client.stdio", "pip install mcp").await {
         return;
     }
     let robot = robot(&["save_location"]).await;
@@ -867,24 +865,15 @@ async fn the_official_mcp_sdk_over_stdio_confirms_and_sees() {
         env!("CARGO_MANIFEST_DIR"),
         "/../../examples/mcp_stdio_host.py"
     );
-    let run = Command::new("python3")
-        .arg(script)
-        .args(["--check", "--bridge", env!("CARGO_BIN_EXE_arp-bridge")])
-        .args(["--url", &robot.url])
-        .env("ARP_TOKEN", OPERATOR)
-        .kill_on_drop(true)
-        .output();
-    let output = tokio::time::timeout(Duration::from_secs(60), run)
-        .await
-        .expect("the check finishes in time")
-        .expect("python3 runs");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    println!("{stdout}");
-    assert!(
-        output.status.success(),
-        "the MCP SDK check failed:\n{stdout}\n{stderr}"
-    );
+    let args = [
+        "--check",
+        "--bridge",
+        env!("CARGO_BIN_EXE_arp-bridge"),
+        "--url",
+        &robot.url,
+    ];
+    let env = [("ARP_TOKEN", OPERATOR)];
+    let stdout = python::run(script, &args, &env, Duration::from_secs(60)).await;
     assert!(stdout.contains(" 0 failed"), "{stdout}");
     // The bridge declared confirmation (its host can elicit) and answered the robot's
     // requests: once no, once yes.

@@ -109,11 +109,13 @@ pub async fn run(config: RunConfig) -> Result<(), AgentError> {
         config.driver,
         driver::DriverSpec::Sim | driver::DriverSpec::Rosbridge(_)
     );
+    let cameras = cameras(&config);
     let arp = crate::arp::ArpServer::new(
         shared.clone(),
         pose,
         crate::arp::ArpOptions {
             driver_tools: Some(driver_tools),
+            cameras: cameras.clone(),
             ..crate::arp::ArpOptions::from_file(&config.arp, odometry)?
         },
     );
@@ -132,7 +134,7 @@ pub async fn run(config: RunConfig) -> Result<(), AgentError> {
         outbound,
         shared,
     )?
-    .with_cameras(cameras(&config))
+    .with_cameras(cameras)
     .with_arp(arp);
     let peers = tokio::spawn(manager.run(inbound_rx));
     until_stopped(peers).await?;

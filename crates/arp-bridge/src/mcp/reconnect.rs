@@ -10,10 +10,10 @@ use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
 use super::robot::Robot;
-use super::server::{answer_with, initialize_robot};
+use super::server::{answer_with, initialize_robot, next_object};
 use super::session::Session;
 use crate::config::{Config, Exit};
-use crate::intake::{Input, Intake};
+use crate::intake::Intake;
 use crate::jsonrpc;
 use crate::parent::{emit, ready_params, READY};
 use crate::ws::{self, Link, WsError};
@@ -65,23 +65,16 @@ impl<'a> Offline<'a> {
             return Ok(link);
         }
         loop {
-            match intake.next().await {
-                Input::Object { object, .. } if needs_robot(&object) => {
-                    if let Some(link) = self.try_connect(session, out).await {
-                        session.client_object(object).await;
-                        return Ok(link);
-                    }
-                    answer_with(&object, out, &self.reason, &self.why).await;
-                }
-                Input::Object { object, .. } => session.client_object(object).await,
-                Input::Refused(error) => emit(out, error).await,
-                Input::Blank => {}
-                Input::Failed(e) => {
-                    eprintln!("arp-bridge: reading stdin failed: {e}");
-                    return Err(Exit::Input);
-                }
-                Input::Ended => return Err(Exit::Eof),
+            let object = next_object(intake, out).await?;
+            if !needs_robot(&object) {
+                session.client_object(object).await;
+                continue;
             }
+            if let Some(link) = self.try_connect(session, out).await {
+                session.client_object(object).await;
+                return Ok(link);
+            }
+            answer_with(&object, out, &self.reason, &self.why).await;
         }
     }
 

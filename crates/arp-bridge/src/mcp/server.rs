@@ -43,7 +43,7 @@ pub async fn run(
 ) -> Exit {
     // The host's first message (its `initialize`) says whether it can ask its user
     // (elicitation), which the ARP session must declare at its own initialize.
-    let first = match first_object(&mut intake, out).await {
+    let first = match next_object(&mut intake, out).await {
         Ok(first) => first,
         Err(exit) => {
             link.close().await;
@@ -153,9 +153,9 @@ async fn serve(
     }
 }
 
-/// The host's first JSON object (framing errors answered meanwhile); else how the bridge
+/// The host's next JSON object (framing errors answered meanwhile); else how the bridge
 /// ends.
-async fn first_object(
+pub(super) async fn next_object(
     intake: &mut Intake,
     out: &mpsc::Sender<String>,
 ) -> Result<Map<String, Value>, Exit> {

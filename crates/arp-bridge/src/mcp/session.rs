@@ -61,6 +61,42 @@ pub const CONFIRMED_BY_CLIENT: &str = "MCP client's user (elicitation)";
 
 type Asked = Arc<Mutex<HashMap<String, oneshot::Sender<Result<Value, RpcError>>>>>;
 
+/// A `tools/call` of the client still running, for relating what the session sends
+/// meanwhile to it ([`Session::related_request`]).
+struct Running {
+    id: Value,
+    name: String,
+    arguments: Value,
+}
+
+/// What the session's own messages relate to: the running `tools/call`s, and which of them
+/// each `elicitation/create` asks for (by the ask's id key).
+#[derive(Default)]
+struct Relations {
+    calls: Vec<Running>,
+    asks: HashMap<String, Value>,
+}
+
+impl Relations {
+    /// The running call a robot's request for confirmation is for. ARP's request names the
+    /// tool and its arguments, not the call: the oldest call of that tool with those
+    /// arguments, else of that tool, else the only call running.
+    fn call_confirmed(&self, params: &Value) -> Option<Value> {
+        let tool = params.pointer("/details/tool").and_then(Value::as_str)?;
+        let arguments = params.pointer("/details/arguments");
+        let calls = &self.calls;
+        let of_tool = move || calls.iter().filter(move |c| c.name == tool);
+        of_tool()
+            .find(|c| Some(&c.arguments) == arguments)
+            .or_else(|| of_tool().next())
+            .or(match calls.as_slice() {
+                [only] => Some(only),
+                _ => None,
+            })
+            .map(|c| c.id.clone())
+    }
+}
+
 pub struct Session {
     host: Host,
     robot: Robot,
@@ -78,6 +114,7 @@ pub struct Session {
     next_ask: u64,
     /// Names of subscribed context sources that changed.
     updates: mpsc::Receiver<String>,
+    relations: Arc<Mutex<Relations>>,
 }
 
 impl Session {
@@ -98,7 +135,23 @@ impl Session {
             asked: Arc::default(),
             next_ask: 0,
             updates,
+            relations: Arc::default(),
         }
+    }
+
+    /// The id of the client's `tools/call` an `elicitation/create` of this session asks
+    /// about, while the question is open. A transport that answers each request on a
+    /// stream of its own (Streamable HTTP's SSE) sends the question there. (Progress
+    /// relates by the token the client gave its request, which such a transport knows.)
+    pub fn related_request(&self, message: &Map<String, Value>) -> Option<Value> {
+        if message.get("method").and_then(Value::as_str) != Some("elicitation/create") {
+            return None;
+        }
+        let ask = message.get("id")?;
+        lock(&self.relations)
+            .asks
+            .get(&jsonrpc::id_key(ask))
+            .cloned()
     }
 
     pub fn robot(&self) -> &Robot {
@@ -186,7 +239,14 @@ impl Session {
         let key = jsonrpc::id_key(&ask_id);
         let (tx, rx) = oneshot::channel();
         lock(&self.asked).insert(key.clone(), tx);
+        {
+            let mut relations = lock(&self.relations);
+            if let Some(call) = relations.call_confirmed(&params) {
+                relations.asks.insert(key.clone(), call);
+            }
+        }
         let (out, asked) = (self.out.clone(), self.asked.clone());
+        let relations = self.relations.clone();
         self.tasks.spawn(async move {
             let request = jsonrpc::request(&ask_id, "elicitation/create", elicitation(&params));
             emit(&out, request).await;
@@ -198,6 +258,7 @@ impl Session {
                 .min(CONFIRM_MAX);
             let answer = tokio::time::timeout(Duration::from_secs_f64(timeout), rx).await;
             lock(&asked).remove(&key);
+            lock(&relations).asks.remove(&key);
             let confirmed = match answer {
                 Ok(Ok(Ok(result))) => accepted(&result),
                 // Refused, or the session ended.
@@ -295,10 +356,23 @@ impl Session {
         let cancel = if method == "tools/call" {
             let (tx, rx) = watch::channel(false);
             robot.router().cancels.insert(jsonrpc::id_key(&id), tx);
+            lock(&self.relations).calls.push(Running {
+                id: id.clone(),
+                name: params
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .into(),
+                arguments: params
+                    .get("arguments")
+                    .cloned()
+                    .unwrap_or_else(|| json!({})),
+            });
             Some(rx)
         } else {
             None
         };
+        let relations = self.relations.clone();
         self.tasks.spawn(async move {
             let _permit = permit;
             let answer = match method.as_str() {
@@ -309,6 +383,8 @@ impl Session {
                 _ => tools_call(&robot, &out, &id, &params, cancel).await,
             };
             robot.router().cancels.remove(&jsonrpc::id_key(&id));
+            // The answer is emitted after this: it needs no relation.
+            lock(&relations).calls.retain(|c| c.id != id);
             // `None`: cancelled, and MCP wants no answer then.
             if let Some(answer) = answer {
                 let message = match answer {
@@ -411,4 +487,53 @@ pub fn initialize_result(host: &Host, robot_info: &Value, params: &Map<String, V
              {RESOURCE_PREFIX}{{name}}."
         ),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn running(id: u64, name: &str, arguments: Value) -> Running {
+        Running {
+            id: json!(id),
+            name: name.into(),
+            arguments,
+        }
+    }
+
+    /// ARP's request for confirmation names a tool and its arguments, not the call: it is
+    /// the call with both, else of that tool, else the only one running.
+    #[test]
+    fn a_confirmation_is_related_to_the_call_it_asks_about() {
+        let ask = |tool: &str, arguments: Value| json!({ "action": "x", "details": { "tool": tool, "arguments": arguments } });
+        let mut relations = Relations {
+            calls: vec![
+                running(1, "save_location", json!({ "name": "a" })),
+                running(2, "save_location", json!({ "name": "b" })),
+                running(3, "drive", json!({})),
+            ],
+            ..Relations::default()
+        };
+        let of = |r: &Relations, params: Value| r.call_confirmed(&params);
+        assert_eq!(
+            of(&relations, ask("save_location", json!({ "name": "b" }))),
+            Some(json!(2))
+        );
+        assert_eq!(
+            of(&relations, ask("save_location", json!({ "name": "c" }))),
+            Some(json!(1))
+        );
+        assert_eq!(
+            of(&relations, ask("dock", json!({}))),
+            None,
+            "several calls, none of it"
+        );
+        relations.calls.truncate(1);
+        assert_eq!(of(&relations, ask("dock", json!({}))), Some(json!(1)));
+        assert_eq!(
+            of(&relations, json!({ "action": "x" })),
+            None,
+            "no tool named"
+        );
+    }
 }

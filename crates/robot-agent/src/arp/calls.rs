@@ -250,7 +250,7 @@ async fn run(mut call: Call, args: Args) -> Result<Ended, ArpError> {
             let list = lock(&call.server.shared().locations).list();
             Ok(("completed", Some(json!({ "locations": list }))))
         }
-        (ToolKind::CaptureImage, _) => call.server.capture_image(),
+        (ToolKind::CaptureImage, _) => call.server.capture_image().await,
         (ToolKind::ResetEmergencyStop, _) => {
             let was = controller.reset_estop(call.peer.role).await?;
             tracing::warn!(subject = %call.peer.subject, was_latched = was, "emergency stop reset over ARP");

@@ -1,7 +1,9 @@
-//! `capture_image`: one frame of what the robot sees, as JPEG. The sim and the test-pattern
+//! `capture_image`: one frame of what the robot sees, as JPEG. A robot with a camera
+//! (`[[video]]`, `--video`) shows its first camera's picture (`crate::video::still`: the
+//! source's latest keyframe decoded by ffmpeg, at most 640×480). The sim and the test-pattern
 //! source have no camera, so the frame is synthetic: colour bars with a marker that follows
-//! the pose (x moves it across, the heading down), so a model sees the robot move. Bounded:
-//! 320×240, a few kilobytes, at most [`CAPTURES_PER_SECOND`] a second per robot.
+//! the pose (x moves it across, the heading down), so a model sees the robot move: 320×240, a
+//! few kilobytes. Either way at most [`CAPTURES_PER_SECOND`] a second per robot.
 //!
 //! The encoder is baseline JPEG reduced to what the pattern needs: every 8×8 block is one
 //! flat colour, so each block is its DC coefficient alone (quantised by 1) and an
@@ -15,6 +17,8 @@ use crate::driver::Pose;
 pub const WIDTH: usize = 320;
 pub const HEIGHT: usize = 240;
 pub const CAPTURES_PER_SECOND: u32 = 5;
+/// The decoder of a camera's keyframe, found on the PATH.
+pub const FFMPEG: &str = "ffmpeg";
 /// Shortest time between two captures.
 pub const CAPTURE_EVERY: Duration = Duration::from_millis(1000 / CAPTURES_PER_SECOND as u64);
 

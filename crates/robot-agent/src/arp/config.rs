@@ -186,6 +186,9 @@ pub struct ArpOptions {
     pub odometry: bool,
     /// Tools the driver declares (`exec:`), listed after the built-ins.
     pub driver_tools: Option<tokio::sync::watch::Receiver<Vec<crate::driver::DeclaredTool>>>,
+    /// The robot's cameras: `capture_image` shows the first one's picture (none: the
+    /// synthetic frame).
+    pub cameras: Vec<std::sync::Arc<crate::video::Camera>>,
 }
 
 impl Default for ArpOptions {
@@ -200,6 +203,7 @@ impl Default for ArpOptions {
             robot_type: None,
             odometry: true,
             driver_tools: None,
+            cameras: Vec::new(),
         }
     }
 }
@@ -227,6 +231,7 @@ impl ArpOptions {
             robot_type: file.robot_type.clone(),
             odometry,
             driver_tools: None,
+            cameras: Vec::new(),
         })
     }
 }

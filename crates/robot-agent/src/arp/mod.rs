@@ -237,20 +237,36 @@ impl ArpServer {
         *self.inner.pose.borrow()
     }
 
-    /// `capture_image`: one synthetic frame (no camera driver yet), rate-bounded.
-    fn capture_image(&self) -> Result<(&'static str, Option<Value>), ArpError> {
+    /// `capture_image`, rate-bounded: the first camera's picture now (its latest keyframe,
+    /// decoded), or without a camera a synthetic frame.
+    async fn capture_image(&self) -> Result<(&'static str, Option<Value>), ArpError> {
         if !self.state().shutter.allow(std::time::Instant::now()) {
             return Err(ArpError::RateLimited(camera::CAPTURES_PER_SECOND));
         }
+        let (jpeg, width, height, source) = match self.inner.options.cameras.first() {
+            Some(cam) => {
+                let still = cam.still(camera::FFMPEG).await.map_err(|e| {
+                    tracing::warn!(camera = cam.name(), error = %e, "capture_image failed");
+                    ArpError::Precondition(format!("camera {}: {e}", cam.name()))
+                })?;
+                (still.jpeg, still.width, still.height, cam.name().to_owned())
+            }
+            None => (
+                camera::jpeg(self.pose()),
+                camera::WIDTH as u32,
+                camera::HEIGHT as u32,
+                "synthetic".to_owned(),
+            ),
+        };
         use base64::Engine as _;
-        let jpeg = camera::jpeg(self.pose());
         let data = base64::engine::general_purpose::STANDARD.encode(jpeg);
         Ok((
             "completed",
             Some(json!({ "image": {
                 "mimeType": "image/jpeg",
-                "width": camera::WIDTH,
-                "height": camera::HEIGHT,
+                "width": width,
+                "height": height,
+                "camera": source,
                 "data": data,
             } })),
         ))

@@ -992,3 +992,81 @@ async fn mangled_frames_get_valid_errors_and_the_handler_keeps_serving() {
     assert!(!handler.is_finished());
     handler.abort();
 }
+
+/// A robot with a camera shows its picture: an `exec:` source of ffmpeg's test pattern in
+/// H.264 (1280×720, a keyframe a second) gives a JPEG that decodes, scaled to fit 640×480.
+/// Skipped, saying so, without ffmpeg.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capture_image_shows_the_cameras_picture() {
+    if std::process::Command::new(camera::FFMPEG)
+        .arg("-version")
+        .output()
+        .is_err()
+    {
+        eprintln!("SKIPPED: ffmpeg is not installed");
+        return;
+    }
+    let source = "exec:ffmpeg -hide_banner -loglevel error -re -f lavfi \
+        -i testsrc=size=1280x720:rate=15 -c:v libx264 -preset ultrafast -tune zerolatency \
+        -g 15 -pix_fmt yuv420p -f h264 -";
+    let spec = crate::video::VideoSpec::new("front", source).expect("spec");
+    let front = crate::video::Camera::start(spec, std::time::Duration::from_secs(5));
+    let f = fixture(ArpOptions {
+        cameras: vec![front],
+        ..ArpOptions::default()
+    })
+    .await;
+    let mut c = Client::connect(&f.url, VIEWER).await;
+    c.initialize().await;
+    let shot = c
+        .result(
+            "arp.callTool",
+            json!({"name": "capture_image", "arguments": {}}),
+        )
+        .await;
+    let image = &shot["result"]["image"];
+    assert_eq!(image["mimeType"], "image/jpeg", "{shot}");
+    assert_eq!(
+        (image["width"].as_u64(), image["height"].as_u64()),
+        (Some(640), Some(360))
+    );
+    assert_eq!(image["camera"], "front");
+    let jpeg = {
+        use base64::Engine as _;
+        let data = image["data"].as_str().expect("data");
+        base64::engine::general_purpose::STANDARD
+            .decode(data)
+            .expect("base64")
+    };
+    assert_eq!(crate::video::still::jpeg_size(&jpeg), Some((640, 360)));
+    // It decodes: ffmpeg reads it back as 640×360 RGB pixels.
+    let mut decoder = tokio::process::Command::new(camera::FFMPEG)
+        .args([
+            "-hide_banner",
+            "-loglevel",
+            "error",
+            "-f",
+            "image2pipe",
+            "-c:v",
+            "mjpeg",
+        ])
+        .args([
+            "-i", "pipe:0", "-f", "rawvideo", "-pix_fmt", "rgb24", "pipe:1",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("ffmpeg runs");
+    let mut stdin = decoder.stdin.take().expect("stdin");
+    tokio::io::AsyncWriteExt::write_all(&mut stdin, &jpeg)
+        .await
+        .expect("written");
+    drop(stdin);
+    let out = tokio::time::timeout(WAIT, decoder.wait_with_output())
+        .await
+        .expect("decoded in time")
+        .expect("ffmpeg");
+    assert!(out.status.success());
+    assert_eq!(out.stdout.len(), 640 * 360 * 3);
+}

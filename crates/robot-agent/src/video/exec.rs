@@ -141,6 +141,9 @@ async fn run_once(
                     camera.recovered();
                 }
                 let Some(data) = picture else { continue };
+                if super::h264::is_keyframe(&data) {
+                    camera.keyframe(data.clone());
+                }
                 let now = tokio::time::Instant::now();
                 let mut duration = now.saturating_duration_since(last);
                 if duration.is_zero() || duration > Duration::from_secs(1) {

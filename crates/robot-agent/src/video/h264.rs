@@ -22,6 +22,51 @@ pub fn nal_type(header: u8) -> u8 {
     header & 0x1f
 }
 
+/// Whether an access unit (Annex-B) is a keyframe a decoder can start from: an IDR
+/// picture with its SPS and PPS.
+pub fn is_keyframe(unit: &[u8]) -> bool {
+    let mut kinds = 0u32;
+    for nal in annex_b_nals(unit) {
+        if let Some(&header) = nal.first() {
+            kinds |= 1 << nal_type(header);
+        }
+    }
+    let needed = (1 << NAL_IDR) | (1 << NAL_SPS) | (1 << NAL_PPS);
+    kinds & needed == needed
+}
+
+/// The NAL units of an Annex-B stream (start codes of 3 or 4 bytes), without start codes.
+pub fn annex_b_nals(stream: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut starts = Vec::new();
+    let mut i = 0;
+    while i + 3 <= stream.len() {
+        if stream[i..i + 3] == [0, 0, 1] {
+            starts.push(i + 3);
+            i += 3;
+        } else {
+            i += 1;
+        }
+    }
+    let ends: Vec<usize> = starts
+        .iter()
+        .skip(1)
+        .map(|&next| {
+            // The next start code, and a leading zero of a 4-byte one.
+            let end = next - 3;
+            if end > 0 && stream[end - 1] == 0 {
+                end - 1
+            } else {
+                end
+            }
+        })
+        .chain(std::iter::once(stream.len()))
+        .collect();
+    starts
+        .into_iter()
+        .zip(ends)
+        .map(move |(start, end)| &stream[start..end.max(start)])
+}
+
 /// A slice that starts a picture (`first_mb_in_slice` = 0, whose ue(v)
 /// code is the single bit 1). x264's zerolatency tune cuts pictures into
 /// several slices, so the slice type alone does not mark a new frame.
@@ -263,6 +308,15 @@ mod tests {
         let second = aus.push(&[0x09, 0xf0]).expect("an AUD ends the second");
         assert_eq!(nals(&second), vec![1]);
         assert_eq!(aus.params_inserted, 0);
+        // The first is a keyframe (IDR with its SPS and PPS), the second not.
+        assert!(is_keyframe(&first));
+        assert!(!is_keyframe(&second));
+        let split: Vec<&[u8]> = annex_b_nals(&first).collect();
+        assert_eq!(split, [SPS, PPS, &idr(true)[..], &idr(false)[..]]);
+        // Three-byte start codes too.
+        let short = [0, 0, 1, 0x67, 1, 0, 0, 1, 0x68, 2];
+        let split: Vec<&[u8]> = annex_b_nals(&short).collect();
+        assert_eq!(split, [&[0x67, 1][..], &[0x68, 2][..]]);
     }
 
     #[test]

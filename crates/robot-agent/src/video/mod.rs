@@ -25,6 +25,7 @@
 mod exec;
 pub mod h264;
 mod rtp;
+pub mod still;
 
 use std::net::SocketAddr;
 use std::str::FromStr;
@@ -212,7 +213,18 @@ pub struct Camera {
     users: watch::Sender<usize>,
     /// Availability changes, for the sessions already open.
     changes: broadcast::Sender<CameraStatus>,
+    /// The source's latest keyframe, for a still picture (`still`).
+    keyframes: watch::Sender<Option<still::Keyframe>>,
     pub stats: CameraStats,
+}
+
+impl std::fmt::Debug for Camera {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Camera")
+            .field("name", &self.name)
+            .field("source", &self.source)
+            .finish_non_exhaustive()
+    }
 }
 
 fn h264_codec() -> RTCRtpCodecCapability {
@@ -252,6 +264,7 @@ impl Camera {
             error: Mutex::new(None),
             users,
             changes,
+            keyframes: watch::channel(None).0,
             stats: CameraStats::default(),
         });
         match spec.source {

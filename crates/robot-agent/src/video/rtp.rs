@@ -10,11 +10,13 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use tokio::net::UdpSocket;
+use webrtc::rtp::codecs::h264::H264Packet;
 use webrtc::rtp::packet::Packet;
+use webrtc::rtp::packetizer::Depacketizer;
 use webrtc::track::track_local::TrackLocalWriter;
 use webrtc::util::Unmarshal;
 
-use super::h264::{Forward, RtpParams};
+use super::h264::{annex_b_nals, is_keyframe, AccessUnits, Forward, RtpParams};
 use super::{Camera, CameraStats, Track, RESTART_INITIAL, RESTART_MAX};
 use crate::driver::RestartBackoff;
 
@@ -41,6 +43,7 @@ pub(super) async fn run(camera: Arc<Camera>, addr: SocketAddr) {
     camera.recovered();
     tracing::info!(camera = %camera.name, %addr, "listening for H.264 RTP");
     let mut params = RtpParams::default();
+    let mut stills = Stills::default();
     let mut invalid_run: u64 = 0;
     let mut buf = vec![0u8; MAX_DATAGRAM];
     loop {
@@ -52,7 +55,10 @@ pub(super) async fn run(camera: Arc<Camera>, addr: SocketAddr) {
             }
         };
         let forward = match Packet::unmarshal(&mut &buf[..n]) {
-            Ok(packet) if packet.header.version == 2 => params.process(packet),
+            Ok(packet) if packet.header.version == 2 => {
+                stills.packet(&camera, &packet.payload);
+                params.process(packet)
+            }
             _ => Forward::Invalid,
         };
         let packets = match forward {
@@ -82,5 +88,30 @@ pub(super) async fn run(camera: Arc<Camera>, addr: SocketAddr) {
             .stats
             .params_inserted
             .store(params.params_inserted, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// The pictures of the RTP stream, depacketised (STAP-A, FU-A) and grouped as an `exec:`
+/// source's are, for the camera's latest keyframe (`capture_image`); the packets themselves
+/// are forwarded untouched.
+#[derive(Default)]
+struct Stills {
+    depacketizer: H264Packet,
+    units: AccessUnits,
+}
+
+impl Stills {
+    fn packet(&mut self, camera: &Camera, payload: &bytes::Bytes) {
+        // Not H.264, or a fragment lost: that picture is skipped.
+        let Ok(nals) = self.depacketizer.depacketize(payload) else {
+            return;
+        };
+        for nal in annex_b_nals(&nals) {
+            if let Some(unit) = self.units.push(nal) {
+                if is_keyframe(&unit) {
+                    camera.keyframe(unit);
+                }
+            }
+        }
     }
 }
