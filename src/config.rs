@@ -165,7 +165,7 @@ pub struct Config {
     /// and open the ARP gateway besides the server's own; repeatable or comma separated. Any
     /// other page's `Origin` is refused with 403 (DNS rebinding); programs send none and pass.
     #[arg(long = "allow-origin", env = "SIGNALLING_ALLOW_ORIGINS", value_name = "ORIGIN",
-          value_delimiter = ',', value_parser = crate::mcp::parse_allowed_origin)]
+          value_delimiter = ',', value_parser = crate::origin::parse_allowed)]
     pub allow_origins: Vec<String>,
 
     #[arg(long, env = "SIGNALLING_TLS_CERT", requires = "tls_key")]

@@ -46,6 +46,7 @@ pub mod logging;
 pub mod mcp;
 pub mod messages;
 pub mod metrics;
+pub mod origin;
 pub mod pki;
 pub mod rate_limit;
 pub mod relay;

@@ -98,9 +98,9 @@ async fn upgrade(
     headers: HeaderMap,
     ws: WebSocketUpgrade,
 ) -> Response {
-    if !crate::mcp::origin_allowed(&headers, &state.config.allow_origins) {
+    if !crate::origin::allowed(&headers, &state.config.allow_origins) {
         tracing::debug!(robot = %robot_id, "ARP upgrade from a web origin not allowed");
-        return crate::mcp::origin_refused();
+        return crate::origin::refused();
     }
     if let Some(nonce) = signing.signed.as_deref() {
         if !valid_signature_nonce(nonce) {

@@ -8,24 +8,24 @@
 //! (token revoked or expired, grant withdrawn, robot gone). docs/arp.md, "The remote MCP
 //! endpoint".
 //!
-//! `http` is the transport, `origin` the check of a browser's `Origin` every request passes
-//! first, `registry` the sessions of this node, `session` one session's task, `replay` the
+//! `http` is the transport, [`crate::origin`] the check of a browser's `Origin` every request
+//! passes first (the layer below), `registry` the sessions of this node, `session` one session's task, `replay` the
 //! SSE events it keeps for a client that resumes a lost stream.
 
 mod http;
-mod origin;
 mod registry;
 mod replay;
 mod session;
 
-pub use origin::parse_allowed as parse_allowed_origin;
-pub(crate) use origin::{allowed as origin_allowed, refused as origin_refused};
-
 use std::sync::Arc;
 
+use axum::extract::{Request, State};
+use axum::middleware::{self, Next};
+use axum::response::Response;
 use axum::routing::post;
-use axum::{middleware, Extension, Router};
+use axum::{Extension, Router};
 
+use crate::origin;
 use crate::state::SharedState;
 
 /// The endpoint's route, merged into the app at the top (with its own session registry).
@@ -37,5 +37,14 @@ pub fn router(state: &SharedState) -> Router<SharedState> {
             post(http::post).get(http::get).delete(http::delete),
         )
         .layer(Extension(Arc::new(registry::Registry::default())))
-        .route_layer(middleware::from_fn_with_state(state.clone(), origin::check))
+        .route_layer(middleware::from_fn_with_state(state.clone(), check_origin))
+}
+
+/// The layer: refuses a request whose `Origin` is not allowed, else runs it.
+async fn check_origin(State(state): State<SharedState>, request: Request, next: Next) -> Response {
+    if origin::allowed(request.headers(), &state.config.allow_origins) {
+        return next.run(request).await;
+    }
+    tracing::debug!(path = %request.uri().path(), "MCP request from a web origin not allowed");
+    origin::refused()
 }

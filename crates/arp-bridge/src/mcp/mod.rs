@@ -18,6 +18,7 @@
 //! elicit, and the gateway passes the request on where the robot's policy
 //! lets the client answer.
 
+mod ends;
 mod limits;
 mod prompts;
 mod reconnect;

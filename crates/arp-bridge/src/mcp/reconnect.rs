@@ -9,8 +9,8 @@
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
+use super::ends::{answer_with, initialize_robot, next_object};
 use super::robot::Robot;
-use super::server::{answer_with, initialize_robot, next_object};
 use super::session::Session;
 use crate::config::{Config, Exit};
 use crate::intake::Intake;

@@ -1,7 +1,7 @@
 //! The `Origin` check of the remote MCP endpoint (MCP 2025-06-18, Streamable HTTP, "Security
-//! Warning": servers MUST validate `Origin`, against DNS rebinding), and of the ARP gateway's
-//! upgrade (`crate::arp`: browsers let any page open a WebSocket to any address). It runs on
-//! every request to the endpoint before anything else (before the token is looked at, before
+//! Warning": servers MUST validate `Origin`, against DNS rebinding; `crate::mcp` runs it as a
+//! layer), and of the ARP gateway's upgrade (`crate::arp`: browsers let any page open a
+//! WebSocket to any address). It runs on every request to either before anything else (before the token is looked at, before
 //! any MCP exchange): a request without `Origin` (a program: MCP hosts, SDKs, curl) passes; a
 //! browser's passes only from the server's own origin or one listed with `--allow-origin`;
 //! anything else is 403 in the API's JSON error shape.
@@ -11,22 +11,10 @@
 //! rebinding the attacker's page and its requests carry the attacker's name in both `Origin`
 //! and `Host`. A server reached by name lists that name's origin.
 
-use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
-use axum::middleware::Next;
 use axum::response::Response;
 
 use crate::http_error;
-use crate::state::SharedState;
-
-/// The middleware: refuses a request whose `Origin` is not allowed, else runs it.
-pub async fn check(State(state): State<SharedState>, request: Request, next: Next) -> Response {
-    if allowed(request.headers(), &state.config.allow_origins) {
-        return next.run(request).await;
-    }
-    tracing::debug!(path = %request.uri().path(), "MCP request from a web origin not allowed");
-    refused()
-}
 
 /// The answer to a request from a web origin not allowed: 403 in the API's JSON shape.
 pub fn refused() -> Response {
