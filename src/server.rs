@@ -267,6 +267,8 @@ impl Server {
         let (audit, audit_writer) =
             AuditLog::new(store.clone(), config.audit_spill_file(), metrics.clone());
         tasks.spawn("audit-writer", move |stop| audit_writer.run(stop));
+        let late = store.clone();
+        tasks.spawn("late-session-ends", move |stop| late.retry_late_ends(stop));
         let state = Arc::new(AppState::new(Components {
             config,
             node_id,
@@ -360,6 +362,11 @@ async fn drain(state: &SharedState) {
         .is_err()
     {
         tracing::warn!("some sockets did not close within the grace period");
+    }
+    // Ends the database refused earlier keep their own reason if it takes them now.
+    let late = state.store.write_late_ends().await;
+    if late > 0 {
+        tracing::error!(late, "session ends the database still refuses: swept below");
     }
     match state
         .store

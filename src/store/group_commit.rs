@@ -12,7 +12,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::StoreError;
 
 /// One queued write. Times are taken when the write is asked for, not when it commits.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(super) enum Write {
     /// A robot's login, recorded only if what it proved still stands (see
     /// [`super::Store::record_login`]).

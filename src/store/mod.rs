@@ -8,6 +8,7 @@ mod audit;
 mod confirmations;
 mod grants;
 mod group_commit;
+mod late_ends;
 mod revocations;
 mod robots;
 mod sessions;
@@ -55,6 +56,8 @@ pub struct Store {
     writer: AnyPool,
     /// The frequent small writes: last login, session records (see `group_commit`).
     writes: group_commit::Writes,
+    /// Session ends the database refused, written again until it takes them.
+    late_ends: std::sync::Arc<late_ends::LateEnds>,
     is_sqlite: bool,
 }
 
@@ -117,6 +120,7 @@ impl Store {
             pool,
             writer,
             writes,
+            late_ends: Default::default(),
             is_sqlite,
         })
     }

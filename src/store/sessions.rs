@@ -63,14 +63,18 @@ impl Store {
         Ok(())
     }
 
+    /// Closes a session's record with the time of this call. When the database refuses,
+    /// the end is kept and written later ([`Store::retry_late_ends`]) and the error returned.
     pub async fn end_session(&self, id: &str, reason: &str) -> Result<(), StoreError> {
-        self.writes
-            .write(Write::EndSession {
-                id: id.to_string(),
-                reason: reason.to_string(),
-                at: now_ms(),
-            })
-            .await?;
+        let write = Write::EndSession {
+            id: id.to_string(),
+            reason: reason.to_string(),
+            at: now_ms(),
+        };
+        if let Err(e) = self.writes.write(write.clone()).await {
+            self.late_ends.keep(write);
+            return Err(e);
+        }
         Ok(())
     }
 

@@ -167,7 +167,7 @@ impl Sessions {
             .end_session(record_id, EndReason::Closed.as_str())
             .await
         {
-            tracing::error!(session = %session_id, error = %e, "cannot end session record");
+            tracing::error!(session = %session_id, error = %e, "cannot end session record now: kept, written once the database takes it");
         }
     }
 
@@ -455,7 +455,7 @@ impl Sessions {
                 .end_session(&session.record_id, reason.as_str())
                 .await
             {
-                tracing::error!(session = %session.session_id, error = %e, "cannot end session record");
+                tracing::error!(session = %session.session_id, error = %e, "cannot end session record now: kept, written once the database takes it");
             }
         }
         self.release_locks(ended).await;

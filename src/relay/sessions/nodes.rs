@@ -71,7 +71,7 @@ impl Sessions {
             .end_session(&ended.record_id, EndReason::Closed.as_str())
             .await
         {
-            tracing::error!(session = %session_id, error = %e, "cannot end session record");
+            tracing::error!(session = %session_id, error = %e, "cannot end session record now: kept, written once the database takes it");
         }
         self.release_locks(std::slice::from_ref(&ended)).await;
         // A client here hears of it now (a robot here already has).
