@@ -15,6 +15,7 @@ use tracing_subscriber::EnvFilter;
 /// faulting the pages back in on the next burst (a sixth of a node's time in profiles).
 /// Measured: cross-node 6 KB relay +10–25 %, and less memory per idle socket (4.04 KiB
 /// against 4.59; docs/benchmarks.md, "Several nodes").
+#[cfg(not(feature = "system-allocator"))]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -84,6 +84,10 @@ enum Cmd {
     /// operation under callgrind (the regression guard: --check) and CPU µs per operation
     /// in a plain run. Relay, session setup, robot logins (Ed25519, P-256), ARP tool calls.
     Instructions(orchestrator::instructions::InstructionsArgs),
+    /// Memory per idle verified robot (issue 44): the server's RSS at plateaus of robots
+    /// (1k, 2k, 3k, 4k by default), the least-squares slope with its standard error, a
+    /// fresh server per round.
+    Memory(orchestrator::memory::MemoryArgs),
     /// Internal: one load-generator process.
     Worker { spec: String },
 }
@@ -121,6 +125,7 @@ async fn main() -> anyhow::Result<()> {
         }
         Cmd::Chaos(args) => chaos::run(args).await,
         Cmd::Instructions(args) => orchestrator::instructions::run(args).await,
+        Cmd::Memory(args) => orchestrator::memory::run(args).await,
         Cmd::Run {
             out,
             smoke,

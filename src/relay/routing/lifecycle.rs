@@ -231,8 +231,14 @@ async fn beat(
     }
     let held = here.sessions.held_locks();
     for (robot, value) in cluster.renew_locks(&held, lapsed).await? {
-        let ended = here.sessions.lock_lost(&robot, &value).await;
-        tracing::error!(robot = %robot, ended, "control lock taken by another holder: its session here ended");
+        // Not renewed: another holder took it, or (the usual case on a busy node) the
+        // session released it between the snapshot above and the renewal, and a new session
+        // took the robot. Only the first ends anything here.
+        if here.sessions.lock_lost(&robot, &value).await {
+            tracing::error!(robot = %robot, "control lock taken by another holder: its session here ended");
+        } else {
+            tracing::debug!(robot = %robot, "control lock released while being renewed: nothing to end");
+        }
     }
     cluster.probe();
     let dead = cluster.dead_nodes(&here.sessions.remote_nodes()).await?;

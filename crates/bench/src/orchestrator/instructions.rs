@@ -46,7 +46,8 @@ const RELAY_WINDOW: usize = 32;
 const RELAY_SIZE: usize = 250;
 /// Size of the SDP of an offer and of its answer.
 const SDP_SIZE: usize = 2_000;
-/// Tool calls in flight per program.
+/// Tool calls in flight per program in the plain run (under callgrind: one, see
+/// [`Op::arp_window`]).
 const ARP_WINDOW: usize = 2;
 /// A program sends a call at most this often: 40/s, under the gateway's 50/s.
 const ARP_PACE: Duration = Duration::from_millis(25);
@@ -131,7 +132,7 @@ impl Op {
             Op::Setup => "session setup (offer → answer → hangup; grant, lock, record, ticket)",
             Op::Login => "verified robot login, Ed25519 (and its close)",
             Op::LoginP256 => "verified robot login, ECDSA P-256 (and its close)",
-            Op::Arp => "ARP arp.callTool through the gateway (audit committed)",
+            Op::Arp => "ARP arp.callTool through the gateway, one call at a time (audit committed)",
         }
     }
 
@@ -152,8 +153,21 @@ impl Op {
     /// Programs (and stand-in robots) of the ARP workload.
     fn programs(mode: Mode) -> usize {
         match mode {
-            Mode::Callgrind => 4,
+            Mode::Callgrind => 1,
             Mode::Plain => ARP_ROBOTS,
+        }
+    }
+
+    /// Tool calls in flight per program. Under callgrind one program makes one call at a
+    /// time, so the audit writer's batches do not depend on timing: each call's request is
+    /// committed together with the previous call's outcome (which waits up to 50 ms for a
+    /// record somebody waits for; the next request comes within the 25 ms pace). With
+    /// several calls in flight, how many records shared a commit followed the machine's
+    /// load, and the count moved by ±6 % between runs of one binary.
+    fn arp_window(mode: Mode) -> usize {
+        match mode {
+            Mode::Callgrind => 1,
+            Mode::Plain => ARP_WINDOW,
         }
     }
 }
@@ -437,6 +451,7 @@ impl Server {
                         &self.token,
                         &self.ed25519,
                         Op::programs(self.mode),
+                        Op::arp_window(self.mode),
                         n,
                     )
                     .await
@@ -751,12 +766,13 @@ async fn logins(
 
 /// `n` `arp.callTool`s through the gateway, shared by `programs` programs, each with its
 /// own stand-in robot (answering at once, and the session ticket's key exchange as
-/// robot-agent does); each program keeps two calls in flight, at most 40 a second.
+/// robot-agent does); each program keeps `window` calls in flight, at most 40 a second.
 async fn arp(
     info: &TargetInfo,
     token: &str,
     signer: &Signer,
     programs: usize,
+    window: usize,
     n: usize,
 ) -> anyhow::Result<()> {
     let mut robots = Vec::new();
@@ -788,7 +804,7 @@ async fn arp(
             bail!("arp.initialize: {answer}");
         }
         let calls = n / programs + usize::from(i < n % programs);
-        tasks.push(tokio::spawn(program(socket, calls)));
+        tasks.push(tokio::spawn(program(socket, calls, window)));
     }
     for task in tasks {
         close(task.await??).await;
@@ -800,10 +816,11 @@ async fn arp(
     Ok(())
 }
 
-/// A program: `calls` tool calls, two in flight, paced; every answer must be a success.
-async fn program(socket: Socket, calls: usize) -> anyhow::Result<Socket> {
+/// A program: `calls` tool calls, `in_flight` at a time, paced; every answer must be a
+/// success.
+async fn program(socket: Socket, calls: usize, in_flight: usize) -> anyhow::Result<Socket> {
     let (mut sink, mut stream) = socket.split();
-    let window = Arc::new(Semaphore::new(ARP_WINDOW));
+    let window = Arc::new(Semaphore::new(in_flight));
     let permits = window.clone();
     let sender = async move {
         let mut next = tokio::time::Instant::now();

@@ -7,6 +7,7 @@
 mod cluster;
 pub mod instructions;
 mod measure;
+pub mod memory;
 mod process;
 mod scenarios;
 
