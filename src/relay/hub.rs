@@ -140,6 +140,25 @@ impl Hub {
         self.ended(self.state().end_where(session_id, |_| true))
     }
 
+    /// A client said `disconnected`: its session ends, and a robot here hears `to_robot`
+    /// at once, under the table's lock, as in [`Hub::tell_robots_now`]. On one node no
+    /// control lock orders a new controller after the old one; relaying the end after its
+    /// record let the next offer, written in the same round of commits, reach the robot
+    /// first. Returns the ended session and whether the robot was told here.
+    pub(super) fn end_session_telling_robot(
+        &self,
+        session_id: &str,
+        to_robot: Outbound,
+    ) -> Option<(EndedSession, bool)> {
+        let mut state = self.state();
+        let ended = self.ended(state.end_where(session_id, |_| true))?;
+        let robot = &ended.robot_conn;
+        let told = self.router.remote_node(robot).is_none()
+            && self.router.deliver_here(None, robot, to_robot).is_ok();
+        drop(state);
+        Some((ended, told))
+    }
+
     /// The node `origin` ended its side of a session: end ours without telling it back.
     /// Only the node holding the session's other end may end it: a node that merely used
     /// the same id (a refused offer) ends nothing here.

@@ -269,3 +269,67 @@ async fn robots_get_a_welcome_only_when_they_ask() {
     let token = server.client_token("alice").await;
     WsClient::connect_with_token(&server.ws_url(), &token).await;
 }
+
+/// Issue 42, the single-node ordering path: when a client says `disconnected`, its robot
+/// hears of the end before the offer of a session that takes its place, even while the
+/// database holds the end's record back. Before, the end was relayed after its record; on
+/// one node no control lock orders the next controller, so a new offer (its own record
+/// written at once) reached the robot first and our robot-agent refused it as busy. A row
+/// lock in PostgreSQL holds the record back; runs when DATABASE_URL points at PostgreSQL.
+#[tokio::test]
+async fn a_robot_hears_a_clients_end_before_the_next_controllers_offer() {
+    let Ok(url) = std::env::var("DATABASE_URL") else {
+        eprintln!("skipped: DATABASE_URL (PostgreSQL) is not set");
+        return;
+    };
+    if !url.starts_with("postgres") {
+        eprintln!("skipped: DATABASE_URL is not PostgreSQL");
+        return;
+    }
+    let (database, _) = test_database().await;
+    let server_database = database.clone();
+    let server = TestServer::start_with(move |c| c.database_url = Some(server_database)).await;
+    let (mut robot, _) = server.online_robot("robot-1").await;
+    let (mut alice, first) = server
+        .open_session(&mut robot, "robot-1", "alice", "operator")
+        .await;
+    let mut bob = server.client_for("robot-1", "bob", "operator").await;
+
+    // Alice's record, locked: its end cannot be written yet.
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&database)
+        .await
+        .expect("database");
+    let mut hold = pool.begin().await.expect("transaction");
+    let locked = sqlx::query("SELECT id FROM sessions WHERE connection_id = $1 FOR UPDATE")
+        .bind(&first)
+        .execute(&mut *hold)
+        .await
+        .expect("lock the record");
+    assert_eq!(locked.rows_affected(), 1);
+
+    alice.send(&disconnected(&first)).await;
+    until("alice's session has left the table", || {
+        !server.state.sessions.is_driven("robot-1")
+    })
+    .await;
+    // The robot is free: bob's offer opens a session and its record is written at once.
+    let second = bob.connection_id.clone();
+    bob.send(&offer("robot-1", &second)).await;
+    let heard = robot.recv().await;
+    assert_eq!(
+        heard["type"], "signalling.disconnected",
+        "the robot heard this before alice's session ended: {heard}"
+    );
+    assert_eq!(heard["payload"]["connectionId"], first.as_str());
+    let next = robot.recv().await;
+    assert_eq!(next["type"], "signalling.offer", "{next}");
+    assert_eq!(next["payload"]["connectionId"], second.as_str());
+
+    hold.rollback().await.expect("release the record");
+    let record = server.ended_record(&first).await;
+    assert_eq!(record["endReason"], "closed", "{record}");
+    robot.expect_nothing_pending().await;
+    server.shutdown().await;
+}

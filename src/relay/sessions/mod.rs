@@ -116,8 +116,11 @@ impl Sessions {
                     )
                     .await;
                 if let Err(e) = written {
-                    if let Some(ended) = self.hub.end_session(request.session_id) {
-                        self.release_locks(std::slice::from_ref(&ended)).await;
+                    match self.hub.end_session(request.session_id) {
+                        Some(ended) => self.release_locks(std::slice::from_ref(&ended)).await,
+                        // Ended while its lock was being taken: whoever ended it found no
+                        // lock to release, and it would be renewed for nobody.
+                        None => self.hub.router.release_lock_of(request.session_id).await,
                     }
                     return Err(e.into());
                 }
@@ -363,7 +366,34 @@ impl Sessions {
     /// One end said `disconnected`: the session ends and its record is closed. The message
     /// itself is relayed by the caller, so no notice is queued here.
     pub async fn end_by_peer(&self, session_id: &str, reason: EndReason) -> Result<(), StoreError> {
-        if let Some(ended) = self.hub.end_session(session_id) {
+        let ended = self.hub.end_session(session_id);
+        self.close_peer_ended(ended, reason).await
+    }
+
+    /// A client said `disconnected`: as [`Sessions::end_by_peer`], but a robot on this node
+    /// hears `to_robot` as the session leaves the table, before anything of a session that
+    /// takes its place (robots do not read records). Returns whether the robot was told
+    /// here; if not, the caller relays the message as usual.
+    pub async fn end_by_client(
+        &self,
+        session_id: &str,
+        reason: EndReason,
+        to_robot: Outbound,
+    ) -> Result<bool, StoreError> {
+        let (ended, told) = match self.hub.end_session_telling_robot(session_id, to_robot) {
+            Some((ended, told)) => (Some(ended), told),
+            None => (None, false),
+        };
+        self.close_peer_ended(ended, reason).await?;
+        Ok(told)
+    }
+
+    async fn close_peer_ended(
+        &self,
+        ended: Option<EndedSession>,
+        reason: EndReason,
+    ) -> Result<(), StoreError> {
+        if let Some(ended) = ended {
             let written = self
                 .store
                 .end_session(&ended.record_id, reason.as_str())

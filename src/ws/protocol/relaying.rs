@@ -137,11 +137,49 @@ impl Protocol {
                     DisconnectReason::Failed => EndReason::Failed,
                     DisconnectReason::Timeout => EndReason::Timeout,
                 };
-                Box::pin(self.state.sessions.end_by_peer(session_id, reason)).await?;
+                if route.from_robot {
+                    Box::pin(self.state.sessions.end_by_peer(session_id, reason)).await?;
+                } else {
+                    return self
+                        .end_by_client(&route, session_id, forward, received, reason)
+                        .await;
+                }
             }
             Relay::FromRobot | Relay::Plain => {}
         }
         self.send_routed(&route, session_id, forward, received)
+    }
+
+    /// A client's `disconnected`: the session ends and the robot hears it before the robot
+    /// is free for anyone else ([`crate::relay::Sessions::end_by_client`]); a robot on
+    /// another node hears it relayed, after its node has ended its copy.
+    async fn end_by_client(
+        &mut self,
+        route: &Route,
+        session_id: &str,
+        forward: Forward<'_>,
+        received: Instant,
+        reason: EndReason,
+    ) -> Result<(), WsError> {
+        let metrics = self.state.metrics.relay(forward.kind());
+        let text = forward.into_robot(&route.subject, route.role, None);
+        let told = self
+            .state
+            .sessions
+            .end_by_client(session_id, reason, Outbound::Text(text.clone()))
+            .await?;
+        if !told {
+            let share = Sender {
+                share: &route.subject,
+                viewer: !route.role.may_drive(),
+            };
+            return self.deliver(&route.target, share, session_id, metrics, text, received);
+        }
+        if let Some(metrics) = metrics {
+            metrics.relayed.inc();
+            metrics.latency.observe(received.elapsed().as_secs_f64());
+        }
+        Ok(())
     }
 
     /// A relayed message that changes nothing in the session's record (answers and
