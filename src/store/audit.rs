@@ -496,6 +496,65 @@ mod tests {
         }
     }
 
+    /// Issue 42: a connection keeps prepared only the batch sizes whose statement text is
+    /// kept. Before, every batch size a stall produced stayed prepared on every pooled
+    /// connection, tens of KB each: the soak's slow rise in memory. PostgreSQL lists a
+    /// session's prepared statements; runs when DATABASE_URL points at PostgreSQL (CI's
+    /// `postgres` step).
+    #[tokio::test]
+    async fn a_connection_keeps_prepared_only_the_kept_batch_sizes() {
+        use sqlx::Connection as _;
+        let Some(url) = std::env::var("DATABASE_URL")
+            .ok()
+            .filter(|url| url.starts_with("postgres"))
+        else {
+            eprintln!("skipped: DATABASE_URL (PostgreSQL) is not set");
+            return;
+        };
+        sqlx::any::install_default_drivers();
+        let schema = format!("t_{}", uuid::Uuid::new_v4().simple());
+        let mut admin = sqlx::AnyConnection::connect(&url)
+            .await
+            .expect("PostgreSQL");
+        sqlx::query(&format!("CREATE SCHEMA {schema}"))
+            .execute(&mut admin)
+            .await
+            .expect("create schema");
+        let separator = if url.contains('?') { '&' } else { '?' };
+        let store = Store::connect(&format!("{url}{separator}options=-csearch_path%3D{schema}"))
+            .await
+            .expect("store");
+        let mut conn = store.writer.acquire().await.expect("a connection");
+        let sizes = 1..=40;
+        let records: Vec<AuditRecord> = (0..sizes.clone().sum()).map(record).collect();
+        let mut next = 0;
+        for size in sizes {
+            let batch = &records[next..next + size];
+            append_audit_on(&mut conn, batch, Placeholders::Numbered)
+                .await
+                .expect("append");
+            next += size;
+        }
+        let prepared: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_prepared_statements \
+             WHERE statement LIKE 'INSERT INTO audit_log%'",
+        )
+        .fetch_one(&mut *conn)
+        .await
+        .expect("prepared statements");
+        let written: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_log")
+            .fetch_one(&mut *conn)
+            .await
+            .expect("count");
+        drop(conn);
+        sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
+            .execute(&mut admin)
+            .await
+            .expect("drop schema");
+        assert_eq!(written, records.len() as i64);
+        assert_eq!(prepared, insert::CACHED_ROWS as i64);
+    }
+
     #[tokio::test]
     async fn batches_of_every_size_are_written_whole_and_in_order() {
         // A file: each pooled connection to `sqlite::memory:` would be a database of its own.

@@ -53,7 +53,7 @@ fn insert_rows(rows: usize, placeholders: Placeholders) -> std::borrow::Cow<'sta
 }
 
 /// Batches whose statement text [`insert_rows`] keeps.
-const CACHED_ROWS: usize = 8;
+pub(super) const CACHED_ROWS: usize = 8;
 
 fn make_insert_rows(rows: usize, placeholders: Placeholders) -> String {
     const COLUMNS: usize = 15;
@@ -94,15 +94,22 @@ pub(super) async fn append_audit_on(
 ) -> Result<(), StoreError> {
     use sqlx::Connection as _;
     let latest = latest_per_id(records);
-    if latest.len() <= BATCH {
-        return insert(&mut *conn, &latest, placeholders).await;
+    let written = if latest.len() <= BATCH {
+        insert(&mut *conn, &latest, placeholders).await
+    } else {
+        let mut tx = conn.begin().await?;
+        for chunk in latest.chunks(BATCH) {
+            insert(&mut tx, chunk, placeholders).await?;
+        }
+        tx.commit().await.map_err(StoreError::from)
+    };
+    // The connection's buffers keep the size of the largest message they carried: one
+    // batch after a stall (up to 256 records of up to 4 KB of parameters) would leave each
+    // pooled connection holding as much for good.
+    if latest.len() > CACHED_ROWS {
+        conn.shrink_buffers();
     }
-    let mut tx = conn.begin().await?;
-    for chunk in latest.chunks(BATCH) {
-        insert(&mut tx, chunk, placeholders).await?;
-    }
-    tx.commit().await?;
-    Ok(())
+    written
 }
 
 /// One statement upserting `records` (at most [`BATCH`]).
@@ -115,7 +122,13 @@ async fn insert(
         return Ok(());
     }
     let sql = insert_rows(records.len(), placeholders);
-    let mut query = sqlx::query(&sql);
+    // Only the kept texts are prepared and kept by the connection. sqlx keeps up to 100
+    // statements per connection, keyed by their text: each batch size a stall left behind
+    // (9 to 256 rows, tens of KB each with its parameter types) stayed on every pooled
+    // connection, a slow rise in the soak's memory (issue 42). A larger batch is parsed
+    // each time instead: it is rare, and the parse is shared by its many records.
+    let kept = records.len() <= CACHED_ROWS;
+    let mut query = sqlx::query(&sql).persistent(kept);
     for r in records {
         query = query
             .bind(&r.id)
