@@ -56,6 +56,11 @@ enum Cmd {
             default_value = "capacity,relay,setup,storm"
         )]
         only: Vec<String>,
+        /// Separate cores: the server under test (ours and each peer) on CPU 1, the load
+        /// generators on CPU 0 (`taskset`). Without it all share both cores, and a tail
+        /// measures the scheduler as much as the server.
+        #[arg(long)]
+        pin: bool,
         #[command(flatten)]
         sizes: Sizes,
     },
@@ -133,6 +138,7 @@ async fn main() -> anyhow::Result<()> {
             postgres_url,
             bin_dir,
             only,
+            pin,
             sizes,
         } => {
             let repo = std::env::current_dir()?;
@@ -146,6 +152,7 @@ async fn main() -> anyhow::Result<()> {
                 postgres_url,
                 repo,
                 only,
+                pin,
             };
             run(opts).await
         }
@@ -167,6 +174,7 @@ async fn main() -> anyhow::Result<()> {
                 postgres_url: Some(postgres_url.clone()),
                 repo: std::env::current_dir()?,
                 only,
+                pin: false,
             };
             let started = std::time::Instant::now();
             let keys = orchestrator::Keys::new()?;
@@ -270,6 +278,10 @@ async fn run(opts: Options) -> anyhow::Result<()> {
     }
 
     let mut conditions = orchestrator::describe_machine(&opts.repo);
+    conditions["pinned"] = json!(opts.pin.then(|| json!({
+        "server_cpu": orchestrator::SERVER_CPU,
+        "generator_cpu": orchestrator::GENERATOR_CPU,
+    })));
     conditions["notes"] = json!(notes);
     conditions["duration_secs"] = json!(started.elapsed().as_secs_f64().round());
     let profile = serde_json::to_value(&opts.profile)?;

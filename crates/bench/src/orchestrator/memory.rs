@@ -52,6 +52,7 @@ pub async fn run(args: MemoryArgs) -> anyhow::Result<()> {
         postgres_url: None,
         repo: std::env::current_dir()?,
         only: Vec::new(),
+        pin: false,
     };
     let keys = Keys::new()?;
     let mut slopes = Vec::new();

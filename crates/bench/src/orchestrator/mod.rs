@@ -91,6 +91,24 @@ pub struct Options {
     pub postgres_url: Option<String>,
     pub repo: PathBuf,
     pub only: Vec<String>,
+    /// The server under test on [`SERVER_CPU`], load generators on [`GENERATOR_CPU`].
+    pub pin: bool,
+}
+
+/// Where `--pin` puts the server under test and the load generators.
+pub const SERVER_CPU: usize = 1;
+pub const GENERATOR_CPU: usize = 0;
+
+impl Options {
+    /// The CPU the server under test is confined to, if any.
+    pub fn server_cpu(&self) -> Option<usize> {
+        self.pin.then_some(SERVER_CPU)
+    }
+
+    /// The CPU the load generators are confined to, if any.
+    pub fn generator_cpu(&self) -> Option<usize> {
+        self.pin.then_some(GENERATOR_CPU)
+    }
 }
 
 /// One measured figure.

@@ -202,7 +202,11 @@ pub async fn start_ours(
         Some(url) => fresh_postgres_schema(url).await?,
         None => format!("sqlite://{}/bench.db", dir.display()),
     };
-    let mut child = ours_command(&opts.server_bin, port, &database_url, Launch::Plain)
+    let launch = match opts.server_cpu() {
+        Some(cpu) => Launch::Pinned(cpu),
+        None => Launch::Plain,
+    };
+    let mut child = ours_command(&opts.server_bin, port, &database_url, launch)
         .spawn()
         .with_context(|| format!("starting {}", opts.server_bin.display()))?;
     wait_listening(port, &mut child).await?;
@@ -233,6 +237,8 @@ pub async fn start_ours(
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Launch<'a> {
     Plain,
+    /// Confined to one CPU (`--pin`).
+    Pinned(usize),
     /// `valgrind --tool=callgrind`, its counts dumped to this file (and `FILE.N` for the
     /// dumps asked for while it runs).
     Callgrind(&'a std::path::Path),
@@ -247,6 +253,7 @@ pub(super) fn ours_command(
 ) -> Command {
     let mut command = match launch {
         Launch::Plain => Command::new(server_bin),
+        Launch::Pinned(cpu) => command_on(Some(cpu), server_bin),
         Launch::Callgrind(out) => {
             let mut c = Command::new("valgrind");
             // Names written out in every dump: each dump can be read on its own
@@ -425,30 +432,47 @@ fn enrollments(
     jobs
 }
 
+/// A command for `program`, confined to `cpu` when given (`taskset`, which then runs the
+/// program in its own place: the child's pid is the program's).
+pub(super) fn command_on(cpu: Option<usize>, program: impl AsRef<std::ffi::OsStr>) -> Command {
+    match cpu {
+        Some(cpu) => {
+            let mut command = Command::new("taskset");
+            command.arg("-c").arg(cpu.to_string()).arg(program);
+            command
+        }
+        None => Command::new(program),
+    }
+}
+
 /// Starts a peer relay.
 pub async fn start_peer(opts: &Options, name: &str) -> anyhow::Result<Running> {
     let port = free_port()?;
     let peers = opts.repo.join("bench/peers");
+    let cpu = opts.server_cpu();
     let (mut command, kind, path) = match name {
         "bare" => {
-            let mut c = Command::new(&opts.bare_bin);
+            let mut c = command_on(cpu, &opts.bare_bin);
             c.arg(format!("127.0.0.1:{port}"));
             (c, Kind::Relay, "/")
         }
         "node" => {
-            let mut c = Command::new("node");
+            let mut c = command_on(cpu, "node");
             c.arg(peers.join("node-relay.js"))
                 .arg(port.to_string())
                 .current_dir(&peers);
             (c, Kind::Relay, "/")
         }
         "python" => {
-            let mut c = Command::new(python(opts));
+            let mut c = command_on(cpu, python(opts));
             c.arg(peers.join("py-relay.py")).arg(port.to_string());
             (c, Kind::Relay, "/")
         }
         "matchbox" => {
-            let mut c = Command::new(opts.repo.join("target/bench-tools/bin/matchbox_server"));
+            let mut c = command_on(
+                cpu,
+                opts.repo.join("target/bench-tools/bin/matchbox_server"),
+            );
             c.env("HOST", format!("127.0.0.1:{port}"))
                 .env("RUST_LOG", "warn");
             (c, Kind::Matchbox, "")
@@ -506,7 +530,7 @@ pub struct Worker {
 
 impl Worker {
     pub async fn spawn(opts: &Options, spec: &Spec) -> anyhow::Result<Worker> {
-        let mut child = Command::new(&opts.bench_bin)
+        let mut child = command_on(opts.generator_cpu(), &opts.bench_bin)
             .arg("worker")
             .arg(serde_json::to_string(spec)?)
             .stdin(Stdio::piped())
@@ -649,7 +673,27 @@ mod tests {
             postgres_url: None,
             repo,
             only: Vec::new(),
+            pin: false,
         }
+    }
+
+    #[test]
+    fn pinned_commands_run_under_taskset_and_plain_ones_as_themselves() {
+        let pinned = command_on(Some(1), "/bin/server");
+        let pinned = pinned.as_std();
+        assert_eq!(pinned.get_program(), "taskset");
+        let args: Vec<_> = pinned.get_args().collect();
+        assert_eq!(args, ["-c", "1", "/bin/server"]);
+        let plain = command_on(None, "/bin/server");
+        assert_eq!(plain.as_std().get_program(), "/bin/server");
+        assert_eq!(plain.as_std().get_args().count(), 0);
+        let mut opts = options(PathBuf::from("/repo"));
+        assert_eq!((opts.server_cpu(), opts.generator_cpu()), (None, None));
+        opts.pin = true;
+        assert_eq!(
+            (opts.server_cpu(), opts.generator_cpu()),
+            (Some(1), Some(0))
+        );
     }
 
     #[test]
