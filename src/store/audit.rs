@@ -555,6 +555,41 @@ mod tests {
         assert_eq!(prepared, insert::CACHED_ROWS as i64);
     }
 
+    /// Whether a keyed call retries another is asked for every keyed call: by the key's
+    /// index, not by a walk through the robot's recent records (issue 42's soak: 5,500
+    /// rows and 116 ms a call on PostgreSQL).
+    #[tokio::test]
+    async fn a_retry_is_looked_up_by_its_key() {
+        let file = std::env::temp_dir().join(format!("audit-{}.db", uuid::Uuid::new_v4()));
+        let store = Store::connect(&format!("sqlite://{}", file.display()))
+            .await
+            .expect("store");
+        let plan: Vec<(i64, i64, i64, String)> = sqlx::query_as(
+            "EXPLAIN QUERY PLAN SELECT at FROM audit_log WHERE robot_id = $1 AND subject = $2 \
+             AND idempotency_key = $3 AND at >= $4 LIMIT 1",
+        )
+        .bind("robot-1")
+        .bind("planner")
+        .bind("key-1")
+        .bind(0_i64)
+        .fetch_all(&store.pool)
+        .await
+        .expect("plan");
+        let mut keyed = record(1);
+        keyed.idempotency_key = Some("key-1".into());
+        store.append_audit(&[keyed]).await.expect("append");
+        let seen = store.audit_key_seen("robot-1", "planner", "key-1", 0).await;
+        let other = store.audit_key_seen("robot-1", "planner", "key-2", 0).await;
+        let _ = std::fs::remove_file(&file);
+        let plan: Vec<String> = plan.into_iter().map(|row| row.3).collect();
+        assert!(
+            plan.iter().any(|step| step.contains("audit_log_key_idx")),
+            "{plan:?}"
+        );
+        assert!(seen.expect("seen"));
+        assert!(!other.expect("not seen"));
+    }
+
     #[tokio::test]
     async fn batches_of_every_size_are_written_whole_and_in_order() {
         // A file: each pooled connection to `sqlite::memory:` would be a database of its own.
