@@ -26,6 +26,7 @@ use tokio::process::Command;
 use tokio::sync::Semaphore;
 use tokio_tungstenite::tungstenite::Message;
 
+use super::fleet_ca::FleetChains;
 use super::measure::{clock_ticks, proc_stats};
 use super::process::{
     admin, enroll_robot, free_port, ours_command, wait_listening, Keys, Launch, Running, TempDir,
@@ -40,6 +41,8 @@ const SUBJECT: &str = "ins";
 const LOGIN_POOL: usize = 32;
 /// Logins at once.
 const LOGIN_CONCURRENCY: usize = 4;
+/// The robots of the X.509 logins.
+const X509_PREFIX: &str = "ins-x509";
 /// Relayed messages in flight in the relay workload.
 const RELAY_WINDOW: usize = 32;
 /// Size of a relayed ICE candidate.
@@ -62,7 +65,7 @@ pub struct InstructionsArgs {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "relay,setup,login,login-p256,arp"
+        default_value = "relay,setup,login,login-p256,login-x509,arp"
     )]
     only: Vec<String>,
     /// A baseline (`--write-baseline`'s file): fails when an operation takes more
@@ -95,10 +98,18 @@ enum Op {
     Setup,
     Login,
     LoginP256,
+    LoginX509,
     Arp,
 }
 
-const OPS: [Op; 5] = [Op::Relay, Op::Setup, Op::Login, Op::LoginP256, Op::Arp];
+const OPS: [Op; 6] = [
+    Op::Relay,
+    Op::Setup,
+    Op::Login,
+    Op::LoginP256,
+    Op::LoginX509,
+    Op::Arp,
+];
 
 /// Which run: the sizes differ (callgrind is some 50 times slower).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -114,6 +125,7 @@ impl Op {
             Op::Setup => "setup",
             Op::Login => "login",
             Op::LoginP256 => "login-p256",
+            Op::LoginX509 => "login-x509",
             Op::Arp => "arp",
         }
     }
@@ -122,7 +134,9 @@ impl Op {
         OPS.into_iter()
             .find(|op| op.name() == name)
             .with_context(|| {
-                format!("unknown operation {name} (relay, setup, login, login-p256, arp)")
+                format!(
+                    "unknown operation {name} (relay, setup, login, login-p256, login-x509, arp)"
+                )
             })
     }
 
@@ -132,6 +146,9 @@ impl Op {
             Op::Setup => "session setup (offer → answer → hangup; grant, lock, record, ticket)",
             Op::Login => "verified robot login, Ed25519 (and its close)",
             Op::LoginP256 => "verified robot login, ECDSA P-256 (and its close)",
+            Op::LoginX509 => {
+                "verified robot login, X.509 chain presented (P-256 leaf, intermediate, root; and its close)"
+            }
             Op::Arp => "ARP arp.callTool through the gateway, one call at a time (audit committed)",
         }
     }
@@ -143,8 +160,8 @@ impl Op {
             (Op::Relay, Mode::Plain) => (2_000, 122_000),
             (Op::Setup, Mode::Callgrind) => (5, 65),
             (Op::Setup, Mode::Plain) => (50, 3_050),
-            (Op::Login | Op::LoginP256, Mode::Callgrind) => (8, 48),
-            (Op::Login | Op::LoginP256, Mode::Plain) => (32, 3_032),
+            (Op::Login | Op::LoginP256 | Op::LoginX509, Mode::Callgrind) => (8, 48),
+            (Op::Login | Op::LoginP256 | Op::LoginX509, Mode::Plain) => (32, 3_032),
             (Op::Arp, Mode::Callgrind) => (20, 260),
             (Op::Arp, Mode::Plain) => (320, 5_440),
         }
@@ -357,6 +374,8 @@ struct Server {
     token: String,
     ed25519: Arc<Signer>,
     p256: Arc<Signer>,
+    /// The X.509 robots' chains, when their logins are measured.
+    fleet: Option<Arc<FleetChains>>,
     mode: Mode,
     /// Callgrind's output file (and the folder its dumps go to).
     callgrind_out: Option<PathBuf>,
@@ -373,7 +392,23 @@ impl Server {
             Some(out) => Launch::Callgrind(out),
             None => Launch::Plain,
         };
-        let mut child = ours_command(bin, port, &database, launch)
+        // X.509 logins: robots present chains to a root the server trusts, and are
+        // registered at their first login (the first pass below, unmeasured).
+        let fleet = if ops.contains(&Op::LoginX509) {
+            let fleet = FleetChains::issue(X509_PREFIX, LOGIN_POOL, keys.p256_pkcs8())?;
+            fleet.write_anchors(&dir.join("anchors.pem"))?;
+            Some(Arc::new(fleet))
+        } else {
+            None
+        };
+        let mut command = ours_command(bin, port, &database, launch);
+        if fleet.is_some() {
+            command
+                .arg("--trust-anchors")
+                .arg(dir.join("anchors.pem"))
+                .arg("--auto-register");
+        }
+        let mut child = command
             .spawn()
             .with_context(|| format!("starting {} ({mode:?})", bin.display()))?;
         wait_listening(port, &mut child).await?;
@@ -408,6 +443,8 @@ impl Server {
                 })),
                 Op::Arp => robots
                     .extend((0..ARP_ROBOTS).map(|i| (format!("ins-arp-{i}"), ed.clone(), true))),
+                // Registered by their certificates at their first login.
+                Op::LoginX509 => {}
             }
         }
         let gate = Arc::new(Semaphore::new(8));
@@ -425,6 +462,9 @@ impl Server {
         }
         let ed25519 = Arc::new(Signer::from_info(&info, false)?);
         let p256 = Arc::new(Signer::from_info(&info, true)?);
+        if let Some(fleet) = &fleet {
+            logins(&info, &p256, X509_PREFIX, Some(fleet), LOGIN_POOL).await?;
+        }
         Ok(Server {
             running: Running::ours(info.clone(), child, TempDir(dir)),
             pid,
@@ -432,6 +472,7 @@ impl Server {
             token,
             ed25519,
             p256,
+            fleet,
             mode,
             callgrind_out,
         })
@@ -443,8 +484,12 @@ impl Server {
             match op {
                 Op::Relay => relay(&self.info, &self.ed25519, n).await,
                 Op::Setup => setup(&self.info, &self.ed25519, n).await,
-                Op::Login => logins(&self.info, &self.ed25519, "ins-ed", n).await,
-                Op::LoginP256 => logins(&self.info, &self.p256, "ins-p256", n).await,
+                Op::Login => logins(&self.info, &self.ed25519, "ins-ed", None, n).await,
+                Op::LoginP256 => logins(&self.info, &self.p256, "ins-p256", None, n).await,
+                Op::LoginX509 => {
+                    let fleet = self.fleet.as_ref().context("no fleet certificates")?;
+                    logins(&self.info, &self.p256, X509_PREFIX, Some(fleet), n).await
+                }
                 Op::Arp => {
                     arp(
                         &self.info,
@@ -730,21 +775,24 @@ async fn answer_offers(mut robot: Socket, route: Route, n: usize) -> anyhow::Res
 }
 
 /// `n` robot logins (register → challenge → signed response → verified → welcome), four
-/// at a time, each socket closed once logged in.
+/// at a time, each socket closed once logged in; with `fleet`, each register presents the
+/// robot's certificate chain.
 async fn logins(
     info: &TargetInfo,
     signer: &Arc<Signer>,
     prefix: &str,
+    fleet: Option<&Arc<FleetChains>>,
     n: usize,
 ) -> anyhow::Result<()> {
     let next = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::new();
     for _ in 0..LOGIN_CONCURRENCY {
-        let (info, signer, next, prefix) = (
+        let (info, signer, next, prefix, fleet) = (
             info.clone(),
             signer.clone(),
             next.clone(),
             prefix.to_string(),
+            fleet.cloned(),
         );
         tasks.push(tokio::spawn(async move {
             loop {
@@ -753,7 +801,13 @@ async fn logins(
                     return anyhow::Ok(());
                 }
                 let robot = format!("{prefix}-{}", i % LOGIN_POOL);
-                let socket = target::robot_login(&info, &robot, &signer, Reads::Small).await?;
+                let declared = match &fleet {
+                    Some(fleet) => json!({ "certificate": fleet.chain(i % LOGIN_POOL) }),
+                    None => json!({}),
+                };
+                let socket =
+                    target::robot_login_declaring(&info, &robot, &signer, Reads::Small, declared)
+                        .await?;
                 close(socket).await;
             }
         }));

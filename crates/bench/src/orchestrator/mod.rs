@@ -5,6 +5,7 @@
 //! runs capacity, relay, setup and storm and writes their rows.
 
 mod cluster;
+mod fleet_ca;
 pub mod instructions;
 mod measure;
 pub mod memory;

@@ -127,6 +127,11 @@ pub struct Keys {
 }
 
 impl Keys {
+    /// The robots' P-256 key, PKCS#8 DER.
+    pub(super) fn p256_pkcs8(&self) -> &[u8] {
+        &self.p256_pkcs8
+    }
+
     /// Our server's target description with these keys and a client token.
     pub(super) fn target_info(&self, name: &str, ws_url: &str, token: &str) -> TargetInfo {
         TargetInfo {
