@@ -470,12 +470,7 @@ impl Drop for CuttableProxy {
 /// SQLite locked. Runs when DATABASE_URL points at PostgreSQL.
 #[tokio::test]
 async fn postgres_unreachable_no_call_runs_off_record_and_no_outcome_is_lost() {
-    let Ok(url) = std::env::var("DATABASE_URL") else {
-        eprintln!("skipped: DATABASE_URL (PostgreSQL) is not set");
-        return;
-    };
-    if !url.starts_with("postgres") {
-        eprintln!("skipped: DATABASE_URL is not PostgreSQL");
+    if !on_postgres() {
         return;
     }
     let (schema_url, _) = test_database().await;

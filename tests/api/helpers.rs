@@ -78,6 +78,22 @@ pub async fn test_database() -> (String, Option<std::path::PathBuf>) {
     }
 }
 
+/// Whether DATABASE_URL points at PostgreSQL, for the tests that need it (CI's `postgres`
+/// step runs them); says why a test is skipped otherwise.
+pub fn on_postgres() -> bool {
+    match std::env::var("DATABASE_URL") {
+        Ok(url) if url.starts_with("postgres") => true,
+        Ok(_) => {
+            eprintln!("skipped: DATABASE_URL is not PostgreSQL");
+            false
+        }
+        Err(_) => {
+            eprintln!("skipped: DATABASE_URL (PostgreSQL) is not set");
+            false
+        }
+    }
+}
+
 impl TestServer {
     pub async fn start() -> TestServer {
         Self::start_with(|_| {}).await

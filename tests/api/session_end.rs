@@ -278,12 +278,7 @@ async fn robots_get_a_welcome_only_when_they_ask() {
 /// lock in PostgreSQL holds the record back; runs when DATABASE_URL points at PostgreSQL.
 #[tokio::test]
 async fn a_robot_hears_a_clients_end_before_the_next_controllers_offer() {
-    let Ok(url) = std::env::var("DATABASE_URL") else {
-        eprintln!("skipped: DATABASE_URL (PostgreSQL) is not set");
-        return;
-    };
-    if !url.starts_with("postgres") {
-        eprintln!("skipped: DATABASE_URL is not PostgreSQL");
+    if !on_postgres() {
         return;
     }
     let (database, _) = test_database().await;
