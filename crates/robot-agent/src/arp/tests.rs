@@ -528,6 +528,16 @@ async fn confirmation_confirmed_denied_and_timed_out() {
     c.send_raw(&answer.to_string()).await;
     assert_eq!(c.response(&id).await["result"]["state"], "completed");
     assert!(f.probe.state().x > 0.0);
+    // The answer can come a tick before the sim applies the drive's final stop: the
+    // position is read once the robot stands still, or a last tick looks like a move.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while f.probe.state().linear != 0.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the drive never stopped"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 
     let x = f.probe.state().x;
     let id = c.request("arp.callTool", drive.clone()).await;
