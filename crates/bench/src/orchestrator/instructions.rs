@@ -27,7 +27,7 @@ use tokio::sync::Semaphore;
 use tokio_tungstenite::tungstenite::Message;
 
 use super::fleet_ca::FleetChains;
-use super::measure::{clock_ticks, proc_stats};
+use super::measure::{clock_ticks, cpu_split, proc_stats};
 use super::process::{
     admin, enroll_robot, free_port, ours_command, wait_listening, Keys, Launch, Running, TempDir,
 };
@@ -196,6 +196,10 @@ struct Figures {
     instructions_per_op: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     cpu_us_per_op: Option<f64>,
+    /// The part of `cpu_us_per_op` spent in the kernel (socket reads and writes, epoll,
+    /// wake-ups, file writes), which callgrind's counts leave out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    kernel_us_per_op: Option<f64>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     describe: String,
 }
@@ -245,9 +249,14 @@ pub async fn run(args: InstructionsArgs) -> anyhow::Result<()> {
         let started = Instant::now();
         let server = Server::start(&server_bin, &keys, &ops, Mode::Plain).await?;
         for op in &ops {
-            let per_op = server.cpu_us(*op).await?;
-            eprintln!("[instructions] {}: {per_op:.1} µs CPU/op", op.name());
-            figures.entry(*op).or_default().cpu_us_per_op = Some(per_op);
+            let (per_op, kernel) = server.cpu_us(*op).await?;
+            eprintln!(
+                "[instructions] {}: {per_op:.1} µs CPU/op ({kernel:.1} in the kernel)",
+                op.name()
+            );
+            let figure = figures.entry(*op).or_default();
+            figure.cpu_us_per_op = Some(per_op);
+            figure.kernel_us_per_op = Some(kernel);
         }
         server.running.stop().await;
         eprintln!(
@@ -311,7 +320,7 @@ fn check_baseline(
 /// The figures as a Markdown table, with the ops/s one core would sustain.
 fn table(figures: &BTreeMap<Op, Figures>) -> String {
     let mut out = String::from(
-        "\n| operation | instructions/op | server CPU µs/op | ops/s per core |\n|---|---:|---:|---:|\n",
+        "\n| operation | instructions/op | server CPU µs/op | of which kernel | ops/s per core |\n|---|---:|---:|---:|---:|\n",
     );
     for (op, f) in figures {
         let instructions = f
@@ -321,8 +330,11 @@ fn table(figures: &BTreeMap<Op, Figures>) -> String {
             Some(us) if us > 0.0 => (format!("{us:.1}"), format!("{:.0}", 1e6 / us)),
             _ => ("–".to_string(), "–".to_string()),
         };
+        let kernel = f
+            .kernel_us_per_op
+            .map_or("–".to_string(), |k| format!("{k:.1}"));
         out.push_str(&format!(
-            "| {} ({}) | {instructions} | {cpu} | {rate} |\n",
+            "| {} ({}) | {instructions} | {cpu} | {kernel} | {rate} |\n",
             op.name(),
             op.describe()
         ));
@@ -554,20 +566,27 @@ impl Server {
         Ok(marginal(totals[0], totals[1], small, large))
     }
 
-    /// Marginal CPU µs per operation of `op`, in a plain run.
-    async fn cpu_us(&self, op: Op) -> anyhow::Result<f64> {
+    /// Marginal CPU µs per operation of `op` in a plain run, and the kernel's part of it.
+    async fn cpu_us(&self, op: Op) -> anyhow::Result<(f64, f64)> {
         let (small, large) = op.sizes(Mode::Plain);
         self.workload(op, small).await?;
-        let mut used = Vec::new();
+        let (mut used, mut kernel) = (Vec::new(), Vec::new());
+        let us = |ticks: u64| ticks as f64 / clock_ticks() * 1e6;
         for n in [small, large] {
             self.settle().await?;
-            let before = proc_stats(self.pid)?.1;
+            let before = cpu_split(self.pid)?;
             self.workload(op, n).await?;
             self.settle().await?;
-            let after = proc_stats(self.pid)?.1;
-            used.push(after.saturating_sub(before) as f64 / clock_ticks() * 1e6);
+            let after = cpu_split(self.pid)?;
+            let user = after.0.saturating_sub(before.0);
+            let system = after.1.saturating_sub(before.1);
+            used.push(us(user + system));
+            kernel.push(us(system));
         }
-        Ok(marginal(used[0], used[1], small, large))
+        Ok((
+            marginal(used[0], used[1], small, large),
+            marginal(kernel[0], kernel[1], small, large),
+        ))
     }
 
     async fn callgrind(&self, args: &[&str]) -> anyhow::Result<()> {

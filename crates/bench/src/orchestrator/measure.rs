@@ -24,8 +24,19 @@ fn rss_kib(status: &str) -> anyhow::Result<u64> {
         .context("VmRSS")
 }
 
+/// CPU ticks of a process in user space and in the kernel, from /proc/PID/stat.
+pub fn cpu_split(pid: u32) -> anyhow::Result<(u64, u64)> {
+    user_and_kernel_ticks(&std::fs::read_to_string(format!("/proc/{pid}/stat"))?)
+}
+
 /// utime + stime from the text of /proc/PID/stat.
 fn cpu_ticks(stat: &str) -> anyhow::Result<u64> {
+    let (user, kernel) = user_and_kernel_ticks(stat)?;
+    Ok(user + kernel)
+}
+
+/// (utime, stime) from the text of /proc/PID/stat.
+fn user_and_kernel_ticks(stat: &str) -> anyhow::Result<(u64, u64)> {
     // Fields after the command name, which is in parentheses and may contain spaces.
     let rest = stat.rsplit_once(')').map(|(_, r)| r).context("stat")?;
     let fields: Vec<&str> = rest.split_whitespace().collect();
@@ -37,7 +48,7 @@ fn cpu_ticks(stat: &str) -> anyhow::Result<u64> {
         .get(12)
         .and_then(|v| v.parse().ok())
         .context("stime")?;
-    Ok(utime + stime)
+    Ok((utime, stime))
 }
 
 /// Ticks per second of the CPU times in /proc (100 unless getconf says otherwise).
@@ -134,6 +145,7 @@ mod tests {
         // A command name with spaces and a ')' must not shift the fields.
         let stat = "4242 (tokio (rt) x) S 1 4242 4242 0 -1 4194560 100 0 0 0 70 30 0 0 20 0 3 0";
         assert_eq!(cpu_ticks(stat).unwrap(), 100);
+        assert_eq!(user_and_kernel_ticks(stat).unwrap(), (70, 30));
         assert!(cpu_ticks("4242 (short) S 1").is_err());
         assert!(cpu_ticks("no parenthesis").is_err());
     }
