@@ -160,21 +160,23 @@ pub struct Identity {
     verify_slots: Arc<tokio::sync::Semaphore>,
     rng: SystemRandom,
     /// Stored chains verified lately: a certificate robot's registrations (or anyone's
-    /// asking challenges for it) cost a lookup, not a path validation each.
+    /// asking challenges for it), with its enrolled chain presented or not, cost a lookup,
+    /// not a path validation each.
     stored_chains: Mutex<HashMap<String, StoredChain>>,
 }
 
 /// A stored chain's verification, valid while the CRLs it was checked against are the ones
-/// in force and for [`STORED_CHAIN_TTL`].
+/// in force, until the first certificate on it expires, and for [`STORED_CHAIN_TTL`].
 struct StoredChain {
     leaf_key: PublicKey,
     entries: Vec<String>,
     crls: Arc<Vec<RevocationList>>,
+    /// Unix seconds: the earliest notAfter on the chain and its anchor.
+    valid_until: i64,
     at: Instant,
 }
 
-/// How long a stored chain's verification is reused (a certificate that expires meanwhile
-/// logs in for at most this much longer).
+/// How long a stored chain's verification is reused at most.
 const STORED_CHAIN_TTL: Duration = Duration::from_secs(60);
 
 /// Stored chains remembered at most; past it the memory is emptied.

@@ -160,6 +160,9 @@ pub struct VerifiedChain {
     /// DER of the intermediates on the verified path (CAs that may sign CRLs).
     pub intermediates: Vec<Vec<u8>>,
     pub not_after_unix: i64,
+    /// The earliest notAfter of the presented certificates and of the path's anchor: past
+    /// it, this verification no longer holds (a kept verification is dropped then).
+    pub valid_until_unix: i64,
     pub subject_cn: Option<String>,
 }
 
@@ -456,6 +459,37 @@ mod tests {
         // Without the middle CA there is no path.
         let gap = format!("{leaf2}{}", inter.pem);
         assert_eq!(reason(verify_chain(&gap, &store, ROBOT, NOW)), "untrusted");
+    }
+
+    /// A verification is kept no longer than the chain it verified: its end is the first
+    /// notAfter among the presented certificates and the anchor that ended the path.
+    #[test]
+    fn a_verification_holds_until_the_first_certificate_on_its_path_expires() {
+        let leaf_key = p256();
+        let mut short = ca_params("Fleet Issuing");
+        short.not_after = at(NOW + 500);
+        let root = TestCa::root("Fleet Root", p256());
+        let inter = root.intermediate_with(short, p256());
+        let chain = format!(
+            "{}{}",
+            inter.issue(&leaf_params(ROBOT), &leaf_key),
+            inter.pem
+        );
+        let vc = verify_chain(&chain, &store_of(&[&root.pem]), ROBOT, NOW).expect("chain");
+        assert_eq!(vc.not_after_unix, NOW + 86_400);
+        assert_eq!(vc.valid_until_unix, NOW + 500);
+
+        let mut brief = ca_params("Brief Root");
+        brief.not_after = at(NOW + 300);
+        let root = TestCa::root_with(brief, p256());
+        let inter = root.intermediate("Fleet Issuing", p256());
+        let chain = format!(
+            "{}{}",
+            inter.issue(&leaf_params(ROBOT), &leaf_key),
+            inter.pem
+        );
+        let vc = verify_chain(&chain, &store_of(&[&root.pem]), ROBOT, NOW).expect("chain");
+        assert_eq!(vc.valid_until_unix, NOW + 300);
     }
 
     #[test]

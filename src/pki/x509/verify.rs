@@ -87,7 +87,14 @@ pub fn verify_chain_with_crls(
         });
         intermediates_der.push(cert.der().to_vec());
     }
+    // The anchor is known to be in the store: `anchor_bookkeeping` accepted this path.
+    let anchor_not_after = path_anchor(store, &path).map_or(i64::MIN, |a| a.not_after);
+    let valid_until_unix = certs
+        .iter()
+        .map(|c| c.validity().not_after.timestamp())
+        .fold(anchor_not_after, i64::min);
     Ok(VerifiedChain {
+        valid_until_unix,
         leaf_key,
         serial_hex: serial_hex(leaf.raw_serial()),
         chain_serials: chain_ids.iter().map(|c| c.serial.clone()).collect(),
@@ -186,12 +193,7 @@ fn anchor_bookkeeping(
     path: &webpki::VerifiedPath<'_>,
     now_unix: i64,
 ) -> Result<(), X509Error> {
-    let anchor = store
-        .webpki
-        .iter()
-        .position(|a| std::ptr::eq(a, path.anchor()))
-        .and_then(|i| store.anchors.get(i))
-        .ok_or(X509Error::Untrusted)?;
+    let anchor = path_anchor(store, path).ok_or(X509Error::Untrusted)?;
     if now_unix < anchor.not_before {
         return Err(X509Error::NotYetValid("trust anchor"));
     }
@@ -220,6 +222,15 @@ fn anchor_bookkeeping(
         )));
     }
     Ok(())
+}
+
+/// Our record of the anchor webpki ended `path` at.
+fn path_anchor<'s>(store: &'s TrustStore, path: &webpki::VerifiedPath<'_>) -> Option<&'s Anchor> {
+    store
+        .webpki
+        .iter()
+        .position(|a| std::ptr::eq(a, path.anchor()))
+        .and_then(|i| store.anchors.get(i))
 }
 
 /// webpki's verdict in our stable reasons. Validity errors do not say which certificate
