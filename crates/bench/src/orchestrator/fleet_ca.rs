@@ -46,6 +46,7 @@ fn authority_params(common_name: &str) -> CertificateParams {
 pub struct FleetChains {
     pub root_pem: String,
     chains: Vec<String>,
+    renewed: Vec<String>,
 }
 
 impl FleetChains {
@@ -70,30 +71,38 @@ impl FleetChains {
             pem: factory_pem,
         };
         let robot_key = KeyPair::try_from(robot_pkcs8).context("the robots' P-256 key")?;
-        let chains = (0..robots)
-            .map(|i| {
-                let mut params = CertificateParams::default();
-                params.distinguished_name = name(&format!("{prefix}-{i}"));
-                params.is_ca = IsCa::ExplicitNoCa;
-                params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-                params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-                params.not_before = OffsetDateTime::now_utc() - Duration::hours(1);
-                params.not_after = OffsetDateTime::now_utc() + Duration::days(1);
-                params.serial_number = Some(SerialNumber::from(i as u64 + 1));
-                params.use_authority_key_identifier_extension = true;
-                let leaf = params.signed_by(&robot_key, &factory.issuer())?.pem();
-                Ok(format!("{leaf}{}", factory.pem))
-            })
-            .collect::<anyhow::Result<Vec<_>>>()?;
+        let leaves = |serial_base: u64| {
+            (0..robots)
+                .map(|i| {
+                    let mut params = CertificateParams::default();
+                    params.distinguished_name = name(&format!("{prefix}-{i}"));
+                    params.is_ca = IsCa::ExplicitNoCa;
+                    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+                    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+                    params.not_before = OffsetDateTime::now_utc() - Duration::hours(1);
+                    params.not_after = OffsetDateTime::now_utc() + Duration::days(1);
+                    params.serial_number = Some(SerialNumber::from(serial_base + i as u64 + 1));
+                    params.use_authority_key_identifier_extension = true;
+                    let leaf = params.signed_by(&robot_key, &factory.issuer())?.pem();
+                    Ok(format!("{leaf}{}", factory.pem))
+                })
+                .collect::<anyhow::Result<Vec<_>>>()
+        };
         Ok(FleetChains {
-            root_pem: root.pem,
-            chains,
+            root_pem: root.pem.clone(),
+            chains: leaves(0)?,
+            renewed: leaves(1_000_000)?,
         })
     }
 
     /// Robot `i`'s chain.
     pub fn chain(&self, i: usize) -> &str {
         &self.chains[i % self.chains.len()]
+    }
+
+    /// Robot `i`'s chain with a renewed leaf: another serial, the same key.
+    pub fn renewed_chain(&self, i: usize) -> &str {
+        &self.renewed[i % self.renewed.len()]
     }
 
     /// Writes the trust anchors for `--trust-anchors`.
@@ -126,6 +135,11 @@ mod tests {
             fleet.chain(1),
             "robots past the pool share leaves"
         );
+        let renewed = ders(fleet.renewed_chain(1));
+        let (_, renewed) = x509_parser::parse_x509_certificate(&renewed[0]).unwrap();
+        assert_eq!(renewed.subject().to_string(), "CN=robot-1");
+        assert_ne!(renewed.raw_serial(), leaf.raw_serial());
+        assert_eq!(renewed.public_key().raw, leaf.public_key().raw);
     }
 
     /// The DER of each certificate of a PEM bundle.
