@@ -220,10 +220,7 @@ mod tests {
     }
 
     async fn identity(root_pem: &str) -> Identity {
-        let path = std::env::temp_dir().join(format!("chains-{}.db", uuid::Uuid::new_v4()));
-        let store = Store::connect(&format!("sqlite://{}", path.display()))
-            .await
-            .expect("store");
+        let (store, _file) = Store::scratch("chains").await;
         Identity::new(
             store,
             IdentityConfig {

@@ -165,10 +165,7 @@ mod tests {
 
     #[tokio::test]
     async fn entries_are_persisted_and_older_crls_refused() {
-        let path = std::env::temp_dir().join(format!("crl-{}.db", uuid::Uuid::new_v4()));
-        let store = Store::connect(&format!("sqlite://{}", path.display()))
-            .await
-            .expect("store");
+        let (store, path) = Store::scratch("crl").await;
         let (params, key, pem) = root();
         let identity = Identity::new(
             store.clone(),

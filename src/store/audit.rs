@@ -560,10 +560,7 @@ mod tests {
     /// rows and 116 ms a call on PostgreSQL).
     #[tokio::test]
     async fn a_retry_is_looked_up_by_its_key() {
-        let file = std::env::temp_dir().join(format!("audit-{}.db", uuid::Uuid::new_v4()));
-        let store = Store::connect(&format!("sqlite://{}", file.display()))
-            .await
-            .expect("store");
+        let (store, file) = Store::scratch("audit").await;
         let plan: Vec<(i64, i64, i64, String)> = sqlx::query_as(
             "EXPLAIN QUERY PLAN SELECT at FROM audit_log WHERE robot_id = $1 AND subject = $2 \
              AND idempotency_key = $3 AND at >= $4 LIMIT 1",
@@ -593,10 +590,7 @@ mod tests {
     #[tokio::test]
     async fn batches_of_every_size_are_written_whole_and_in_order() {
         // A file: each pooled connection to `sqlite::memory:` would be a database of its own.
-        let file = std::env::temp_dir().join(format!("audit-{}.db", uuid::Uuid::new_v4()));
-        let store = Store::connect(&format!("sqlite://{}", file.display()))
-            .await
-            .expect("store");
+        let (store, file) = Store::scratch("audit").await;
         // Three statements (256, 256, 88 rows) in one transaction, then one row.
         let records: Vec<AuditRecord> = (0..601).map(record).collect();
         store.append_audit(&records[..600]).await.expect("append");
@@ -618,10 +612,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_outcome_replaces_its_request_and_a_repeat_changes_nothing() {
-        let file = std::env::temp_dir().join(format!("audit-{}.db", uuid::Uuid::new_v4()));
-        let store = Store::connect(&format!("sqlite://{}", file.display()))
-            .await
-            .expect("store");
+        let (store, file) = Store::scratch("audit").await;
         let mut request = record(1);
         request.outcome = "pending".into();
         store.append_audit(&[request]).await.expect("request");

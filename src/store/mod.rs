@@ -75,6 +75,17 @@ pub(crate) fn discard_after_failed_write(conn: &mut sqlx::pool::PoolConnection<s
 pub const DEFAULT_DATABASE_URL: &str = "sqlite://data/signalling.db";
 
 impl Store {
+    /// For unit tests: a store on a new SQLite file in the temp folder (a file, because each
+    /// pooled connection to `sqlite::memory:` would be a database of its own), and its path.
+    #[cfg(test)]
+    pub(crate) async fn scratch(name: &str) -> (Store, std::path::PathBuf) {
+        let file = std::env::temp_dir().join(format!("{name}-{}.db", uuid::Uuid::new_v4()));
+        let store = Store::connect(&format!("sqlite://{}", file.display()))
+            .await
+            .expect("scratch store");
+        (store, file)
+    }
+
     /// Connects (creating a missing SQLite file and its folder) and runs the migrations.
     pub async fn connect(url: &str) -> Result<Store, StoreError> {
         sqlx::any::install_default_drivers();

@@ -466,29 +466,23 @@ mod tests {
     #[test]
     fn a_verification_holds_until_the_first_certificate_on_its_path_expires() {
         let leaf_key = p256();
+        let verified = |root: &TestCa, inter: &TestCa| {
+            let leaf = inter.issue(&leaf_params(ROBOT), &leaf_key);
+            let chain = format!("{leaf}{}", inter.pem);
+            verify_chain(&chain, &store_of(&[&root.pem]), ROBOT, NOW).expect("chain")
+        };
+
         let mut short = ca_params("Fleet Issuing");
         short.not_after = at(NOW + 500);
         let root = TestCa::root("Fleet Root", p256());
-        let inter = root.intermediate_with(short, p256());
-        let chain = format!(
-            "{}{}",
-            inter.issue(&leaf_params(ROBOT), &leaf_key),
-            inter.pem
-        );
-        let vc = verify_chain(&chain, &store_of(&[&root.pem]), ROBOT, NOW).expect("chain");
+        let vc = verified(&root, &root.intermediate_with(short, p256()));
         assert_eq!(vc.not_after_unix, NOW + 86_400);
         assert_eq!(vc.valid_until_unix, NOW + 500);
 
         let mut brief = ca_params("Brief Root");
         brief.not_after = at(NOW + 300);
         let root = TestCa::root_with(brief, p256());
-        let inter = root.intermediate("Fleet Issuing", p256());
-        let chain = format!(
-            "{}{}",
-            inter.issue(&leaf_params(ROBOT), &leaf_key),
-            inter.pem
-        );
-        let vc = verify_chain(&chain, &store_of(&[&root.pem]), ROBOT, NOW).expect("chain");
+        let vc = verified(&root, &root.intermediate("Fleet Issuing", p256()));
         assert_eq!(vc.valid_until_unix, NOW + 300);
     }
 
