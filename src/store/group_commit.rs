@@ -179,7 +179,8 @@ impl Writes {
 async fn run(writer: AnyPool, mut queue: mpsc::Receiver<Pending>) {
     let mut batch = Vec::with_capacity(BATCH);
     while queue.recv_many(&mut batch, BATCH).await > 0 {
-        let result = commit(&writer, batch.iter().map(|p| &p.write)).await;
+        let writes: Vec<&Write> = batch.iter().map(|p| &p.write).collect();
+        let result = commit(&writer, &writes).await;
         match result {
             Ok(changed) => {
                 for (pending, rows) in batch.drain(..).zip(changed) {
@@ -194,7 +195,7 @@ async fn run(writer: AnyPool, mut queue: mpsc::Receiver<Pending>) {
             Err(e) => {
                 tracing::debug!(error = %e, writes = batch.len(), "batch failed; writing one by one");
                 for pending in batch.drain(..) {
-                    let result = commit(&writer, std::iter::once(&pending.write)).await;
+                    let result = commit(&writer, &[&pending.write]).await;
                     let rows = result.map(|changed| changed.first().copied().unwrap_or(0));
                     let _ = pending.done.send(rows.map_err(StoreError::from));
                 }
@@ -203,11 +204,8 @@ async fn run(writer: AnyPool, mut queue: mpsc::Receiver<Pending>) {
     }
 }
 
-/// Commits the writes in one transaction; the rows each changed, in order.
-async fn commit<'a>(
-    writer: &AnyPool,
-    writes: impl Iterator<Item = &'a Write>,
-) -> Result<Vec<u64>, sqlx::Error> {
+/// Commits the writes (several in one transaction); the rows each changed, in order.
+async fn commit(writer: &AnyPool, writes: &[&Write]) -> Result<Vec<u64>, sqlx::Error> {
     let mut conn = writer.acquire().await?;
     let result = commit_on(&mut conn, writes).await;
     if result.is_err() {
@@ -216,11 +214,13 @@ async fn commit<'a>(
     result
 }
 
-async fn commit_on<'a>(
-    conn: &mut AnyConnection,
-    writes: impl Iterator<Item = &'a Write>,
-) -> Result<Vec<u64>, sqlx::Error> {
+async fn commit_on(conn: &mut AnyConnection, writes: &[&Write]) -> Result<Vec<u64>, sqlx::Error> {
     use sqlx::Connection as _;
+    if let [only] = writes {
+        // A statement alone commits by itself: BEGIN and COMMIT would be two more round
+        // trips to SQLite's worker thread, the most a write costs when nothing queues.
+        return Ok(vec![only.execute(conn).await?]);
+    }
     let mut tx = conn.begin().await?;
     let mut changed = Vec::new();
     for write in writes {
@@ -228,4 +228,64 @@ async fn commit_on<'a>(
     }
     tx.commit().await?;
     Ok(changed)
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::sync::{mpsc, oneshot};
+
+    use super::{run, Pending, Write, Writes};
+    use crate::store::Store;
+
+    fn start(id: &str) -> Write {
+        Write::StartSession {
+            id: id.into(),
+            connection_id: "c".into(),
+            robot_id: "r".into(),
+            subject: "alice".into(),
+            role: "operator".into(),
+            node: "n".into(),
+            at: 1,
+        }
+    }
+
+    fn end(id: &str) -> Write {
+        Write::EndSession {
+            id: id.into(),
+            reason: "closed".into(),
+            at: 2,
+        }
+    }
+
+    /// Writes that queue up together share one transaction; a write alone runs without
+    /// one. Either way each caller hears its own outcome: the rows it changed, or its own
+    /// error, never a neighbour's.
+    #[tokio::test]
+    async fn each_write_hears_its_own_outcome_in_a_batch_and_alone() {
+        let (store, file) = Store::scratch("group-commit").await;
+        let (queue, pending) = mpsc::channel(16);
+        // Queued before the writer starts, so they make one batch.
+        let mut outcomes = Vec::new();
+        for write in [start("a"), start("a"), start("b")] {
+            let (done, outcome) = oneshot::channel();
+            queue.send(Pending { write, done }).await.expect("queued");
+            outcomes.push(outcome);
+        }
+        tokio::spawn(run(store.writer.clone(), pending));
+        let mut results = Vec::new();
+        for outcome in outcomes {
+            results.push(outcome.await.expect("answered"));
+        }
+        assert!(matches!(results[0], Ok(1)), "{:?}", results[0]);
+        assert!(results[1].is_err(), "the id is taken");
+        assert!(matches!(results[2], Ok(1)), "{:?}", results[2]);
+
+        let writes = Writes::Grouped(queue);
+        assert_eq!(writes.write(end("a")).await.expect("ended"), 1);
+        assert_eq!(writes.write(end("a")).await.expect("ended once"), 0);
+        assert!(writes.write(start("b")).await.is_err(), "the id is taken");
+        assert_eq!(writes.write(end("b")).await.expect("ended"), 1);
+        store.close().await;
+        std::fs::remove_file(file).ok();
+    }
 }

@@ -100,6 +100,11 @@ impl Store {
             AnyPoolOptions::new()
                 .max_connections(max)
                 .acquire_timeout(Duration::from_secs(10))
+                // sqlx pings a connection before lending it: a round trip to the SQLite
+                // worker thread per query, for a local file that cannot hang up (a failed
+                // write discards its connection instead). PostgreSQL keeps the check: its
+                // connections die with the server.
+                .test_before_acquire(!is_sqlite)
                 .after_connect(move |conn, _meta| {
                     Box::pin(async move {
                         if is_sqlite {
