@@ -15,6 +15,9 @@
 //! (defaults 1000, `250,500,750`, 10). Prints figures; asserts nothing about time.
 //! `BENCH_TICKETS=off` runs it all with the server minting no session tickets (and the
 //! agent checking none), for the cost of tickets: alternate runs with and without it.
+//! `BENCH_PIN=1` confines the server's threads (its runtime and SQLite's workers) to CPU 1
+//! and everything else (programs, stand-in robots, robot-agent) to CPU 0, so that the
+//! server's calls/s are one core's and the generator cannot borrow the server's core.
 
 #[path = "../../../tests/api/helpers.rs"]
 mod helpers;
@@ -48,8 +51,41 @@ const PER_PROGRAM_RATE: u64 = 40;
 /// The bound on any single wait: a stuck run fails loudly instead of hanging.
 const WAIT: Duration = Duration::from_secs(20);
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() {
+fn main() {
+    let pinned = pinned();
+    if pinned {
+        // Before any thread starts: every thread made from here on inherits the CPU.
+        pin_to(GENERATOR_CPU);
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("the generator's runtime")
+        .block_on(bench(pinned));
+}
+
+/// Where `BENCH_PIN=1` puts the server and the rest (crates/bench's `--pin` uses the same).
+const SERVER_CPU: usize = 1;
+const GENERATOR_CPU: usize = 0;
+
+fn pinned() -> bool {
+    std::env::var("BENCH_PIN").is_ok_and(|v| v == "1")
+}
+
+/// Confines the calling thread (and the threads it makes later) to `cpu`.
+fn pin_to(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET writes inside it, and
+    // sched_setaffinity(0, ..) reads it for the calling thread only.
+    let status = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    assert_eq!(status, 0, "cannot confine a thread to CPU {cpu}");
+}
+
+async fn bench(pinned: bool) {
     let mut args = std::env::args().skip(1);
     let calls: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(1000);
     let steps: Vec<usize> = args
@@ -59,7 +95,12 @@ async fn main() {
     let secs: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(10);
 
     let tickets = if tickets_on() { "on" } else { "off" };
-    println!("# ARP gateway bench: {calls} calls per path, steps {steps:?}, {secs} s each, session tickets {tickets}");
+    let cores = if pinned {
+        format!("server on CPU {SERVER_CPU}, the rest on CPU {GENERATOR_CPU}")
+    } else {
+        "cores shared".to_string()
+    };
+    println!("# ARP gateway bench: {calls} calls per path, steps {steps:?}, {secs} s each, session tickets {tickets}, {cores}");
     round_trip_against_the_agent(calls).await;
     for programs in steps {
         throughput(programs, secs).await;
@@ -97,9 +138,16 @@ fn tickets_on() -> bool {
 fn server_runtime() -> &'static tokio::runtime::Runtime {
     static RUNTIME: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
     RUNTIME.get_or_init(|| {
+        let pinned = pinned();
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name(SERVER_THREADS)
+            // SQLite's worker threads are made from these, and keep their CPU.
+            .on_thread_start(move || {
+                if pinned {
+                    pin_to(SERVER_CPU);
+                }
+            })
             .enable_all()
             .build()
             .expect("the server's runtime")
