@@ -395,17 +395,14 @@ impl Store {
     /// 7,500 records/s, docs/benchmarks.md, "ARP through the gateway").
     /// An id already on record is updated (a call's outcome after its request).
     pub async fn append_audit(&self, records: &[AuditRecord]) -> Result<(), StoreError> {
-        let mut conn = self.writer.acquire().await?;
+        let mut conn = self.writer.lend().await?;
         let placeholders = if self.is_sqlite {
             Placeholders::Anonymous
         } else {
             Placeholders::Numbered
         };
         let result = append_audit_on(&mut conn, records, placeholders).await;
-        if result.is_err() {
-            super::discard_after_failed_write(&mut conn);
-        }
-        result
+        conn.checked(result)
     }
 
     /// Whether `subject` already called a tool on `robot_id` with idempotency `key` at or
@@ -524,7 +521,7 @@ mod tests {
         let store = Store::connect(&format!("{url}{separator}options=-csearch_path%3D{schema}"))
             .await
             .expect("store");
-        let mut conn = store.writer.acquire().await.expect("a connection");
+        let mut conn = store.pool.acquire().await.expect("a connection");
         let sizes = 1..=40;
         let records: Vec<AuditRecord> = (0..sizes.clone().sum()).map(record).collect();
         let mut next = 0;

@@ -35,7 +35,7 @@ pub struct Decision {
 
 impl Store {
     pub async fn add_confirmation(&self, c: &Confirmation) -> Result<(), StoreError> {
-        sqlx::query(
+        let query = sqlx::query(
             "INSERT INTO confirmations (id, robot_id, session_id, requested_by, action, tool, \
              arguments, safety_level, created_at, expires_at) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
@@ -49,9 +49,8 @@ impl Store {
         .bind(&c.arguments)
         .bind(&c.safety_level)
         .bind(c.created_at)
-        .bind(c.expires_at)
-        .execute(&self.writer)
-        .await?;
+        .bind(c.expires_at);
+        self.execute_write(query).await?;
         Ok(())
     }
 
@@ -107,16 +106,15 @@ impl Store {
         decision: &Decision,
         now: i64,
     ) -> Result<bool, StoreError> {
-        let done = sqlx::query(
+        let query = sqlx::query(
             "UPDATE confirmations SET confirmed = $2, decided_by = $3, decided_at = $4 \
              WHERE id = $1 AND decided_at IS NULL AND expires_at > $4",
         )
         .bind(id)
         .bind(i64::from(decision.confirmed))
         .bind(&decision.decided_by)
-        .bind(now)
-        .execute(&self.writer)
-        .await?;
+        .bind(now);
+        let done = self.execute_write(query).await?;
         Ok(done.rows_affected() == 1)
     }
 

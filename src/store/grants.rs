@@ -42,16 +42,15 @@ impl Store {
         subject: &str,
         role: Role,
     ) -> Result<(), StoreError> {
-        sqlx::query(
+        let query = sqlx::query(
             "INSERT INTO grants (robot_id, subject, role, created_at) VALUES ($1, $2, $3, $4) \
              ON CONFLICT (robot_id, subject) DO UPDATE SET role = excluded.role",
         )
         .bind(robot_id)
         .bind(subject)
         .bind(role.as_str())
-        .bind(now_ms())
-        .execute(&self.writer)
-        .await?;
+        .bind(now_ms());
+        self.execute_write(query).await?;
         Ok(())
     }
 
@@ -90,11 +89,10 @@ impl Store {
     }
 
     pub async fn delete_grant(&self, robot_id: &str, subject: &str) -> Result<bool, StoreError> {
-        let result = sqlx::query("DELETE FROM grants WHERE robot_id = $1 AND subject = $2")
+        let query = sqlx::query("DELETE FROM grants WHERE robot_id = $1 AND subject = $2")
             .bind(robot_id)
-            .bind(subject)
-            .execute(&self.writer)
-            .await?;
+            .bind(subject);
+        let result = self.execute_write(query).await?;
         Ok(result.rows_affected() == 1)
     }
 }

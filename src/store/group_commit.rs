@@ -7,6 +7,8 @@
 //! them side by side and groups concurrent commits by itself.
 
 use sqlx::{AnyConnection, AnyPool};
+
+use super::writer::Writer;
 use tokio::sync::{mpsc, oneshot};
 
 use super::StoreError;
@@ -148,7 +150,7 @@ pub(super) enum Writes {
 }
 
 impl Writes {
-    pub(super) fn grouped(writer: AnyPool) -> Writes {
+    pub(super) fn grouped(writer: Writer) -> Writes {
         let (queue, pending) = mpsc::channel(QUEUE);
         tokio::spawn(run(writer, pending));
         Writes::Grouped(queue)
@@ -176,7 +178,7 @@ impl Writes {
 
 /// Commits whatever has queued up, one transaction per batch. When a batch fails, its
 /// writes are retried one by one, so a single bad write fails only its own caller.
-async fn run(writer: AnyPool, mut queue: mpsc::Receiver<Pending>) {
+async fn run(writer: Writer, mut queue: mpsc::Receiver<Pending>) {
     let mut batch = Vec::with_capacity(BATCH);
     while queue.recv_many(&mut batch, BATCH).await > 0 {
         let writes: Vec<&Write> = batch.iter().map(|p| &p.write).collect();
@@ -205,13 +207,10 @@ async fn run(writer: AnyPool, mut queue: mpsc::Receiver<Pending>) {
 }
 
 /// Commits the writes (several in one transaction); the rows each changed, in order.
-async fn commit(writer: &AnyPool, writes: &[&Write]) -> Result<Vec<u64>, sqlx::Error> {
-    let mut conn = writer.acquire().await?;
+async fn commit(writer: &Writer, writes: &[&Write]) -> Result<Vec<u64>, sqlx::Error> {
+    let mut conn = writer.lend().await?;
     let result = commit_on(&mut conn, writes).await;
-    if result.is_err() {
-        super::discard_after_failed_write(&mut conn);
-    }
-    result
+    conn.checked(result)
 }
 
 async fn commit_on(conn: &mut AnyConnection, writes: &[&Write]) -> Result<Vec<u64>, sqlx::Error> {

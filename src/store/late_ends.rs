@@ -135,10 +135,7 @@ mod tests {
         } else {
             "ALTER TABLE sessions_away RENAME TO sessions"
         };
-        sqlx::query(sql)
-            .execute(&store.writer)
-            .await
-            .expect("rename");
+        store.execute_write(sqlx::query(sql)).await.expect("rename");
     }
 
     #[tokio::test]

@@ -14,13 +14,17 @@ mod robots;
 mod sessions;
 mod settings;
 mod tokens;
+mod writer;
 
 use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
-use sqlx::{AnyPool, Executor};
+use sqlx::any::{AnyArguments, AnyConnectOptions, AnyPoolOptions, AnyQueryResult};
+use sqlx::query::Query;
+use sqlx::{Any, AnyPool};
+
+use writer::Writer;
 
 pub use audit::{bounded, AuditLog, AuditQuery, AuditRecord, AuditWriter, MAX_PARAMS_BYTES};
 pub use confirmations::{Confirmation, Decision};
@@ -51,24 +55,14 @@ pub struct Store {
     /// Reads (and everything on PostgreSQL).
     pool: AnyPool,
     /// Writes. On SQLite a single connection: SQLite allows one writer at a time, and
-    /// queueing writers here is far cheaper than SQLite's busy-wait sleeps between pooled
-    /// connections. On PostgreSQL the same pool as reads.
-    writer: AnyPool,
+    /// queueing writers here is far cheaper than SQLite's busy-wait sleeps between
+    /// connections (see `writer`). On PostgreSQL the same pool as reads.
+    writer: Writer,
     /// The frequent small writes: last login, session records (see `group_commit`).
     writes: group_commit::Writes,
     /// Session ends the database refused, written again until it takes them.
     late_ends: std::sync::Arc<late_ends::LateEnds>,
     is_sqlite: bool,
-}
-
-/// After a failed write transaction the writer's connection is closed, not reused. When
-/// SQLite reports the disk full it may roll the transaction back by itself; the driver's
-/// own account of it then disagreed with SQLite's, and on the next use of that connection
-/// every later commit was acknowledged while nothing reached the file, until the process
-/// ended (issue 42, fault 7: a SQLite disk that fills and frees again). A fresh connection
-/// has no such state.
-pub(crate) fn discard_after_failed_write(conn: &mut sqlx::pool::PoolConnection<sqlx::Any>) {
-    conn.close_on_drop();
 }
 
 /// The default database: a SQLite file under ./data, created on first start.
@@ -108,29 +102,24 @@ impl Store {
                 .after_connect(move |conn, _meta| {
                     Box::pin(async move {
                         if is_sqlite {
-                            // WAL lets readers run beside the writer; busy_timeout covers
-                            // the rare overlap with another process.
-                            conn.execute("PRAGMA journal_mode = WAL").await?;
-                            conn.execute("PRAGMA busy_timeout = 5000").await?;
-                            conn.execute("PRAGMA synchronous = NORMAL").await?;
+                            writer::sqlite_settings(conn).await?;
                         }
                         Ok(())
                     })
                 })
         };
-        let (pool, writer) = if is_sqlite {
-            let writer = pool_options(1).connect_with(options.clone()).await?;
-            sqlx::migrate!("./migrations").run(&writer).await?;
-            (pool_options(8).connect_with(options).await?, writer)
+        let (pool, writer, writes) = if is_sqlite {
+            let pool = pool_options(8).connect_with(options.clone()).await?;
+            // Before the writer exists, nothing else writes.
+            sqlx::migrate!("./migrations").run(&pool).await?;
+            let writer = Writer::sole(options).await?;
+            let writes = group_commit::Writes::grouped(writer.clone());
+            (pool, writer, writes)
         } else {
             let pool = pool_options(16).connect_with(options).await?;
             sqlx::migrate!("./migrations").run(&pool).await?;
-            (pool.clone(), pool)
-        };
-        let writes = if is_sqlite {
-            group_commit::Writes::grouped(writer.clone())
-        } else {
-            group_commit::Writes::Direct(writer.clone())
+            let writes = group_commit::Writes::Direct(pool.clone());
+            (pool.clone(), Writer::Pool(pool), writes)
         };
         Ok(Store {
             pool,
@@ -158,6 +147,16 @@ impl Store {
     pub async fn close(&self) {
         self.pool.close().await;
         self.writer.close().await;
+    }
+
+    /// Runs one write statement on the writing connection (`writer`).
+    async fn execute_write<'q>(
+        &self,
+        query: Query<'q, Any, AnyArguments<'q>>,
+    ) -> Result<AnyQueryResult, StoreError> {
+        let mut conn = self.writer.lend().await?;
+        let result = query.execute(&mut *conn).await;
+        Ok(conn.checked(result)?)
     }
 }
 

@@ -9,7 +9,7 @@ impl Store {
         robot_id: Option<&str>,
         source: &str,
     ) -> Result<(), StoreError> {
-        sqlx::query(
+        let query = sqlx::query(
             "INSERT INTO revoked_credentials (fingerprint, kind, robot_id, revoked_at, source) \
              VALUES ($1, $2, $3, $4, $5) ON CONFLICT (fingerprint) DO NOTHING",
         )
@@ -17,9 +17,8 @@ impl Store {
         .bind(kind)
         .bind(robot_id)
         .bind(now_ms())
-        .bind(source)
-        .execute(&self.writer)
-        .await?;
+        .bind(source);
+        self.execute_write(query).await?;
         Ok(())
     }
 
@@ -31,20 +30,26 @@ impl Store {
         source: &str,
     ) -> Result<(), StoreError> {
         let at = now_ms();
-        let mut tx = self.writer.begin().await?;
-        for entry in entries {
-            sqlx::query(
-                "INSERT INTO revoked_credentials (fingerprint, kind, robot_id, revoked_at, \
-                 source) VALUES ($1, $2, NULL, $3, $4) ON CONFLICT (fingerprint) DO NOTHING",
-            )
-            .bind(entry)
-            .bind(kind)
-            .bind(at)
-            .bind(source)
-            .execute(&mut *tx)
-            .await?;
+        use sqlx::Connection as _;
+        let mut conn = self.writer.lend().await?;
+        let written = async {
+            let mut tx = conn.begin().await?;
+            for entry in entries {
+                sqlx::query(
+                    "INSERT INTO revoked_credentials (fingerprint, kind, robot_id, revoked_at, \
+                     source) VALUES ($1, $2, NULL, $3, $4) ON CONFLICT (fingerprint) DO NOTHING",
+                )
+                .bind(entry)
+                .bind(kind)
+                .bind(at)
+                .bind(source)
+                .execute(&mut *tx)
+                .await?;
+            }
+            tx.commit().await
         }
-        tx.commit().await?;
+        .await;
+        conn.checked(written)?;
         Ok(())
     }
 

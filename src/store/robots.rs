@@ -109,7 +109,7 @@ impl Store {
     /// Inserts a robot; `Ok(false)` if the id is taken.
     pub async fn create_robot(&self, robot: NewRobot<'_>) -> Result<bool, StoreError> {
         let metadata = robot.metadata.map(|m| m.to_string());
-        let result = sqlx::query(
+        let query = sqlx::query(
             "INSERT INTO robots (robot_id, name, metadata, enrollment_token_hash, \
              enrollment_token_expires_at, created_at) VALUES ($1, $2, $3, $4, $5, $6) \
              ON CONFLICT (robot_id) DO NOTHING",
@@ -119,9 +119,8 @@ impl Store {
         .bind(metadata)
         .bind(robot.enrollment_token_hash)
         .bind(robot.enrollment_token_expires_at)
-        .bind(now_ms())
-        .execute(&self.writer)
-        .await?;
+        .bind(now_ms());
+        let result = self.execute_write(query).await?;
         Ok(result.rows_affected() == 1)
     }
 
@@ -142,16 +141,23 @@ impl Store {
 
     /// Deletes the robot and its grants; `false` if it did not exist.
     pub async fn delete_robot(&self, robot_id: &str) -> Result<bool, StoreError> {
-        let mut tx = self.writer.begin().await?;
-        sqlx::query("DELETE FROM grants WHERE robot_id = $1")
-            .bind(robot_id)
-            .execute(&mut *tx)
-            .await?;
-        let result = sqlx::query("DELETE FROM robots WHERE robot_id = $1")
-            .bind(robot_id)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
+        use sqlx::Connection as _;
+        let mut conn = self.writer.lend().await?;
+        let deleted = async {
+            let mut tx = conn.begin().await?;
+            sqlx::query("DELETE FROM grants WHERE robot_id = $1")
+                .bind(robot_id)
+                .execute(&mut *tx)
+                .await?;
+            let result = sqlx::query("DELETE FROM robots WHERE robot_id = $1")
+                .bind(robot_id)
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            Ok::<_, sqlx::Error>(result)
+        }
+        .await;
+        let result = conn.checked(deleted)?;
         Ok(result.rows_affected() == 1)
     }
 
@@ -162,15 +168,14 @@ impl Store {
         token_hash: &str,
         expires_at: i64,
     ) -> Result<bool, StoreError> {
-        let result = sqlx::query(
+        let query = sqlx::query(
             "UPDATE robots SET enrollment_token_hash = $2, enrollment_token_expires_at = $3 \
              WHERE robot_id = $1",
         )
         .bind(robot_id)
         .bind(token_hash)
-        .bind(expires_at)
-        .execute(&self.writer)
-        .await?;
+        .bind(expires_at);
+        let result = self.execute_write(query).await?;
         Ok(result.rows_affected() == 1)
     }
 
@@ -194,7 +199,7 @@ impl Store {
                 Some(serial.as_str()),
             ),
         };
-        let result = sqlx::query(
+        let query = sqlx::query(
             "UPDATE robots SET credential_kind = $3, public_key = $4, certificate_pem = $5, \
              certificate_serial = $6, credential_revoked = 0, enrollment_token_hash = NULL, \
              enrollment_token_expires_at = NULL \
@@ -205,9 +210,8 @@ impl Store {
         .bind(kind)
         .bind(public_key)
         .bind(certificate)
-        .bind(serial)
-        .execute(&self.writer)
-        .await?;
+        .bind(serial);
+        let result = self.execute_write(query).await?;
         Ok(result.rows_affected() == 1)
     }
 
@@ -246,15 +250,14 @@ impl Store {
             .bind(chain_pem)
             .bind(serial)
         };
-        query.execute(&self.writer).await?;
+        self.execute_write(query).await?;
         Ok(())
     }
 
     pub async fn mark_credential_revoked(&self, robot_id: &str) -> Result<bool, StoreError> {
-        let result = sqlx::query("UPDATE robots SET credential_revoked = 1 WHERE robot_id = $1")
-            .bind(robot_id)
-            .execute(&self.writer)
-            .await?;
+        let query = sqlx::query("UPDATE robots SET credential_revoked = 1 WHERE robot_id = $1")
+            .bind(robot_id);
+        let result = self.execute_write(query).await?;
         Ok(result.rows_affected() == 1)
     }
 

@@ -81,14 +81,13 @@ impl Store {
     /// Ends every open session of this node: at shutdown, and at start for records a crash
     /// left open. Returns how many were ended.
     pub async fn end_open_sessions(&self, node: &str, reason: &str) -> Result<u64, StoreError> {
-        let result = sqlx::query(
+        let query = sqlx::query(
             "UPDATE sessions SET ended_at = $2, end_reason = $3 WHERE node = $1 AND ended_at IS NULL",
         )
         .bind(node)
         .bind(now_ms())
-        .bind(reason)
-        .execute(&self.writer)
-        .await?;
+        .bind(reason);
+        let result = self.execute_write(query).await?;
         Ok(result.rows_affected())
     }
 

@@ -12,13 +12,12 @@ impl Store {
     /// Stores `value` unless the key is already set; returns the value that is stored, so
     /// nodes starting together agree on one.
     pub async fn setting_insert_once(&self, key: &str, value: &str) -> Result<String, StoreError> {
-        sqlx::query(
+        let query = sqlx::query(
             "INSERT INTO settings (key, value) VALUES ($1, $2) ON CONFLICT (key) DO NOTHING",
         )
         .bind(key)
-        .bind(value)
-        .execute(&self.writer)
-        .await?;
+        .bind(value);
+        self.execute_write(query).await?;
         self.setting(key)
             .await?
             .ok_or(StoreError::Corrupt("settings vanished after insert"))

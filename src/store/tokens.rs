@@ -16,7 +16,7 @@ impl Store {
         token_hash: &str,
         expires_at: i64,
     ) -> Result<(), StoreError> {
-        sqlx::query(
+        let query = sqlx::query(
             "INSERT INTO client_tokens (token_id, subject, token_hash, created_at, expires_at) \
              VALUES ($1, $2, $3, $4, $5)",
         )
@@ -24,9 +24,8 @@ impl Store {
         .bind(subject)
         .bind(token_hash)
         .bind(now_ms())
-        .bind(expires_at)
-        .execute(&self.writer)
-        .await?;
+        .bind(expires_at);
+        self.execute_write(query).await?;
         Ok(())
     }
 
@@ -68,13 +67,12 @@ impl Store {
 
     /// `false` if no such token exists.
     pub async fn revoke_client_token(&self, token_id: &str) -> Result<bool, StoreError> {
-        let result = sqlx::query(
+        let query = sqlx::query(
             "UPDATE client_tokens SET revoked_at = COALESCE(revoked_at, $2) WHERE token_id = $1",
         )
         .bind(token_id)
-        .bind(now_ms())
-        .execute(&self.writer)
-        .await?;
+        .bind(now_ms());
+        let result = self.execute_write(query).await?;
         Ok(result.rows_affected() == 1)
     }
 }
