@@ -6,11 +6,10 @@
 //! is not in the database. PostgreSQL gets the same writes directly on its pool: it runs
 //! them side by side and groups concurrent commits by itself.
 
-use sqlx::{AnyConnection, AnyPool};
-
-use super::writer::Writer;
+use sqlx::AnyConnection;
 use tokio::sync::{mpsc, oneshot};
 
+use super::writer::Writer;
 use super::StoreError;
 
 /// One queued write. Times are taken when the write is asked for, not when it commits.
@@ -145,8 +144,8 @@ pub(super) const QUEUE: usize = 4096;
 pub(super) enum Writes {
     /// SQLite: through the group-commit task.
     Grouped(mpsc::Sender<Pending>),
-    /// PostgreSQL: straight to the pool.
-    Direct(AnyPool),
+    /// PostgreSQL: straight to the pool (`Writer::Pool`).
+    Direct(Writer),
 }
 
 impl Writes {
@@ -159,9 +158,9 @@ impl Writes {
     /// Returns once the write is committed, with the rows it changed.
     pub(super) async fn write(&self, write: Write) -> Result<u64, StoreError> {
         match self {
-            Writes::Direct(pool) => {
-                let mut conn = pool.acquire().await?;
-                Ok(write.execute(&mut conn).await?)
+            Writes::Direct(writer) => {
+                let changed = commit(writer, &[&write]).await?;
+                Ok(changed.first().copied().unwrap_or(0))
             }
             Writes::Grouped(queue) => {
                 let (done, committed) = oneshot::channel();

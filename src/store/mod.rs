@@ -118,8 +118,9 @@ impl Store {
         } else {
             let pool = pool_options(16).connect_with(options).await?;
             sqlx::migrate!("./migrations").run(&pool).await?;
-            let writes = group_commit::Writes::Direct(pool.clone());
-            (pool.clone(), Writer::Pool(pool), writes)
+            let writer = Writer::Pool(pool.clone());
+            let writes = group_commit::Writes::Direct(writer.clone());
+            (pool, writer, writes)
         };
         Ok(Store {
             pool,
