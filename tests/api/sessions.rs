@@ -66,9 +66,11 @@ async fn full_session_is_relayed_and_recorded() {
     client.send(&disconnected).await;
     robot.recv_type("signalling.disconnected").await;
     robot.expect_nothing_pending().await;
-    let records = server.sessions("?robotId=robot-1").await;
-    assert_eq!(records[0]["endReason"], "closed");
-    assert!(records[0]["endedAt"].is_string());
+    // The robot hears of the end before the record is written (docs/protocol.md).
+    let record = server.ended_record(&session).await;
+    assert_eq!(record["robotId"], "robot-1");
+    assert_eq!(record["endReason"], "closed");
+    assert!(record["endedAt"].is_string());
     assert!(server.sessions("?active=true").await.is_empty());
     let metrics = server.metrics().await;
     assert!(metrics.contains("signalling_messages_relayed_total{type=\"signalling.offer\"} 1"));
