@@ -2,6 +2,7 @@
 //! get of it, and kicks. Below the relay and the cluster: both name sockets by [`ConnId`]
 //! and close them with a [`Kick`].
 
+use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -44,6 +45,21 @@ impl Outbound {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+/// A close frame the socket task asks its writer to end with: code and reason.
+pub type CloseRequest = (u16, Cow<'static, str>);
+
+/// What a socket's writer does next ([`QueueReceiver::next_for_writer`]).
+#[derive(Debug)]
+pub enum WriterNext {
+    /// A frame to send.
+    Frame(Outbound),
+    /// The socket task asked the writer to end: with this close frame, after what is queued
+    /// (bounded by the writer), or at once (None: nothing more can reach the peer).
+    End(Option<CloseRequest>),
+    /// Every sender is gone and the queue is drained.
+    Closed,
 }
 
 /// Why the server closes a socket from outside its own task; crosses the bus between nodes
@@ -172,7 +188,7 @@ struct Queued {
 ///
 /// A plain deque behind a mutex rather than a channel: a channel reserves its first block
 /// of slots up front (about 2 KiB here) in every socket, and most sockets sit idle. The
-/// deque holds nothing until a frame comes and gives its room back after a burst.
+/// deque holds nothing until a frame comes and gives its room back once drained.
 #[derive(Debug)]
 struct QueueState {
     limits: QueueLimits,
@@ -196,10 +212,13 @@ struct QueueState {
     /// Frames of this socket refused on another node (over its share there): strikes the
     /// socket task counts at its next frame, as it counts a refusal made here.
     remote_strikes: AtomicUsize,
+    /// How the writer is to end, once the socket task asked (see [`WriterNext::End`]).
+    /// Here, where the writer already waits, rather than in a channel of its own: a
+    /// oneshot is about 100 bytes more in every socket.
+    writer_end: Mutex<Option<Option<CloseRequest>>>,
+    /// The peer speaks Modulr's legacy flat dialect: the writer renders frames for it.
+    flat: AtomicBool,
 }
-
-/// Room a drained queue keeps; more than this was a burst and is given back.
-const QUEUE_ROOM_KEPT: usize = 16;
 
 impl QueueState {
     fn release(&self, bytes: usize, share: Option<&Share>, viewer: bool) {
@@ -220,7 +239,10 @@ impl QueueState {
     fn pop(&self) -> Option<Queued> {
         let mut frames = self.frames();
         let queued = frames.pop_front();
-        if frames.is_empty() && frames.capacity() > QUEUE_ROOM_KEPT {
+        // A drained queue gives its room back: most sockets are idle robots, and even the
+        // four slots of a first reply are about 250 bytes in each. A busy socket pays one
+        // allocation per burst its writer drains, not per frame.
+        if frames.is_empty() && frames.capacity() > 0 {
             *frames = VecDeque::new();
         }
         queued
@@ -319,6 +341,40 @@ impl QueueReceiver {
         Some(self.release(queued))
     }
 
+    /// The writer's next step: the end the socket task asked for comes before anything
+    /// still queued (the writer sends a bounded part of that itself), then frames, then
+    /// the close of the queue. Cancel-safe, as [`QueueReceiver::recv`].
+    pub async fn next_for_writer(&mut self) -> WriterNext {
+        loop {
+            if let Some(end) = self.take_writer_end() {
+                return WriterNext::End(end);
+            }
+            if let Some(queued) = self.accounting.pop() {
+                return WriterNext::Frame(self.release(queued));
+            }
+            if self.accounting.senders.load(Ordering::Acquire) == 0 {
+                return match self.accounting.pop() {
+                    Some(queued) => WriterNext::Frame(self.release(queued)),
+                    None => WriterNext::Closed,
+                };
+            }
+            self.accounting.ready.notified().await;
+        }
+    }
+
+    fn take_writer_end(&self) -> Option<Option<CloseRequest>> {
+        self.accounting
+            .writer_end
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+    }
+
+    /// Whether the peer speaks the legacy flat dialect ([`Mailbox::speaks_flat`]).
+    pub fn flat(&self) -> bool {
+        self.accounting.flat.load(Ordering::Relaxed)
+    }
+
     fn release(&self, queued: Queued) -> Outbound {
         self.accounting
             .release(queued.bytes, queued.share.as_deref(), queued.viewer);
@@ -352,6 +408,8 @@ impl Mailbox {
             kick: OnceLock::new(),
             kicked: Notify::new(),
             remote_strikes: AtomicUsize::new(0),
+            writer_end: Mutex::new(None),
+            flat: AtomicBool::new(false),
         });
         (
             Mailbox {
@@ -419,6 +477,27 @@ impl Mailbox {
         }
         self.accounting.ready.notify_one();
         Ok(())
+    }
+
+    /// Asks the queue's writer to end (for the socket task that owns the writer): with
+    /// `close` after what is queued, or at once without a close frame. The first end asked
+    /// for stands.
+    pub fn end_writer(&self, close: Option<CloseRequest>) {
+        let mut end = self
+            .accounting
+            .writer_end
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if end.is_none() {
+            *end = Some(close);
+            drop(end);
+            self.accounting.ready.notify_one();
+        }
+    }
+
+    /// The peer speaks the legacy flat dialect: from now on its writer renders frames flat.
+    pub fn speaks_flat(&self) {
+        self.accounting.flat.store(true, Ordering::Relaxed);
     }
 
     /// Checks and takes a sender's share for one frame of `bytes`.
@@ -615,6 +694,50 @@ mod tests {
             mailbox.send(by("sender"), text("late")),
             Err(DeliveryError::Gone)
         );
+    }
+
+    #[test]
+    fn a_drained_queue_gives_its_room_back_even_after_one_frame() {
+        let (mailbox, mut rx) = Mailbox::new(QueueLimits::new(1024, 1 << 20, 0));
+        mailbox.send(None, text("welcome")).expect("queued");
+        assert!(mailbox.accounting.frames().capacity() > 0);
+        assert!(rx.queue.try_recv().is_some());
+        assert_eq!(
+            mailbox.accounting.frames().capacity(),
+            0,
+            "an idle socket's queue holds no room"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_writer_hears_its_end_before_what_is_queued_and_only_the_first() {
+        let (mailbox, mut rx) = Mailbox::new(QueueLimits::new(8, 1 << 20, 0));
+        mailbox.send(None, text("queued")).expect("queued");
+        mailbox.end_writer(Some((1000, "bye".into())));
+        mailbox.end_writer(None);
+        match rx.queue.next_for_writer().await {
+            WriterNext::End(Some((1000, reason))) => assert_eq!(reason, "bye"),
+            other => panic!("expected the close first, got {other:?}"),
+        }
+        // What was queued is still there for the writer to send before its close frame.
+        assert!(matches!(rx.queue.try_recv(), Some(Outbound::Text(t)) if t == "queued"));
+        drop(mailbox);
+        assert!(matches!(
+            rx.queue.next_for_writer().await,
+            WriterNext::Closed
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_waiting_writer_wakes_for_its_end() {
+        let (mailbox, mut rx) = Mailbox::new(QueueLimits::new(8, 1 << 20, 0));
+        let waiting = tokio::spawn(async move { rx.queue.next_for_writer().await });
+        mailbox.end_writer(None);
+        let next = tokio::time::timeout(std::time::Duration::from_secs(5), waiting)
+            .await
+            .expect("woken")
+            .expect("task");
+        assert!(matches!(next, WriterNext::End(None)));
     }
 
     #[test]

@@ -1,7 +1,6 @@
 //! Token buckets and strike windows: the arithmetic behind every limit on what a peer may
 //! send. Time is an input, so every rule is testable without waiting.
 
-use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 /// Token bucket: `rate` units per second sustained, `burst` at once.
@@ -48,34 +47,22 @@ impl RateLimiter {
 
 /// Counts misbehaviour (errors earned, messages over the rate limit) over a sliding window.
 /// Unlike a counter reset by the next good message, a peer that alternates good and bad
-/// messages forever still runs out of strikes.
-#[derive(Debug)]
+/// messages forever still runs out of strikes. The limit and the window are the caller's:
+/// they are the same for every socket, and this is kept in each (a plain `Vec`: a strike
+/// list is short, and holds nothing until the first strike).
+#[derive(Debug, Default)]
 pub struct Strikes {
-    window: Duration,
-    max: usize,
-    at: VecDeque<Instant>,
+    at: Vec<Instant>,
 }
 
 impl Strikes {
-    pub fn new(max: usize, window: Duration) -> Strikes {
-        Strikes {
-            window,
-            max: max.max(1),
-            at: VecDeque::new(),
-        }
-    }
-
-    /// Records a strike; true when the peer has now had more than `max` within the window.
-    pub fn strike(&mut self, now: Instant) -> bool {
-        while let Some(first) = self.at.front() {
-            if now.saturating_duration_since(*first) > self.window {
-                self.at.pop_front();
-            } else {
-                break;
-            }
-        }
-        self.at.push_back(now);
-        self.at.len() > self.max
+    /// Records a strike; true when the peer has now had more than `max` (at least 1)
+    /// within `window`.
+    pub fn strike(&mut self, now: Instant, max: usize, window: Duration) -> bool {
+        self.at
+            .retain(|at| now.saturating_duration_since(*at) <= window);
+        self.at.push(now);
+        self.at.len() > max.max(1)
     }
 }
 
@@ -114,14 +101,16 @@ mod tests {
     #[test]
     fn strikes_are_not_forgiven_by_one_good_message() {
         let start = Instant::now();
-        let mut strikes = Strikes::new(3, Duration::from_secs(10));
+        let mut strikes = Strikes::default();
+        let window = Duration::from_secs(10);
+        let mut strike = |at| strikes.strike(at, 3, window);
         // Alternating with allowed messages changes nothing: only time forgives.
-        assert!(!strikes.strike(start));
-        assert!(!strikes.strike(start + Duration::from_secs(1)));
-        assert!(!strikes.strike(start + Duration::from_secs(2)));
-        assert!(strikes.strike(start + Duration::from_secs(3)));
+        assert!(!strike(start));
+        assert!(!strike(start + Duration::from_secs(1)));
+        assert!(!strike(start + Duration::from_secs(2)));
+        assert!(strike(start + Duration::from_secs(3)));
         // Long after, the window has emptied.
         let later = start + Duration::from_secs(30);
-        assert!(!strikes.strike(later));
+        assert!(!strike(later));
     }
 }

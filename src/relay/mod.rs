@@ -22,8 +22,8 @@ mod table;
 use std::sync::Arc;
 
 pub use crate::delivery::{
-    Bus, ConnId, DeliveryError, Kick, KickReceiver, LocalBus, Mailbox, MailboxReceiver, Outbound,
-    QueueLimits, QueueReceiver, Sender,
+    Bus, CloseRequest, ConnId, DeliveryError, Kick, KickReceiver, LocalBus, Mailbox,
+    MailboxReceiver, Outbound, QueueLimits, QueueReceiver, Sender, WriterNext,
 };
 pub use crate::messages::ViewerCap;
 pub use error::{RelayError, SessionError};

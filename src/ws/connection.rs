@@ -9,14 +9,11 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Instant;
 
 use axum::extract::ws::{Message, Utf8Bytes, WebSocket};
 use futures_util::stream::SplitStream;
 use futures_util::StreamExt;
-use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::{sleep_until, Sleep};
 use tracing::Instrument;
@@ -175,9 +172,6 @@ struct Socket<H> {
     kick: KickReceiver,
     stream: SplitStream<WebSocket>,
     writer: JoinHandle<()>,
-    close_tx: oneshot::Sender<CloseRequest>,
-    /// Set once the peer speaks the legacy dialect: the writer renders frames for it.
-    dialect: Arc<AtomicBool>,
     guard: crate::state::SocketGuard,
     permit: Permit,
 }
@@ -203,9 +197,7 @@ fn serve<H: Handler>(
         (mailbox, inbox.queue)
     };
     let (sink, stream) = socket.split();
-    let (close_tx, close_rx) = oneshot::channel::<CloseRequest>();
-    let dialect = Arc::new(AtomicBool::new(false));
-    let writer = spawn_writer(sink, queue, close_rx, limits, dialect.clone());
+    let writer = spawn_writer(sink, queue, limits);
     run(Socket {
         state,
         handler,
@@ -213,8 +205,6 @@ fn serve<H: Handler>(
         kick: inbox.kick,
         stream,
         writer,
-        close_tx,
-        dialect,
         guard,
         permit: opening.permit,
     })
@@ -266,8 +256,9 @@ fn run<H: Handler>(mut socket: Socket<H>) -> impl Future<Output = ()> + Send {
                     };
                     last_heard = now;
                     handler.frame(frame, now, &mut out).await;
-                    if handler.legacy() && !socket.dialect.load(Ordering::Relaxed) {
-                        socket.dialect.store(true, Ordering::Relaxed);
+                    if handler.legacy() {
+                        // The writer renders what it sends flat from now on.
+                        socket.mailbox.speaks_flat();
                     }
                     reset_timer(&heartbeat, handler, timer.as_mut());
                 }
@@ -282,8 +273,8 @@ fn run<H: Handler>(mut socket: Socket<H>) -> impl Future<Output = ()> + Send {
         drop(out);
         if !writer_done {
             let write_timeout = socket.state.config.socket_limits().write_timeout;
-            let closing = Closing::new(close, socket.close_tx, peer_closed, write_timeout);
-            Box::pin(closing.run(&mut socket.stream, &mut socket.writer)).await;
+            let closing = Closing::new(close, peer_closed, write_timeout);
+            Box::pin(closing.run(&socket.mailbox, &mut socket.stream, &mut socket.writer)).await;
         }
         // The queue closes only once the close was asked for: a writer (on another thread)
         // that saw its queue close first ended without the close frame, and the peer got an

@@ -47,7 +47,7 @@ impl Signalling {
         Signalling {
             protocol,
             limiter: RateLimiter::new(limits.rate, limits.burst, now),
-            strikes: Strikes::new(limits.max_strikes, STRIKE_WINDOW),
+            strikes: Strikes::default(),
             role,
             login_deadline: now + limits.login_timeout,
             cut_off: false,
@@ -132,7 +132,10 @@ impl Signalling {
 
     /// Too many strikes within the window close the socket, whatever came in between.
     fn count_strike(&mut self, now: Instant, out: &mut Outbox<'_>) {
-        if self.strikes.strike(now) {
+        if self
+            .strikes
+            .strike(now, out.limits().max_strikes, STRIKE_WINDOW)
+        {
             let error = WsError::Flooding;
             self.cut_off = true;
             self.for_cause = true;
