@@ -212,9 +212,9 @@ struct QueueState {
     /// Frames of this socket refused on another node (over its share there): strikes the
     /// socket task counts at its next frame, as it counts a refusal made here.
     remote_strikes: AtomicUsize,
-    /// How the writer is to end, once the socket task asked (see [`WriterNext::End`]).
-    /// Here, where the writer already waits, rather than in a channel of its own: a
-    /// oneshot is about 100 bytes more in every socket.
+    /// How the writer is to end, once the socket task asked (see [`WriterNext::End`]), until
+    /// the writer takes it. Here, where the writer already waits, rather than in a channel
+    /// of its own: a oneshot is about 100 bytes more in every socket.
     writer_end: Mutex<Option<Option<CloseRequest>>>,
     /// The peer speaks Modulr's legacy flat dialect: the writer renders frames for it.
     flat: AtomicBool,
@@ -323,16 +323,9 @@ impl QueueReceiver {
     /// The next frame; None once every `Mailbox` is gone and the queue is drained.
     /// Cancel-safe: a frame is only taken by the synchronous pop after the wake-up.
     pub async fn recv(&mut self) -> Option<Outbound> {
-        loop {
-            if let Some(queued) = self.accounting.pop() {
-                return Some(self.release(queued));
-            }
-            if self.accounting.senders.load(Ordering::Acquire) == 0 {
-                // A frame queued just before the last sender left is still delivered.
-                return self.accounting.pop().map(|queued| self.release(queued));
-            }
-            // A notification sent since the pop above is kept as a permit: none is lost.
-            self.accounting.ready.notified().await;
+        match self.next(false).await {
+            WriterNext::Frame(frame) => Some(frame),
+            WriterNext::End(_) | WriterNext::Closed => None,
         }
     }
 
@@ -345,21 +338,7 @@ impl QueueReceiver {
     /// still queued (the writer sends a bounded part of that itself), then frames, then
     /// the close of the queue. Cancel-safe, as [`QueueReceiver::recv`].
     pub async fn next_for_writer(&mut self) -> WriterNext {
-        loop {
-            if let Some(end) = self.take_writer_end() {
-                return WriterNext::End(end);
-            }
-            if let Some(queued) = self.accounting.pop() {
-                return WriterNext::Frame(self.release(queued));
-            }
-            if self.accounting.senders.load(Ordering::Acquire) == 0 {
-                return match self.accounting.pop() {
-                    Some(queued) => WriterNext::Frame(self.release(queued)),
-                    None => WriterNext::Closed,
-                };
-            }
-            self.accounting.ready.notified().await;
-        }
+        self.next(true).await
     }
 
     fn take_writer_end(&self) -> Option<Option<CloseRequest>> {
@@ -368,6 +347,29 @@ impl QueueReceiver {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take()
+    }
+
+    /// The next frame, or the end (heeded only when `heed_end`), or the queue's close.
+    async fn next(&mut self, heed_end: bool) -> WriterNext {
+        loop {
+            if heed_end {
+                if let Some(end) = self.take_writer_end() {
+                    return WriterNext::End(end);
+                }
+            }
+            if let Some(queued) = self.accounting.pop() {
+                return WriterNext::Frame(self.release(queued));
+            }
+            if self.accounting.senders.load(Ordering::Acquire) == 0 {
+                // A frame queued just before the last sender left is still delivered.
+                return match self.accounting.pop() {
+                    Some(queued) => WriterNext::Frame(self.release(queued)),
+                    None => WriterNext::Closed,
+                };
+            }
+            // A notification sent since the checks above is kept as a permit: none is lost.
+            self.accounting.ready.notified().await;
+        }
     }
 
     /// Whether the peer speaks the legacy flat dialect ([`Mailbox::speaks_flat`]).
