@@ -415,16 +415,18 @@ impl Store {
         key: &str,
         since: i64,
     ) -> Result<bool, StoreError> {
-        let row: Option<(i64,)> = sqlx::query_as(
-            "SELECT at FROM audit_log WHERE robot_id = $1 AND subject = $2 \
-             AND idempotency_key = $3 AND at >= $4 LIMIT 1",
-        )
-        .bind(robot_id)
-        .bind(subject)
-        .bind(key)
-        .bind(since)
-        .fetch_optional(&self.pool)
-        .await?;
+        let row: Option<(i64,)> = self
+            .read_optional(
+                sqlx::query_as(
+                    "SELECT at FROM audit_log WHERE robot_id = $1 AND subject = $2 \
+                     AND idempotency_key = $3 AND at >= $4 LIMIT 1",
+                )
+                .bind(robot_id)
+                .bind(subject)
+                .bind(key)
+                .bind(since),
+            )
+            .await?;
         Ok(row.is_some())
     }
 
@@ -465,7 +467,7 @@ impl Store {
         if let Some((at, id)) = &query.after {
             q = q.bind(*at).bind(*at).bind(id);
         }
-        Ok(q.bind(query.limit).fetch_all(&self.pool).await?)
+        self.read_all(q.bind(query.limit)).await
     }
 }
 
@@ -521,7 +523,7 @@ mod tests {
         let store = Store::connect(&format!("{url}{separator}options=-csearch_path%3D{schema}"))
             .await
             .expect("store");
-        let mut conn = store.pool.acquire().await.expect("a connection");
+        let mut conn = store.readers.lend().await.expect("a connection");
         let sizes = 1..=40;
         let records: Vec<AuditRecord> = (0..sizes.clone().sum()).map(record).collect();
         let mut next = 0;
@@ -558,17 +560,15 @@ mod tests {
     #[tokio::test]
     async fn a_retry_is_looked_up_by_its_key() {
         let (store, file) = Store::scratch("audit").await;
-        let plan: Vec<(i64, i64, i64, String)> = sqlx::query_as(
+        let explain = sqlx::query_as(
             "EXPLAIN QUERY PLAN SELECT at FROM audit_log WHERE robot_id = $1 AND subject = $2 \
              AND idempotency_key = $3 AND at >= $4 LIMIT 1",
         )
         .bind("robot-1")
         .bind("planner")
         .bind("key-1")
-        .bind(0_i64)
-        .fetch_all(&store.pool)
-        .await
-        .expect("plan");
+        .bind(0_i64);
+        let plan: Vec<(i64, i64, i64, String)> = store.read_all(explain).await.expect("plan");
         let mut keyed = record(1);
         keyed.idempotency_key = Some("key-1".into());
         store.append_audit(&[keyed]).await.expect("append");

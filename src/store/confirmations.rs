@@ -60,16 +60,17 @@ impl Store {
         robot_id: &str,
         now: i64,
     ) -> Result<Vec<Confirmation>, StoreError> {
-        Ok(sqlx::query_as(
-            "SELECT id, robot_id, session_id, requested_by, action, tool, arguments, \
-             safety_level, created_at, expires_at FROM confirmations \
-             WHERE robot_id = $1 AND decided_at IS NULL AND expires_at > $2 \
-             ORDER BY created_at, id",
+        self.read_all(
+            sqlx::query_as(
+                "SELECT id, robot_id, session_id, requested_by, action, tool, arguments, \
+                 safety_level, created_at, expires_at FROM confirmations \
+                 WHERE robot_id = $1 AND decided_at IS NULL AND expires_at > $2 \
+                 ORDER BY created_at, id",
+            )
+            .bind(robot_id)
+            .bind(now),
         )
-        .bind(robot_id)
-        .bind(now)
-        .fetch_all(&self.pool)
-        .await?)
+        .await
     }
 
     /// Undecided, unexpired confirmations of the robots `subject` owns: what the console
@@ -79,23 +80,29 @@ impl Store {
         subject: &str,
         now: i64,
     ) -> Result<Vec<Confirmation>, StoreError> {
-        Ok(sqlx::query_as(
-            "SELECT c.id, c.robot_id, c.session_id, c.requested_by, c.action, c.tool,              c.arguments, c.safety_level, c.created_at, c.expires_at              FROM confirmations c JOIN grants g ON g.robot_id = c.robot_id              WHERE g.subject = $1 AND g.role = 'owner'              AND c.decided_at IS NULL AND c.expires_at > $2 ORDER BY c.created_at, c.id",
+        self.read_all(
+            sqlx::query_as(
+                "SELECT c.id, c.robot_id, c.session_id, c.requested_by, c.action, c.tool, \
+                 c.arguments, c.safety_level, c.created_at, c.expires_at \
+                 FROM confirmations c JOIN grants g ON g.robot_id = c.robot_id \
+                 WHERE g.subject = $1 AND g.role = 'owner' \
+                 AND c.decided_at IS NULL AND c.expires_at > $2 ORDER BY c.created_at, c.id",
+            )
+            .bind(subject)
+            .bind(now),
         )
-        .bind(subject)
-        .bind(now)
-        .fetch_all(&self.pool)
-        .await?)
+        .await
     }
 
     pub async fn confirmation(&self, id: &str) -> Result<Option<Confirmation>, StoreError> {
-        Ok(sqlx::query_as(
-            "SELECT id, robot_id, session_id, requested_by, action, tool, arguments, \
-             safety_level, created_at, expires_at FROM confirmations WHERE id = $1",
+        self.read_optional(
+            sqlx::query_as(
+                "SELECT id, robot_id, session_id, requested_by, action, tool, arguments, \
+                 safety_level, created_at, expires_at FROM confirmations WHERE id = $1",
+            )
+            .bind(id),
         )
-        .bind(id)
-        .fetch_optional(&self.pool)
-        .await?)
+        .await
     }
 
     /// Records a person's answer if none came before and the request has not expired at
@@ -120,11 +127,12 @@ impl Store {
 
     /// The answer to a confirmation, once there is one.
     pub async fn decision(&self, id: &str) -> Result<Option<Decision>, StoreError> {
-        let row: Option<(Option<i64>, Option<String>)> =
-            sqlx::query_as("SELECT confirmed, decided_by FROM confirmations WHERE id = $1")
-                .bind(id)
-                .fetch_optional(&self.pool)
-                .await?;
+        let row: Option<(Option<i64>, Option<String>)> = self
+            .read_optional(
+                sqlx::query_as("SELECT confirmed, decided_by FROM confirmations WHERE id = $1")
+                    .bind(id),
+            )
+            .await?;
         Ok(match row {
             Some((Some(confirmed), Some(decided_by))) => Some(Decision {
                 confirmed: confirmed == 1,

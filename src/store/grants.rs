@@ -55,36 +55,41 @@ impl Store {
     }
 
     pub async fn grant(&self, robot_id: &str, subject: &str) -> Result<Option<Role>, StoreError> {
-        let role: Option<(String,)> =
-            sqlx::query_as("SELECT role FROM grants WHERE robot_id = $1 AND subject = $2")
-                .bind(robot_id)
-                .bind(subject)
-                .fetch_optional(&self.pool)
-                .await?;
+        let role: Option<(String,)> = self
+            .read_optional(
+                sqlx::query_as("SELECT role FROM grants WHERE robot_id = $1 AND subject = $2")
+                    .bind(robot_id)
+                    .bind(subject),
+            )
+            .await?;
         role.map(|(r,)| Role::parse(&r).ok_or(StoreError::Corrupt("grants.role")))
             .transpose()
     }
 
     pub async fn grants(&self, robot_id: &str) -> Result<Vec<Grant>, StoreError> {
-        let rows: Vec<GrantRow> = sqlx::query_as(
-            "SELECT robot_id, subject, role, created_at FROM grants WHERE robot_id = $1 \
-             ORDER BY subject",
-        )
-        .bind(robot_id)
-        .fetch_all(&self.pool)
-        .await?;
+        let rows: Vec<GrantRow> = self
+            .read_all(
+                sqlx::query_as(
+                    "SELECT robot_id, subject, role, created_at FROM grants WHERE robot_id = $1 \
+                     ORDER BY subject",
+                )
+                .bind(robot_id),
+            )
+            .await?;
         rows.into_iter().map(Grant::try_from).collect()
     }
 
     /// Every grant a subject holds, for the user view of the console (`GET /v1/me/robots`).
     pub async fn grants_of_subject(&self, subject: &str) -> Result<Vec<Grant>, StoreError> {
-        let rows: Vec<GrantRow> = sqlx::query_as(
-            "SELECT robot_id, subject, role, created_at FROM grants WHERE subject = $1 \
-             ORDER BY robot_id",
-        )
-        .bind(subject)
-        .fetch_all(&self.pool)
-        .await?;
+        let rows: Vec<GrantRow> = self
+            .read_all(
+                sqlx::query_as(
+                    "SELECT robot_id, subject, role, created_at FROM grants WHERE subject = $1 \
+                     ORDER BY robot_id",
+                )
+                .bind(subject),
+            )
+            .await?;
         rows.into_iter().map(Grant::try_from).collect()
     }
 

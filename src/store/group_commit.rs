@@ -9,7 +9,7 @@
 use sqlx::AnyConnection;
 use tokio::sync::{mpsc, oneshot};
 
-use super::writer::Writer;
+use super::connections::Connections;
 use super::StoreError;
 
 /// One queued write. Times are taken when the write is asked for, not when it commits.
@@ -144,12 +144,12 @@ pub(super) const QUEUE: usize = 4096;
 pub(super) enum Writes {
     /// SQLite: through the group-commit task.
     Grouped(mpsc::Sender<Pending>),
-    /// PostgreSQL: straight to the pool (`Writer::Pool`).
-    Direct(Writer),
+    /// PostgreSQL: straight to the pool (`Connections::Pool`).
+    Direct(Connections),
 }
 
 impl Writes {
-    pub(super) fn grouped(writer: Writer) -> Writes {
+    pub(super) fn grouped(writer: Connections) -> Writes {
         let (queue, pending) = mpsc::channel(QUEUE);
         tokio::spawn(run(writer, pending));
         Writes::Grouped(queue)
@@ -177,7 +177,7 @@ impl Writes {
 
 /// Commits whatever has queued up, one transaction per batch. When a batch fails, its
 /// writes are retried one by one, so a single bad write fails only its own caller.
-async fn run(writer: Writer, mut queue: mpsc::Receiver<Pending>) {
+async fn run(writer: Connections, mut queue: mpsc::Receiver<Pending>) {
     let mut batch = Vec::with_capacity(BATCH);
     while queue.recv_many(&mut batch, BATCH).await > 0 {
         let writes: Vec<&Write> = batch.iter().map(|p| &p.write).collect();
@@ -206,7 +206,7 @@ async fn run(writer: Writer, mut queue: mpsc::Receiver<Pending>) {
 }
 
 /// Commits the writes (several in one transaction); the rows each changed, in order.
-async fn commit(writer: &Writer, writes: &[&Write]) -> Result<Vec<u64>, sqlx::Error> {
+async fn commit(writer: &Connections, writes: &[&Write]) -> Result<Vec<u64>, sqlx::Error> {
     let mut conn = writer.lend().await?;
     let result = commit_on(&mut conn, writes).await;
     conn.checked(result)

@@ -6,6 +6,7 @@
 
 mod audit;
 mod confirmations;
+mod connections;
 mod grants;
 mod group_commit;
 mod late_ends;
@@ -14,17 +15,16 @@ mod robots;
 mod sessions;
 mod settings;
 mod tokens;
-mod writer;
 
 use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::any::{AnyArguments, AnyConnectOptions, AnyPoolOptions, AnyQueryResult};
-use sqlx::query::Query;
-use sqlx::{Any, AnyPool};
+use sqlx::any::{AnyArguments, AnyConnectOptions, AnyPoolOptions, AnyQueryResult, AnyRow};
+use sqlx::query::{Query, QueryAs};
+use sqlx::{Any, FromRow};
 
-use writer::Writer;
+use connections::Connections;
 
 pub use audit::{bounded, AuditLog, AuditQuery, AuditRecord, AuditWriter, MAX_PARAMS_BYTES};
 pub use confirmations::{Confirmation, Decision};
@@ -52,12 +52,12 @@ pub enum StoreError {
 
 #[derive(Clone)]
 pub struct Store {
-    /// Reads (and everything on PostgreSQL).
-    pool: AnyPool,
+    /// Reads: on SQLite a few connections of our own, on PostgreSQL the pool.
+    readers: Connections,
     /// Writes. On SQLite a single connection: SQLite allows one writer at a time, and
     /// queueing writers here is far cheaper than SQLite's busy-wait sleeps between
-    /// connections (see `writer`). On PostgreSQL the same pool as reads.
-    writer: Writer,
+    /// connections (see `connections`). On PostgreSQL the same pool as reads.
+    writer: Connections,
     /// The frequent small writes: last login, session records (see `group_commit`).
     writes: group_commit::Writes,
     /// Session ends the database refused, written again until it takes them.
@@ -67,6 +67,9 @@ pub struct Store {
 
 /// The default database: a SQLite file under ./data, created on first start.
 pub const DEFAULT_DATABASE_URL: &str = "sqlite://data/signalling.db";
+
+/// SQLite connections reading at once (WAL: beside the writer, and one another).
+const SQLITE_READERS: u32 = 8;
 
 impl Store {
     /// For unit tests: a store on a new SQLite file in the temp folder (a file, because each
@@ -90,40 +93,28 @@ impl Store {
             url.to_string()
         };
         let options = AnyConnectOptions::from_str(&url)?;
-        let pool_options = |max: u32| {
-            AnyPoolOptions::new()
-                .max_connections(max)
-                .acquire_timeout(Duration::from_secs(10))
-                // sqlx pings a connection before lending it: a round trip to the SQLite
-                // worker thread per query, for a local file that cannot hang up (a failed
-                // write discards its connection instead). PostgreSQL keeps the check: its
-                // connections die with the server.
-                .test_before_acquire(!is_sqlite)
-                .after_connect(move |conn, _meta| {
-                    Box::pin(async move {
-                        if is_sqlite {
-                            writer::sqlite_settings(conn).await?;
-                        }
-                        Ok(())
-                    })
-                })
-        };
-        let (pool, writer, writes) = if is_sqlite {
-            let pool = pool_options(8).connect_with(options.clone()).await?;
-            // Before the writer exists, nothing else writes.
-            sqlx::migrate!("./migrations").run(&pool).await?;
-            let writer = Writer::sole(options).await?;
+        let (readers, writer, writes) = if is_sqlite {
+            let writer = Connections::sqlite(options.clone(), 1).await?;
+            // Before anything else reads or writes.
+            let mut conn = writer.lend().await?;
+            let migrated = sqlx::migrate!("./migrations").run_direct(&mut *conn).await;
+            conn.checked(migrated)?;
+            let readers = Connections::sqlite(options, SQLITE_READERS).await?;
             let writes = group_commit::Writes::grouped(writer.clone());
-            (pool, writer, writes)
+            (readers, writer, writes)
         } else {
-            let pool = pool_options(16).connect_with(options).await?;
+            let pool = AnyPoolOptions::new()
+                .max_connections(16)
+                .acquire_timeout(Duration::from_secs(10))
+                .connect_with(options)
+                .await?;
             sqlx::migrate!("./migrations").run(&pool).await?;
-            let writer = Writer::Pool(pool.clone());
-            let writes = group_commit::Writes::Direct(writer.clone());
-            (pool, writer, writes)
+            let pool = Connections::Pool(pool);
+            let writes = group_commit::Writes::Direct(pool.clone());
+            (pool.clone(), pool, writes)
         };
         Ok(Store {
-            pool,
+            readers,
             writer,
             writes,
             late_ends: Default::default(),
@@ -141,13 +132,53 @@ impl Store {
 
     /// A cheap round trip for readiness checks.
     pub async fn ping(&self) -> Result<(), StoreError> {
-        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        self.read_one(sqlx::query_as::<_, (i32,)>("SELECT 1"))
+            .await?;
         Ok(())
     }
 
     pub async fn close(&self) {
-        self.pool.close().await;
+        self.readers.close().await;
         self.writer.close().await;
+    }
+
+    /// Runs a query on a reading connection: its first row, if any.
+    async fn read_optional<'q, O>(
+        &self,
+        query: QueryAs<'q, Any, O, AnyArguments<'q>>,
+    ) -> Result<Option<O>, StoreError>
+    where
+        O: for<'r> FromRow<'r, AnyRow> + Send + Unpin,
+    {
+        let mut conn = self.readers.lend().await?;
+        let row = query.fetch_optional(&mut *conn).await;
+        Ok(conn.checked(row)?)
+    }
+
+    /// Runs a query on a reading connection: its one row (an error without one).
+    async fn read_one<'q, O>(
+        &self,
+        query: QueryAs<'q, Any, O, AnyArguments<'q>>,
+    ) -> Result<O, StoreError>
+    where
+        O: for<'r> FromRow<'r, AnyRow> + Send + Unpin,
+    {
+        let mut conn = self.readers.lend().await?;
+        let row = query.fetch_one(&mut *conn).await;
+        Ok(conn.checked(row)?)
+    }
+
+    /// Runs a query on a reading connection: every row.
+    async fn read_all<'q, O>(
+        &self,
+        query: QueryAs<'q, Any, O, AnyArguments<'q>>,
+    ) -> Result<Vec<O>, StoreError>
+    where
+        O: for<'r> FromRow<'r, AnyRow> + Send + Unpin,
+    {
+        let mut conn = self.readers.lend().await?;
+        let rows = query.fetch_all(&mut *conn).await;
+        Ok(conn.checked(rows)?)
     }
 
     /// Runs one write statement on the writing connection (`writer`).

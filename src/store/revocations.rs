@@ -67,7 +67,7 @@ impl Store {
         for fingerprint in fingerprints {
             query = query.bind(fingerprint);
         }
-        let (count,) = query.fetch_one(&self.pool).await?;
+        let (count,) = self.read_one(query).await?;
         Ok(count > 0)
     }
 }

@@ -126,16 +126,15 @@ impl Store {
 
     pub async fn robot(&self, robot_id: &str) -> Result<Option<RobotRecord>, StoreError> {
         let sql = format!("SELECT {ROBOT_COLUMNS} FROM robots WHERE robot_id = $1");
-        let row: Option<RobotRow> = sqlx::query_as(&sql)
-            .bind(robot_id)
-            .fetch_optional(&self.pool)
+        let row: Option<RobotRow> = self
+            .read_optional(sqlx::query_as(&sql).bind(robot_id))
             .await?;
         row.map(RobotRecord::try_from).transpose()
     }
 
     pub async fn robots(&self) -> Result<Vec<RobotRecord>, StoreError> {
         let sql = format!("SELECT {ROBOT_COLUMNS} FROM robots ORDER BY robot_id");
-        let rows: Vec<RobotRow> = sqlx::query_as(&sql).fetch_all(&self.pool).await?;
+        let rows: Vec<RobotRow> = self.read_all(sqlx::query_as(&sql)).await?;
         rows.into_iter().map(RobotRecord::try_from).collect()
     }
 

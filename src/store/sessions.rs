@@ -119,6 +119,6 @@ impl Store {
         if let Some(subject) = &filter.subject {
             query = query.bind(subject);
         }
-        Ok(query.bind(filter.limit).fetch_all(&self.pool).await?)
+        self.read_all(query.bind(filter.limit)).await
     }
 }

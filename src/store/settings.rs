@@ -2,9 +2,8 @@ use super::{Store, StoreError};
 
 impl Store {
     pub async fn setting(&self, key: &str) -> Result<Option<String>, StoreError> {
-        let row: Option<(String,)> = sqlx::query_as("SELECT value FROM settings WHERE key = $1")
-            .bind(key)
-            .fetch_optional(&self.pool)
+        let row: Option<(String,)> = self
+            .read_optional(sqlx::query_as("SELECT value FROM settings WHERE key = $1").bind(key))
             .await?;
         Ok(row.map(|(v,)| v))
     }

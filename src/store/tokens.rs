@@ -31,13 +31,14 @@ impl Store {
 
     /// Every client token (never its secret: only the hash is stored), newest first.
     pub async fn client_tokens(&self, limit: i64) -> Result<Vec<ClientToken>, StoreError> {
-        Ok(sqlx::query_as(
-            "SELECT token_id, subject, expires_at, revoked_at FROM client_tokens \
-             ORDER BY created_at DESC, token_id LIMIT $1",
+        self.read_all(
+            sqlx::query_as(
+                "SELECT token_id, subject, expires_at, revoked_at FROM client_tokens \
+                 ORDER BY created_at DESC, token_id LIMIT $1",
+            )
+            .bind(limit),
         )
-        .bind(limit)
-        .fetch_all(&self.pool)
-        .await?)
+        .await
     }
 
     /// Looks a token up by the hash of its secret; lookups by hash reveal nothing about
@@ -46,22 +47,24 @@ impl Store {
         &self,
         token_hash: &str,
     ) -> Result<Option<ClientToken>, StoreError> {
-        Ok(sqlx::query_as(
-            "SELECT token_id, subject, expires_at, revoked_at FROM client_tokens \
-             WHERE token_hash = $1",
+        self.read_optional(
+            sqlx::query_as(
+                "SELECT token_id, subject, expires_at, revoked_at FROM client_tokens \
+                 WHERE token_hash = $1",
+            )
+            .bind(token_hash),
         )
-        .bind(token_hash)
-        .fetch_optional(&self.pool)
-        .await?)
+        .await
     }
 
     /// Whether the token is revoked or gone (a socket that logged in with it must close).
     pub async fn client_token_withdrawn(&self, token_id: &str) -> Result<bool, StoreError> {
-        let row: Option<(Option<i64>,)> =
-            sqlx::query_as("SELECT revoked_at FROM client_tokens WHERE token_id = $1")
-                .bind(token_id)
-                .fetch_optional(&self.pool)
-                .await?;
+        let row: Option<(Option<i64>,)> = self
+            .read_optional(
+                sqlx::query_as("SELECT revoked_at FROM client_tokens WHERE token_id = $1")
+                    .bind(token_id),
+            )
+            .await?;
         Ok(!matches!(row, Some((None,))))
     }
 
