@@ -21,6 +21,7 @@
 
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 use sqlx::any::AnyConnectOptions;
 use sqlx::pool::PoolConnection;
@@ -43,6 +44,9 @@ pub(super) struct Kept {
     /// One permit per connection that may be lent; callers wait here in turn.
     permits: Semaphore,
     limit: u32,
+    /// How long a caller waits for a permit before the statement fails; `None`: as long as
+    /// it takes.
+    wait: Option<Duration>,
     options: AnyConnectOptions,
 }
 
@@ -64,16 +68,19 @@ async fn open(options: &AnyConnectOptions) -> Result<AnyConnection, sqlx::Error>
 
 impl Connections {
     /// `limit` SQLite connections, the first opened now (so a database that cannot be
-    /// opened fails at start, not at the first login), the others when first needed.
+    /// opened fails at start, not at the first login), the others when first needed. A
+    /// caller waits `wait` at most for one (`sqlx::Error::PoolTimedOut` then).
     pub(super) async fn sqlite(
         options: AnyConnectOptions,
         limit: u32,
+        wait: Option<Duration>,
     ) -> Result<Connections, sqlx::Error> {
         let first = open(&options).await?;
         Ok(Connections::Kept(Arc::new(Kept {
             idle: Mutex::new(vec![first]),
             permits: Semaphore::new(limit as usize),
             limit,
+            wait,
             options,
         })))
     }
@@ -82,11 +89,14 @@ impl Connections {
     pub(super) async fn lend(&self) -> Result<Lent<'_>, sqlx::Error> {
         let connection = match self {
             Connections::Kept(kept) => {
-                let permit = kept
-                    .permits
-                    .acquire()
-                    .await
-                    .map_err(|_| sqlx::Error::PoolClosed)?;
+                let acquire = kept.permits.acquire();
+                let permit = match kept.wait {
+                    Some(wait) => tokio::time::timeout(wait, acquire)
+                        .await
+                        .map_err(|_| sqlx::Error::PoolTimedOut)?,
+                    None => acquire.await,
+                }
+                .map_err(|_| sqlx::Error::PoolClosed)?;
                 let idle = kept.idle().pop();
                 let conn = match idle {
                     Some(conn) => conn,
@@ -296,6 +306,38 @@ mod tests {
         drop(freed);
         drop(held);
         store.close().await;
+        std::fs::remove_file(file).ok();
+    }
+
+    /// A read waits for a connection a bounded time, as it did in sqlx's pool, and then
+    /// fails instead of hanging.
+    #[tokio::test]
+    async fn a_read_waits_for_a_connection_only_so_long() {
+        use std::str::FromStr as _;
+        sqlx::any::install_default_drivers();
+        let file = std::env::temp_dir().join(format!("wait-{}.db", uuid::Uuid::new_v4()));
+        let options = sqlx::any::AnyConnectOptions::from_str(&format!(
+            "sqlite://{}?mode=rwc",
+            file.display()
+        ))
+        .expect("options");
+        let wait = std::time::Duration::from_millis(50);
+        let readers = Connections::sqlite(options, 1, Some(wait))
+            .await
+            .expect("opened");
+        let held = readers.lend().await.expect("lent");
+        let refused = tokio::time::timeout(std::time::Duration::from_secs(10), readers.lend())
+            .await
+            .expect("not waiting for ever");
+        assert!(
+            matches!(refused, Err(sqlx::Error::PoolTimedOut)),
+            "{:?}",
+            refused.err()
+        );
+        drop(held);
+        let lent = readers.lend().await.expect("lent once given back");
+        drop(lent);
+        readers.close().await;
         std::fs::remove_file(file).ok();
     }
 }

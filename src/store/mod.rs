@@ -71,6 +71,11 @@ pub const DEFAULT_DATABASE_URL: &str = "sqlite://data/signalling.db";
 /// SQLite connections reading at once (WAL: beside the writer, and one another).
 const SQLITE_READERS: u32 = 8;
 
+/// How long a read waits for a connection before it fails (as sqlx's pool waited).
+/// Writes wait their turn without a bound: the group commit and the audit writer queue
+/// behind one another there by design.
+const READ_WAIT: Duration = Duration::from_secs(10);
+
 impl Store {
     /// For unit tests: a store on a new SQLite file in the temp folder (a file, because each
     /// pooled connection to `sqlite::memory:` would be a database of its own), and its path.
@@ -94,12 +99,12 @@ impl Store {
         };
         let options = AnyConnectOptions::from_str(&url)?;
         let (readers, writer, writes) = if is_sqlite {
-            let writer = Connections::sqlite(options.clone(), 1).await?;
+            let writer = Connections::sqlite(options.clone(), 1, None).await?;
             // Before anything else reads or writes.
             let mut conn = writer.lend().await?;
             let migrated = sqlx::migrate!("./migrations").run_direct(&mut *conn).await;
             conn.checked(migrated)?;
-            let readers = Connections::sqlite(options, SQLITE_READERS).await?;
+            let readers = Connections::sqlite(options, SQLITE_READERS, Some(READ_WAIT)).await?;
             let writes = group_commit::Writes::grouped(writer.clone());
             (readers, writer, writes)
         } else {
